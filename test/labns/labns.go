@@ -1,0 +1,131 @@
+// Package labns gives tests their own network namespaces and a uniform way to demand privileges and
+// real peers (binaries such as skopeo, nft, ignition).
+//
+// A privileged test calls RequireRoot; a test that needs a real peer calls RequireTool. Outside CI a
+// missing privilege or tool skips the test with a loud reason; under CI (CI=true) it fails, because CI
+// runs as root with every peer installed and must never skip.
+package labns
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// InCI reports whether the test runs under CI (environment variable CI=true), where skips are failures.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// RequireRoot fails the test under CI, and skips it loudly elsewhere, unless the process runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if InCI() {
+		t.Fatalf("PRIVILEGED TEST CANNOT RUN: %s needs root (CI runs as root; this is a CI setup error)", t.Name())
+	}
+	t.Skipf("SKIPPED PRIVILEGED TEST %s: needs root; run `sudo make test` to cover it", t.Name())
+}
+
+// RequireTool returns the absolute path of a binary the test drives as a real peer. A missing binary
+// fails the test under CI and skips it loudly elsewhere; `make deps` installs every peer.
+func RequireTool(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/lib/dracut/modules.d/30ignition"} {
+		if c := filepath.Join(dir, name); isExec(c) {
+			return c
+		}
+	}
+	if InCI() {
+		t.Fatalf("REAL PEER MISSING: %s needs %q on PATH (`make deps` installs it)", t.Name(), name)
+	}
+	t.Skipf("SKIPPED %s: real peer %q not installed; run `make deps`", t.Name(), name)
+	return ""
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// NS is a named network namespace created with iproute2 (`ip netns add`) for one test, deleted by
+// t.Cleanup. Its loopback is up.
+type NS struct {
+	Name string
+	t    testing.TB
+}
+
+// New creates a namespace called "<prefix>-<random hex>" (prefix at most 6 characters keeps veth names
+// under IFNAMSIZ when callers derive them from Name). It requires root.
+func New(t testing.TB, prefix string) *NS {
+	t.Helper()
+	RequireRoot(t)
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	ns := &NS{Name: prefix + "-" + hex.EncodeToString(b), t: t}
+	if out, err := exec.Command("ip", "netns", "add", ns.Name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", ns.Name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns.Name).Run() })
+	ns.MustRun("ip", "link", "set", "lo", "up")
+	return ns
+}
+
+// Path is the namespace's bind-mount path, usable with netns.GetFromPath or nftables.WithNetNSFd.
+func (n *NS) Path() string { return "/run/netns/" + n.Name }
+
+// Command returns an exec.Cmd that runs argv inside the namespace (`ip netns exec NAME argv...`).
+func (n *NS) Command(argv ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.Name}, argv...)...)
+}
+
+// Run runs argv inside the namespace and returns its combined output.
+func (n *NS) Run(argv ...string) (string, error) {
+	var buf bytes.Buffer
+	c := n.Command(argv...)
+	c.Stdout, c.Stderr = &buf, &buf
+	err := c.Run()
+	return buf.String(), err
+}
+
+// MustRun is Run that fails the test on a non-zero exit.
+func (n *NS) MustRun(argv ...string) string {
+	n.t.Helper()
+	out, err := n.Run(argv...)
+	if err != nil {
+		n.t.Fatalf("in netns %s: %v: %v\n%s", n.Name, argv, err, out)
+	}
+	return out
+}
+
+// Link connects two namespaces with a veth pair and assigns each end an address (CIDR notation, e.g.
+// "10.77.0.1/24"). Interface names are returned as (nameInA, nameInB).
+func Link(t testing.TB, a *NS, addrA string, b *NS, addrB string) (string, string) {
+	t.Helper()
+	ia, ib := "v"+a.Name[len(a.Name)-6:]+"a", "v"+b.Name[len(b.Name)-6:]+"b"
+	cmds := [][]string{
+		{"ip", "link", "add", ia, "netns", a.Name, "type", "veth", "peer", "name", ib, "netns", b.Name},
+		{"ip", "-n", a.Name, "addr", "add", addrA, "dev", ia},
+		{"ip", "-n", b.Name, "addr", "add", addrB, "dev", ib},
+		{"ip", "-n", a.Name, "link", "set", ia, "up"},
+		{"ip", "-n", b.Name, "link", "set", ib, "up"},
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", c, err, out)
+		}
+	}
+	return ia, ib
+}
+
+// String implements fmt.Stringer.
+func (n *NS) String() string { return fmt.Sprintf("netns(%s)", n.Name) }
