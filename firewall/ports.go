@@ -1,0 +1,172 @@
+package firewall
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Role is what a host does in the cluster; a host may have several roles and gets the union of their ports.
+type Role string
+
+// The roles of the port table. The bootstrap role is the appliance host itself: it serves the HTTPS front and
+// holds the API VIP (VRRP) until the first control-plane node takes it over.
+const (
+	RoleBootstrap    Role = "bootstrap"
+	RoleControlPlane Role = "control-plane"
+	RoleEtcd         Role = "etcd"
+	RoleWorker       Role = "worker"
+)
+
+// Roles lists every known role in table order.
+func Roles() []Role { return []Role{RoleBootstrap, RoleControlPlane, RoleEtcd, RoleWorker} }
+
+// Valid reports whether r is one of the known roles.
+func (r Role) Valid() bool {
+	for _, k := range Roles() {
+		if r == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Source says who may reach a port.
+type Source string
+
+const (
+	// SourceAnywhere accepts any source address (the port is protected by its own authentication).
+	SourceAnywhere Source = "anywhere"
+	// SourceNodeNetworks accepts only sources inside Spec.NodeNetworks.
+	SourceNodeNetworks Source = "node-networks"
+	// SourceVRRPPeers accepts only the exact addresses in Spec.VRRPPeers.
+	SourceVRRPPeers Source = "vrrp-peers"
+)
+
+// Protocols of a Port.
+const (
+	ProtoTCP  = "tcp"
+	ProtoUDP  = "udp"
+	ProtoVRRP = "vrrp" // IP protocol 112 (RFC 5798 §5.1.1.4); a Port with this protocol has From == To == 0
+)
+
+// IPProtoVRRP is the IP protocol number of VRRP (RFC 5798 §5.1.1.4, IANA "Assigned Internet Protocol Numbers").
+const IPProtoVRRP = 112
+
+// Default ports used when Ports or Spec get 0.
+const (
+	DefaultHTTPSPort uint16 = 8443 // the appliance's HTTPS front (registry, repo, ignition, agent API)
+	DefaultAPIPort   uint16 = 6443 // kube-apiserver --secure-port and the VIP's port (kubeadm default)
+)
+
+// References cited by the port table.
+const (
+	RefKubeadmPorts = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
+	RefVRRP         = "RFC 5798 §5.1.1.4 (IP protocol 112)"
+	RefSSH          = "RFC 4253 (SSH transport, port 22)"
+	RefAppliance    = "appliance DESIGN.md (HTTPS front: registry, repo, ignition, agent API)"
+)
+
+// Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
+// (inclusive; both 0 for VRRP) is accepted on hosts with Role when it comes from Source.
+type Port struct {
+	Role        Role
+	Name        string // short identifier, used as the nftables rule comment
+	Protocol    string // ProtoTCP, ProtoUDP or ProtoVRRP
+	From, To    uint16 // inclusive destination port range; From == To for a single port
+	Source      Source
+	Description string
+	Reference   string // where the requirement comes from (kubeadm page, RFC)
+}
+
+// PortRange renders the range as "22", "2379-2380", or "-" for VRRP.
+func (p Port) PortRange() string {
+	switch {
+	case p.Protocol == ProtoVRRP:
+		return "-"
+	case p.From == p.To:
+		return fmt.Sprint(p.From)
+	default:
+		return fmt.Sprintf("%d-%d", p.From, p.To)
+	}
+}
+
+// Ports returns the port table: every inbound opening by role, in a fixed order. httpsPort is the appliance's
+// HTTPS port and apiPort the kube-apiserver/VIP port; 0 selects DefaultHTTPSPort / DefaultAPIPort.
+//
+// The Kubernetes entries follow the kubeadm "Ports and Protocols" page: its "All" becomes SourceAnywhere, its
+// "Self", "Control plane", "kube-apiserver, etcd" and "Load balancers" become SourceNodeNetworks. SSH is open
+// from anywhere so an operator outside the node networks is never locked out. The returned slice is fresh;
+// callers may modify it.
+func Ports(httpsPort, apiPort uint16) []Port {
+	if httpsPort == 0 {
+		httpsPort = DefaultHTTPSPort
+	}
+	if apiPort == 0 {
+		apiPort = DefaultAPIPort
+	}
+	var out []Port
+	add := func(roles []Role, p Port) {
+		for _, r := range roles {
+			p.Role = r
+			out = append(out, p)
+		}
+	}
+	all := Roles()
+	bootCP := []Role{RoleBootstrap, RoleControlPlane}
+	nodes := []Role{RoleControlPlane, RoleWorker}
+
+	add(all, Port{Name: "ssh", Protocol: ProtoTCP, From: 22, To: 22, Source: SourceAnywhere,
+		Description: "SSH (operator access, SSH power backend)", Reference: RefSSH})
+	add([]Role{RoleBootstrap}, Port{Name: "appliance-https", Protocol: ProtoTCP, From: httpsPort, To: httpsPort,
+		Source: SourceNodeNetworks, Description: "appliance HTTPS: OCI registry mirror, package repo, Ignition, agent API",
+		Reference: RefAppliance})
+	add(bootCP, Port{Name: "vrrp", Protocol: ProtoVRRP, Source: SourceVRRPPeers,
+		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})
+	add(bootCP, Port{Name: "kube-apiserver", Protocol: ProtoTCP, From: apiPort, To: apiPort, Source: SourceAnywhere,
+		Description: "Kubernetes API server (and the VIP, which starts on the bootstrap host)", Reference: RefKubeadmPorts})
+	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,
+		Description: "etcd server client API and peer traffic", Reference: RefKubeadmPorts})
+	add(nodes, Port{Name: "kubelet", Protocol: ProtoTCP, From: 10250, To: 10250, Source: SourceNodeNetworks,
+		Description: "kubelet API", Reference: RefKubeadmPorts})
+	add([]Role{RoleControlPlane}, Port{Name: "kube-scheduler", Protocol: ProtoTCP, From: 10259, To: 10259,
+		Source: SourceNodeNetworks, Description: "kube-scheduler secure port", Reference: RefKubeadmPorts})
+	add([]Role{RoleControlPlane}, Port{Name: "kube-controller-manager", Protocol: ProtoTCP, From: 10257, To: 10257,
+		Source: SourceNodeNetworks, Description: "kube-controller-manager secure port", Reference: RefKubeadmPorts})
+	add(nodes, Port{Name: "kube-proxy-health", Protocol: ProtoTCP, From: 10256, To: 10256, Source: SourceNodeNetworks,
+		Description: "kube-proxy health check (load balancers)", Reference: RefKubeadmPorts})
+	add([]Role{RoleWorker}, Port{Name: "nodeport-tcp", Protocol: ProtoTCP, From: 30000, To: 32767, Source: SourceAnywhere,
+		Description: "NodePort Services (TCP)", Reference: RefKubeadmPorts})
+	add([]Role{RoleWorker}, Port{Name: "nodeport-udp", Protocol: ProtoUDP, From: 30000, To: 32767, Source: SourceAnywhere,
+		Description: "NodePort Services (UDP)", Reference: RefKubeadmPorts})
+	return out
+}
+
+// MarkdownTable renders Ports(httpsPort, apiPort) as a GitHub-flavoured Markdown table, one row per port and
+// role, ordered by role, for the README section between <!-- BEGIN PORT TABLE --> and <!-- END PORT TABLE -->.
+// The output is deterministic and ends with a newline.
+func MarkdownTable(httpsPort, apiPort uint16) string {
+	ports := Ports(httpsPort, apiPort)
+	var b strings.Builder
+	b.WriteString("| Role | Name | Protocol | Port(s) | Allowed from | Purpose | Source |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
+	for _, r := range Roles() {
+		for _, p := range ports {
+			if p.Role != r {
+				continue
+			}
+			proto := p.Protocol
+			if proto == ProtoVRRP {
+				proto = fmt.Sprintf("vrrp (IP proto %d)", IPProtoVRRP)
+			}
+			ref := p.Reference
+			if strings.HasPrefix(ref, "https://") {
+				ref = "[kubeadm ports](" + ref + ")"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
+				r, p.Name, proto, p.PortRange(), p.Source, mdEscape(p.Description), mdEscape(ref))
+		}
+	}
+	return b.String()
+}
+
+func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }

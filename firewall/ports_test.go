@@ -1,0 +1,273 @@
+package firewall
+
+import (
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden %s (run `go test ./firewall -run %s -update` to create it): %v", path, t.Name(), err)
+	}
+	if d := cmp.Diff(string(want), got); d != "" {
+		t.Errorf("%s differs from golden (-want +got; rerun with -update if intended):\n%s", path, d)
+	}
+}
+
+func TestPortsTableIsWellFormed(t *testing.T) {
+	for _, p := range Ports(0, 0) {
+		if !p.Role.Valid() || p.Name == "" || p.Description == "" || p.Reference == "" {
+			t.Errorf("incomplete entry %+v", p)
+		}
+		switch p.Protocol {
+		case ProtoTCP, ProtoUDP:
+			if p.From == 0 || p.From > p.To || p.Source == SourceVRRPPeers {
+				t.Errorf("bad tcp/udp entry %+v", p)
+			}
+		case ProtoVRRP:
+			if p.From != 0 || p.To != 0 || p.Source != SourceVRRPPeers {
+				t.Errorf("VRRP must be portless and only from VRRP peers: %+v", p)
+			}
+		default:
+			t.Errorf("unknown protocol in %+v", p)
+		}
+	}
+}
+
+// TestPortsRequired pins the openings the cluster cannot work without (kubeadm "Ports and Protocols",
+// RFC 5798): a change to the table must be deliberate.
+func TestPortsRequired(t *testing.T) {
+	type k struct {
+		role     Role
+		name     string
+		proto    string
+		from, to uint16
+		src      Source
+	}
+	want := []k{
+		{RoleBootstrap, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
+		{RoleControlPlane, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
+		{RoleEtcd, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
+		{RoleWorker, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
+		{RoleBootstrap, "appliance-https", ProtoTCP, 9443, 9443, SourceNodeNetworks},
+		{RoleBootstrap, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
+		{RoleControlPlane, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
+		{RoleBootstrap, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
+		{RoleControlPlane, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
+		{RoleEtcd, "etcd", ProtoTCP, 2379, 2380, SourceNodeNetworks},
+		{RoleControlPlane, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
+		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
+		{RoleControlPlane, "kube-scheduler", ProtoTCP, 10259, 10259, SourceNodeNetworks},
+		{RoleControlPlane, "kube-controller-manager", ProtoTCP, 10257, 10257, SourceNodeNetworks},
+		{RoleControlPlane, "kube-proxy-health", ProtoTCP, 10256, 10256, SourceNodeNetworks},
+		{RoleWorker, "kube-proxy-health", ProtoTCP, 10256, 10256, SourceNodeNetworks},
+		{RoleWorker, "nodeport-tcp", ProtoTCP, 30000, 32767, SourceAnywhere},
+		{RoleWorker, "nodeport-udp", ProtoUDP, 30000, 32767, SourceAnywhere},
+	}
+	var got []k
+	for _, p := range Ports(9443, 7443) {
+		got = append(got, k{p.Role, p.Name, p.Protocol, p.From, p.To, p.Source})
+	}
+	for _, w := range want {
+		found := false
+		for _, g := range got {
+			found = found || g == w
+		}
+		if !found {
+			t.Errorf("port table lacks %+v", w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("port table has %d entries, this test pins %d: add the new entry here", len(got), len(want))
+	}
+	if d := cmp.Diff(Ports(0, 0), Ports(DefaultHTTPSPort, DefaultAPIPort)); d != "" {
+		t.Errorf("Ports(0, 0) is not the defaulted table:\n%s", d)
+	}
+}
+
+func TestMarkdownTable(t *testing.T) {
+	got := MarkdownTable(0, 0)
+	if got != MarkdownTable(0, 0) {
+		t.Fatal("MarkdownTable is not deterministic")
+	}
+	if rows := strings.Count(got, "\n") - 2; rows != len(Ports(0, 0)) {
+		t.Errorf("markdown has %d rows, want one per port entry (%d)", rows, len(Ports(0, 0)))
+	}
+	golden(t, "porttable.md", got)
+}
+
+func TestValidate(t *testing.T) {
+	nn := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
+	cases := []struct {
+		name string
+		spec Spec
+		want []string
+	}{
+		{"ok", Spec{Roles: []Role{RoleWorker}, NodeNetworks: nn}, nil},
+		{"no roles", Spec{NodeNetworks: nn}, []string{"roles: at least one role is required"}},
+		{"unknown role", Spec{Roles: []Role{RoleWorker, "master"}, NodeNetworks: nn},
+			[]string{`roles[1]: unknown role "master"`}},
+		{"no networks", Spec{Roles: []Role{RoleWorker}}, []string{"nodeNetworks: at least one network is required"}},
+		{"bad network and peers, all reported", Spec{Roles: []Role{RoleWorker},
+			NodeNetworks: []netip.Prefix{nn[0], {}},
+			VRRPPeers:    []netip.Addr{{}, netip.MustParseAddr("fe80::1%eth0")}},
+			[]string{"nodeNetworks[1]: ", "vrrpPeers[0]: not an IP address", `vrrpPeers[1]: "fe80::1%eth0" has a zone`}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.spec.Validate()
+			if len(c.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("Validate = %v, want ErrInvalidSpec", err)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(c.want) {
+				t.Fatalf("got %d errors, want %d: %v", len(lines), len(c.want), err)
+			}
+			for i, w := range c.want {
+				if !strings.Contains(lines[i], w) {
+					t.Errorf("error %d = %q, want it to contain %q", i, lines[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestMergePrefixes(t *testing.T) {
+	cases := []struct {
+		in     []string
+		v4, v6 []string
+	}{
+		{[]string{"10.0.0.5/24"}, []string{"10.0.0.0/24"}, nil},
+		{[]string{"10.0.1.0/24", "10.0.0.0/24"}, []string{"10.0.0.0/23"}, nil},                                   // adjacent
+		{[]string{"10.0.0.0/8", "10.1.0.0/16", "192.168.0.0/16"}, []string{"10.0.0.0/8", "192.168.0.0/16"}, nil}, // contained
+		{[]string{"10.0.0.0/24", "10.0.1.0/25"}, []string{"10.0.0.0-10.0.1.127"}, nil},                           // not a prefix
+		{[]string{"0.0.0.0/0", "10.0.0.0/8"}, []string{"0.0.0.0/0"}, nil},
+		{[]string{"::ffff:10.0.0.0/104", "fd00::/64", "fd00::/48"}, []string{"10.0.0.0/8"}, []string{"fd00::/48"}},
+	}
+	for _, c := range cases {
+		var ps []netip.Prefix
+		for _, s := range c.in {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		v4, v6 := mergePrefixes(ps)
+		str := func(rs []addrRange) []string {
+			var out []string
+			for _, r := range rs {
+				out = append(out, r.String())
+			}
+			return out
+		}
+		if d := cmp.Diff(c.v4, str(v4)); d != "" {
+			t.Errorf("%v v4 (-want +got):\n%s", c.in, d)
+		}
+		if d := cmp.Diff(c.v6, str(v6)); d != "" {
+			t.Errorf("%v v6 (-want +got):\n%s", c.in, d)
+		}
+	}
+}
+
+// FuzzMergePrefixes checks the invariants nftables interval sets need: ranges sorted, disjoint, not
+// adjacent, and covering every input prefix.
+func FuzzMergePrefixes(f *testing.F) {
+	f.Add([]byte{10, 0, 0, 0, 24, 10, 0, 1, 0, 24, 0, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var ps []netip.Prefix
+		for ; len(b) >= 5 && len(ps) < 16; b = b[5:] {
+			a := netip.AddrFrom4([4]byte(b[:4]))
+			ps = append(ps, netip.PrefixFrom(a, int(b[4])%33))
+		}
+		v4, _ := mergePrefixes(ps)
+		for i := 1; i < len(v4); i++ {
+			if next := v4[i-1].last.Next(); !next.IsValid() || v4[i].first.Compare(next) <= 0 {
+				t.Fatalf("ranges %v and %v overlap or touch", v4[i-1], v4[i])
+			}
+		}
+		for _, p := range ps {
+			p = p.Masked()
+			covered := false
+			for _, r := range v4 {
+				covered = covered || (r.first.Compare(p.Addr()) <= 0 && r.last.Compare(lastAddr(p)) >= 0)
+			}
+			if !covered {
+				t.Fatalf("%v not covered by %v", p, v4)
+			}
+		}
+	})
+}
+
+var renderSpecs = []struct {
+	name string
+	spec Spec
+}{
+	{"bootstrap", Spec{Roles: []Role{RoleBootstrap},
+		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24"), netip.MustParsePrefix("10.78.0.0/24")},
+		VRRPPeers:    []netip.Addr{netip.MustParseAddr("10.77.0.12"), netip.MustParseAddr("10.77.0.11")}}},
+	{"control-plane-etcd-dualstack", Spec{Roles: []Role{RoleControlPlane, RoleEtcd},
+		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24"), netip.MustParsePrefix("fd00:77::/64")},
+		VRRPPeers:    []netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd00:77::1")},
+		HTTPSPort:    9443, APIPort: 7443}},
+	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
+	{"all-roles", Spec{Roles: Roles(), NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}}},
+}
+
+func TestRenderGolden(t *testing.T) {
+	for _, c := range renderSpecs {
+		t.Run(c.name, func(t *testing.T) {
+			got := Render(c.spec)
+			if again := Render(c.spec); again != got {
+				t.Fatal("Render is not deterministic")
+			}
+			golden(t, "render-"+c.name+".nft", got)
+		})
+	}
+}
+
+func TestRenderInvalidSpecSaysSo(t *testing.T) {
+	got := Render(Spec{Roles: []Role{"master"}})
+	for _, want := range []string{`# invalid: invalid firewall spec: roles[0]: unknown role "master"`,
+		"# invalid: invalid firewall spec: nodeNetworks: at least one network"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Render of an invalid spec lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "dport") {
+		t.Errorf("unknown role must open no port:\n%s", got)
+	}
+}
+
+func TestApplyRejectsInvalidSpec(t *testing.T) {
+	n := &NFTables{NetNSPath: "/nonexistent"}
+	if _, err := n.Apply(t.Context(), Spec{}); !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("Apply(empty spec) = %v, want ErrInvalidSpec before touching any namespace", err)
+	}
+	if _, err := n.InPlace(Spec{}); !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("InPlace(empty spec) = %v, want ErrInvalidSpec", err)
+	}
+}
