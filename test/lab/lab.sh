@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# lab.sh — the namespace lab: an air-gapped two-plane L2 fabric on one machine.
+#
+#   lab.sh up [CONTROL_PLANES [WORKERS]]   create (or complete) the lab; default 3 control planes, 1 worker
+#   lab.sh down                            delete every namespace of this lab (by its own names only)
+#   lab.sh status                          print the lab's namespaces and their addresses
+#
+# Topology (P = ${LAB_PREFIX:-lab}, at most 6 characters of [a-z0-9], starting with a letter):
+#   P-fabric   bridges br-cp (control plane 10.100.0.0/24) and br-wl (workload plane 10.200.0.0/24);
+#              no addresses: pure L2
+#   P-boot     bootstrap host: eth0 10.100.0.2/24 (br-cp), eth1 10.200.0.2/24 (br-wl)
+#   P-cpI      control-plane node I (1..9): eth0 10.100.0.(10+I), eth1 10.200.0.(10+I)
+#   P-wI       worker I (1..79): eth0 10.100.0.(20+I), eth1 10.200.0.(20+I)
+#
+# Safety (LAB.md): nothing is created in the root network namespace. Each veth pair is created with both
+# ends directly inside lab namespaces; no namespace gets a default route (air gap); loopback is up
+# everywhere. `down` deletes only namespaces whose names match this lab's exact pattern. Processes
+# still running inside a namespace are reported, never killed.
+set -euo pipefail
+
+P=${LAB_PREFIX:-lab}
+[[ $P =~ ^[a-z][a-z0-9]{0,5}$ ]] || { echo "lab.sh: LAB_PREFIX '$P' must be 1-6 characters of [a-z0-9] starting with a letter" >&2; exit 2; }
+FABRIC=$P-fabric
+BOOT=$P-boot
+CP_NET=10.100.0
+WL_NET=10.200.0
+# Exact names this lab owns; `down` never touches anything else.
+OWNED_RE="^$P-(fabric|boot|cp[1-9]|w[1-9][0-9]?)\$"
+
+die() { echo "lab.sh: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "must run as root (it creates network namespaces)"
+command -v ip >/dev/null || die "ip not found (Debian package iproute2)"
+
+ns_exists() { [[ -e /run/netns/$1 ]]; }
+ns_add() {
+	ns_exists "$1" && return 0
+	ip netns add "$1"
+}
+# nsip NS CMD...: run an ip(8) command inside NS.
+nsip() { local ns=$1; shift; ip -n "$ns" "$@"; }
+
+# port NODE IFNAME BRIDGE FABRIC_PORT ADDR: connect NODE's IFNAME to BRIDGE in the fabric with ADDR.
+port() {
+	local node=$1 ifname=$2 bridge=$3 fport=$4 addr=$5
+	if ! nsip "$node" link show "$ifname" >/dev/null 2>&1; then
+		# Remove a stale fabric end whose peer vanished, then create both ends inside namespaces.
+		nsip "$FABRIC" link del "$fport" 2>/dev/null || true
+		ip link add "$ifname" netns "$node" type veth peer name "$fport" netns "$FABRIC"
+	fi
+	nsip "$FABRIC" link set "$fport" master "$bridge"
+	nsip "$FABRIC" link set "$fport" up
+	nsip "$node" addr replace "$addr" dev "$ifname"
+	nsip "$node" link set "$ifname" up
+}
+
+node_up() {
+	local ns=$1 short=$2 host=$3
+	ns_add "$ns"
+	nsip "$ns" link set lo up
+	port "$ns" eth0 br-cp "$short-c" "$CP_NET.$host/24"
+	port "$ns" eth1 br-wl "$short-w" "$WL_NET.$host/24"
+	# Air gap: no default route, even if something added one.
+	nsip "$ns" route del default 2>/dev/null || true
+	nsip "$ns" -6 route del default 2>/dev/null || true
+}
+
+up() {
+	local cps=${1:-3} workers=${2:-1}
+	[[ $cps =~ ^[1-9]$ ]] || die "CONTROL_PLANES must be 1-9, got '$cps'"
+	[[ $workers =~ ^[0-9]+$ ]] && ((workers <= 79)) || die "WORKERS must be 0-79, got '$workers'"
+	ns_add "$FABRIC"
+	nsip "$FABRIC" link set lo up
+	# The fabric is pure L2: no IPv6 link-local addresses on its bridges and ports (a per-namespace sysctl).
+	ip netns exec "$FABRIC" sh -c 'for f in all default; do echo 1 >/proc/sys/net/ipv6/conf/$f/disable_ipv6; done'
+	for br in br-cp br-wl; do
+		nsip "$FABRIC" link show "$br" >/dev/null 2>&1 || nsip "$FABRIC" link add "$br" type bridge stp_state 0 forward_delay 0
+		nsip "$FABRIC" link set "$br" up
+	done
+	node_up "$BOOT" boot 2
+	for ((i = 1; i <= cps; i++)); do node_up "$P-cp$i" "cp$i" $((10 + i)); done
+	for ((i = 1; i <= workers; i++)); do node_up "$P-w$i" "w$i" $((20 + i)); done
+	status
+}
+
+owned() { ip netns list | awk '{print $1}' | grep -E "$OWNED_RE" | sort -V || true; }
+
+down() {
+	local ns pids
+	# Nodes first, the fabric last (deleting the fabric would also drop the veth pairs).
+	for ns in $(owned | grep -v -- "-fabric\$") $(owned | grep -- "-fabric\$"); do
+		pids=$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')
+		[[ -z $pids ]] || echo "lab.sh: warning: processes still in $ns (not killed): $pids" >&2
+		ip netns del "$ns"
+		echo "deleted $ns"
+	done
+}
+
+status() {
+	local ns any=0
+	for ns in $(owned); do
+		any=1
+		echo "$ns:"
+		nsip "$ns" -br addr show | awk '$1 != "lo" {print "  " $0}'
+	done
+	((any)) || echo "no lab namespaces with prefix '$P'"
+}
+
+case ${1:-} in
+up) shift; up "$@" ;;
+down) down ;;
+status) status ;;
+*) echo "usage: lab.sh up [CONTROL_PLANES [WORKERS]] | down | status   (LAB_PREFIX=$P)" >&2; exit 2 ;;
+esac
