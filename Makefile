@@ -1,0 +1,79 @@
+# The bootstrap appliance. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X github.com/airgap-appliance/appliance/pkg/version.Version=$(VERSION)
+# Fixtures (bundle, images, .debs) live outside the repo, keyed by version inside.
+export APPLIANCE_CACHE ?= /var/cache/appliance
+LAB_CONFIG := test/lab/bootstrap.yaml
+LAB_STATE  := /var/lib/appliance-lab/state
+
+# Debian packages the tests and the lab drive as real peers.
+DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk \
+	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
+	docker-registry
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## install the Debian packages the tests and lab use (apt-get; skipped when all present)
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@# Services must not run outside the lab: the packages' postinst may have started some.
+	@true
+
+.PHONY: build
+build: ## build bin/appliance and bin/hostagent
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/appliance ./cmd/appliance
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/hostagent ./cmd/hostagent
+
+.PHONY: fixtures
+fixtures: deps ## build (or reuse) the demo/test bundle under $(APPLIANCE_CACHE)
+	test/fixtures/build-bundle.sh
+
+.PHONY: test
+test: deps build fixtures ## run every test (unit, real-peer, privileged; CI runs this as root)
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet, go mod tidy check
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) mod tidy -diff
+
+.PHONY: lab-up
+lab-up: deps ## create the namespace lab (fabric, bootstrap host, nodes)
+	test/lab/lab.sh up
+
+.PHONY: lab-down
+lab-down: ## stop the lab's appliance and delete the lab namespaces
+	test/lab/lab.sh down
+
+.PHONY: demo
+demo: deps build fixtures lab-up ## bootstrap the appliance on the lab and pull from it as a node would
+	test/lab/demo.sh
+
+.PHONY: bench
+bench: deps build fixtures ## speed benchmarks with ratios against reference servers (nginx, skopeo copy)
+	test/bench/run.sh
+
+.PHONY: fuzz
+fuzz: ## run the fuzz targets for a short while each
+	$(GO) test -run='^$$' -fuzz=FuzzLoad -fuzztime=30s -fuzzminimizetime=2s ./pkg/config
+
+.PHONY: docs
+docs: ## regenerate the README's port table from firewall/ (the same table the firewall applies)
+	$(GO) run ./firewall/cmd/porttable | awk 'FNR==NR{t=t $$0 "\n"; next} /<!-- BEGIN PORT TABLE -->/{print; printf "%s", t; skip=1; next} /<!-- END PORT TABLE -->/{skip=0} !skip' - README.md > README.md.tmp && mv README.md.tmp README.md
+
+.PHONY: clean
+clean: ## remove build outputs (not the fixture cache)
+	rm -rf $(BIN)

@@ -1,0 +1,151 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// MaxFileSize bounds the configuration file Load reads (a real one is a few KiB).
+const MaxFileSize = 4 << 20
+
+// Load reads the file at path, strictly decodes it (Decode), applies SetDefaults and runs Validate.
+// It returns the defaulted configuration and Validate's warnings. The error is either a read error
+// (wrapping the *fs.PathError) or an ErrorList (errors.Is(err, ErrInvalid)) holding every decoding
+// and validation problem at once, in document order; then the configuration is nil, and warnings
+// found so far are still returned.
+func Load(path string, opts ValidateOptions) (*BootstrapConfiguration, []*FieldError, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read configuration: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read configuration %s: %w", path, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, nil, ErrorList{{Msg: fmt.Sprintf("%s is larger than %d bytes: this is not a configuration file", path, MaxFileSize)}}
+	}
+	c, warnings, errs := load(data, opts)
+	if len(errs) > 0 {
+		return nil, warnings, errs
+	}
+	return c, warnings, nil
+}
+
+// load is Load on bytes: decode, default, validate, and merge the errors. A validation error on a
+// field whose value could not be decoded is dropped (the decode error already says what is wrong).
+func load(data []byte, opts ValidateOptions) (*BootstrapConfiguration, []*FieldError, ErrorList) {
+	r := decodeAll(data)
+	if r.fatal {
+		return nil, nil, r.errs
+	}
+	SetDefaults(r.cfg)
+	warnings, verrs := Validate(r.cfg, opts)
+	errs := r.errs
+	for _, e := range verrs {
+		covered := false
+		for _, p := range r.covers {
+			if pathCovers(p, e.Path) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			errs = append(errs, e)
+		}
+	}
+	sortByLine(errs)
+	return r.cfg, warnings, errs
+}
+
+// Marshal renders c as YAML: keys in the order of the struct fields, two-space indentation, empty
+// optional fields left out, so the same configuration always renders to the same bytes and
+// Decode(Marshal(c)) gives c back.
+func Marshal(c *BootstrapConfiguration) ([]byte, error) {
+	if c == nil {
+		return nil, fmt.Errorf("marshal configuration: %w", ErrInvalid)
+	}
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("marshal configuration: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("marshal configuration: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Example returns a complete, defaulted configuration that passes Validate (without CheckFiles):
+// three ssh-powered control planes, an IPMI worker and a Redfish worker on a lab network. `appliance
+// config defaults` prints it.
+func Example() *BootstrapConfiguration {
+	sshPower := func() Power {
+		return Power{
+			Kind:           PowerSSH,
+			PrivateKeyFile: "/etc/appliance/ssh/id_ed25519",
+			KnownHostsFile: "/etc/appliance/ssh/known_hosts",
+		}
+	}
+	cp := func(name, addr, mac string) Node {
+		return Node{
+			Name:      name,
+			Roles:     []Role{RoleControlPlane},
+			Addresses: []netip.Addr{netip.MustParseAddr(addr)},
+			MAC:       mac,
+			Power:     sshPower(),
+		}
+	}
+	c := &BootstrapConfiguration{
+		ClusterName: "lab",
+		Networks: Networks{
+			ControlPlane:  NetworkPlane{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/24")}},
+			WorkloadPlane: NetworkPlane{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}},
+			// DefaultServicesCIDR (10.96.0.0/12) spans 10.96.0.0-10.111.255.255 and so overlaps
+			// 10.100.0.0/24: keep the kubeadm base address, narrow the range.
+			Services: netip.MustParsePrefix("10.96.0.0/16"),
+		},
+		APIServer: APIServer{VIP: netip.MustParseAddr("10.100.0.100")},
+		Bundle:    Bundle{Path: "/var/cache/appliance/bundle"},
+		Server:    Server{Names: []string{"appliance.lab"}},
+		Nodes: []Node{
+			cp("cp1", "10.100.0.11", "52:54:00:00:00:11"),
+			cp("cp2", "10.100.0.12", "52:54:00:00:00:12"),
+			cp("cp3", "10.100.0.13", "52:54:00:00:00:13"),
+			{
+				Name:      "w1",
+				Roles:     []Role{RoleWorker},
+				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.21")},
+				MAC:       "52:54:00:00:00:21",
+				Power: Power{
+					Kind:         PowerIPMI,
+					Address:      "10.100.0.121",
+					Username:     "admin",
+					PasswordFile: "/etc/appliance/bmc/w1.password",
+				},
+			},
+			{
+				Name:      "w2",
+				Roles:     []Role{RoleWorker},
+				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.22")},
+				MAC:       "52:54:00:00:00:22",
+				Power: Power{
+					Kind:         PowerRedfish,
+					Address:      "https://10.100.0.122",
+					Username:     "admin",
+					PasswordFile: "/etc/appliance/bmc/w2.password",
+					CAFile:       "/etc/appliance/bmc/ca.pem",
+				},
+			},
+		},
+	}
+	SetDefaults(c)
+	return c
+}

@@ -1,0 +1,239 @@
+// Package config defines the appliance's one input document, BootstrapConfiguration
+// (apiVersion appliance.airgap.dev/v1alpha1), and the three steps every consumer runs on it, in the
+// manner of kubeadm's apis/kubeadm/v1beta4 and the Talos config decoder:
+//
+//  1. Decode: strict YAML decoding. Unknown or duplicate keys, values of the wrong type and values that
+//     do not parse (CIDRs, IP addresses, ports) are reported together, each as a FieldError with the
+//     field path and the line, e.g. `networks.controlPlane.cidrs[1]: "10.0.0.0/33" is not a CIDR (line 7)`.
+//  2. SetDefaults: an explicit, idempotent function that fills every unset field with its default, so
+//     `appliance config defaults` can print the effective document.
+//  3. Validate: semantic checks across the whole document, returning every error at once (ErrorList)
+//     plus warnings (e.g. an even number of control-plane nodes).
+//
+// Load runs the three in order on a file.
+package config
+
+import (
+	"net/netip"
+)
+
+// APIVersion is the only apiVersion this package accepts.
+const APIVersion = "appliance.airgap.dev/v1alpha1"
+
+// Kind is the only kind this package accepts.
+const Kind = "BootstrapConfiguration"
+
+// BootstrapConfiguration is the whole input of `appliance bootstrap`: the cluster to build, the
+// networks it lives on, the nodes and how to power them. The YAML keys are the yaml tags below.
+type BootstrapConfiguration struct {
+	// APIVersion must be APIVersion.
+	APIVersion string `yaml:"apiVersion"`
+	// Kind must be Kind.
+	Kind string `yaml:"kind"`
+	// ClusterName names the cluster (kubeadm ClusterConfiguration.clusterName). Required, a DNS-1123
+	// label (RFC 1123: lowercase alphanumerics and '-', at most 63 characters). It also seeds the
+	// default VRRP virtual router ID (DefaultVirtualRouterID).
+	ClusterName string `yaml:"clusterName"`
+	// KubernetesVersion is the version kubeadm installs, "vMAJOR.MINOR.PATCH". Default
+	// DefaultKubernetesVersion.
+	KubernetesVersion string `yaml:"kubernetesVersion"`
+	// Networks are the node, pod and service networks.
+	Networks Networks `yaml:"networks"`
+	// APIServer is the Kubernetes API endpoint and the keepalived VIP that carries it.
+	APIServer APIServer `yaml:"apiServer"`
+	// Bundle is the offline bundle (images, packages) the appliance serves.
+	Bundle Bundle `yaml:"bundle"`
+	// Server is the appliance's own HTTPS server (registry mirror, package repo, Ignition configs).
+	Server Server `yaml:"server"`
+	// StateDir holds the appliance's state (PKI, journal, tokens). Absolute path. Default DefaultStateDir.
+	StateDir string `yaml:"stateDir"`
+	// Ignition lists user-supplied Ignition config files merged into the generated node configs.
+	Ignition IgnitionSnippets `yaml:"ignition"`
+	// Nodes is the inventory: every machine of the cluster. At least one must be a control plane.
+	Nodes []Node `yaml:"nodes"`
+
+	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
+	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
+	lines map[string]int
+}
+
+// Networks lists the networks of the cluster. Node networks are tried in order when the appliance and
+// the nodes look for their local address (first CIDR that matches a local interface wins).
+type Networks struct {
+	// ControlPlane: the networks the API server, etcd and the VIP live on. Required, at least one CIDR.
+	ControlPlane NetworkPlane `yaml:"controlPlane"`
+	// WorkloadPlane: the networks node-to-node workload traffic uses. Default: a copy of ControlPlane.
+	// It may equal or overlap ControlPlane.
+	WorkloadPlane NetworkPlane `yaml:"workloadPlane"`
+	// Pods is the pod network (kubeadm networking.podSubnet). Default DefaultPodsCIDR. Each node gets a
+	// /24 (IPv4) or /64 (IPv6) out of it (kube-controller-manager --node-cidr-mask-size defaults).
+	Pods netip.Prefix `yaml:"pods"`
+	// Services is the service network (kubeadm networking.serviceSubnet). Default DefaultServicesCIDR.
+	// kube-apiserver refuses IPv4 ranges larger than /12 and IPv6 ranges larger than /108.
+	Services netip.Prefix `yaml:"services"`
+}
+
+// NetworkPlane is an ordered list of CIDRs (network address, no host bits).
+type NetworkPlane struct {
+	CIDRs []netip.Prefix `yaml:"cidrs"`
+}
+
+// APIServer describes the Kubernetes API endpoint (kubeadm controlPlaneEndpoint = VIP:Port).
+type APIServer struct {
+	// VIP is the virtual IP carried by keepalived. Required when keepalived is enabled, and then it
+	// must lie inside a controlPlane CIDR. Never equal to a node address.
+	VIP netip.Addr `yaml:"vip"`
+	// Port is the API server port (TCP). Default DefaultAPIServerPort.
+	Port uint16 `yaml:"port" config:"nonzero"`
+	// Keepalived configures the VRRP daemon that moves the VIP between control planes.
+	Keepalived Keepalived `yaml:"keepalived"`
+}
+
+// Keepalived configures VRRP (RFC 5798) for the API VIP.
+type Keepalived struct {
+	// Enabled: nil means true (see IsEnabled).
+	Enabled *bool `yaml:"enabled"`
+	// VirtualRouterID is the VRRP VRID, 1..255. Default DefaultVirtualRouterID(clusterName). Two
+	// clusters on one L2 segment must not share it.
+	VirtualRouterID uint8 `yaml:"virtualRouterID" config:"nonzero"`
+	// AuthPasswordFile optionally names a file holding the VRRP PASS authentication secret: 1 to 8
+	// bytes (keepalived truncates longer ones), one trailing newline ignored (see ReadSecretFile).
+	AuthPasswordFile string `yaml:"authPasswordFile,omitempty"`
+}
+
+// IsEnabled reports whether keepalived runs: true unless Enabled is explicitly false.
+func (k Keepalived) IsEnabled() bool { return k.Enabled == nil || *k.Enabled }
+
+// Bundle locates the offline bundle.
+type Bundle struct {
+	// Path is the bundle directory. Required; with ValidateOptions.CheckFiles it must exist.
+	Path string `yaml:"path"`
+}
+
+// Server is the appliance's HTTPS server.
+type Server struct {
+	// ListenAddress is the IP the server binds. Default 0.0.0.0 (all IPv4 addresses).
+	ListenAddress netip.Addr `yaml:"listenAddress"`
+	// Port is the TCP port. Default DefaultServerPort.
+	Port uint16 `yaml:"port" config:"nonzero"`
+	// Names are extra DNS SANs for the serving certificate, each a DNS-1123 subdomain.
+	Names []string `yaml:"names"`
+}
+
+// IgnitionSnippets lists Ignition config files (paths) merged into node configs: All into every node,
+// ControlPlane and Worker into nodes of that role.
+type IgnitionSnippets struct {
+	All          []string `yaml:"all"`
+	ControlPlane []string `yaml:"controlPlane"`
+	Worker       []string `yaml:"worker"`
+}
+
+// Role is what a node does in the cluster.
+type Role string
+
+const (
+	// RoleControlPlane runs the API server, etcd and keepalived.
+	RoleControlPlane Role = "control-plane"
+	// RoleWorker runs workloads.
+	RoleWorker Role = "worker"
+)
+
+// Node is one machine of the inventory.
+type Node struct {
+	// Name is the node (and Kubernetes Node) name: a DNS-1123 subdomain, unique. Required.
+	Name string `yaml:"name"`
+	// Roles: non-empty, each RoleControlPlane or RoleWorker, no duplicates.
+	Roles []Role `yaml:"roles"`
+	// Addresses are the node's static IPs, each inside a controlPlane or workloadPlane CIDR, unique
+	// across all nodes, never the VIP. Optional.
+	Addresses []netip.Addr `yaml:"addresses,omitempty"`
+	// MAC is the PXE/boot interface's 48-bit MAC ("52:54:00:00:00:11"); SetDefaults lowercases it.
+	// Optional, unique.
+	MAC string `yaml:"mac,omitempty"`
+	// Ignition lists Ignition config files merged into this node's config only.
+	Ignition []string `yaml:"ignition,omitempty"`
+	// Power says how the appliance turns the node on. Required.
+	Power Power `yaml:"power"`
+}
+
+// HasRole reports whether the node has role r.
+func (n Node) HasRole(r Role) bool {
+	for _, have := range n.Roles {
+		if have == r {
+			return true
+		}
+	}
+	return false
+}
+
+// PowerKind selects the power backend.
+type PowerKind string
+
+const (
+	// PowerSSH: the node is already running an OS reachable over SSH; the appliance installs the
+	// hostagent through it. Needs PrivateKeyFile and a pinned host key (HostKey or KnownHostsFile).
+	PowerSSH PowerKind = "ssh"
+	// PowerIPMI: IPMI v2.0 (RMCP+) BMC. Needs Address, Username, PasswordFile.
+	PowerIPMI PowerKind = "ipmi"
+	// PowerRedfish: DMTF Redfish BMC over HTTPS. Needs an https:// Address, Username, PasswordFile and
+	// CAFile (or InsecureSkipVerify).
+	PowerRedfish PowerKind = "redfish"
+)
+
+// BootDevice is the one-time boot override a BMC sets before powering on.
+type BootDevice string
+
+const (
+	// BootPXE boots from the network (default for ipmi and redfish).
+	BootPXE BootDevice = "pxe"
+	// BootCDROM boots from (virtual) media.
+	BootCDROM BootDevice = "cdrom"
+	// BootDisk boots from the local disk.
+	BootDisk BootDevice = "disk"
+)
+
+// Power describes how to reach a node's power control. Which fields apply depends on Kind; a field
+// that does not apply to the kind is an error (it would silently do nothing).
+type Power struct {
+	// Kind: PowerSSH, PowerIPMI or PowerRedfish. Required.
+	Kind PowerKind `yaml:"kind"`
+	// Address: ssh "host" or "host:port" (default port 22; default host the node's first address);
+	// ipmi "host" or "host:port" (default port 623); redfish an https:// URL. SetDefaults adds the
+	// default port, so after defaulting ssh and ipmi addresses are always "host:port".
+	Address string `yaml:"address,omitempty"`
+	// Username: ssh default "root"; required for ipmi and redfish.
+	Username string `yaml:"username,omitempty"`
+	// PasswordFile holds the BMC password (ipmi, redfish; required there).
+	PasswordFile string `yaml:"passwordFile,omitempty"`
+	// PrivateKeyFile is the unencrypted SSH private key (ssh; required there).
+	PrivateKeyFile string `yaml:"privateKeyFile,omitempty"`
+	// HostKey pins the node's SSH host key, authorized_keys format ("ssh-ed25519 AAAA...").
+	// ssh needs HostKey or KnownHostsFile: there is no trust-on-first-use.
+	HostKey string `yaml:"hostKey,omitempty"`
+	// KnownHostsFile is an OpenSSH known_hosts file holding the node's host key (ssh).
+	KnownHostsFile string `yaml:"knownHostsFile,omitempty"`
+	// CAFile is the PEM CA bundle the Redfish BMC's certificate must chain to (redfish; required
+	// unless InsecureSkipVerify).
+	CAFile string `yaml:"caFile,omitempty"`
+	// InsecureSkipVerify disables Redfish TLS verification (redfish only; gives a warning).
+	InsecureSkipVerify bool `yaml:"insecureSkipVerify,omitempty"`
+	// BootDevice: ipmi and redfish, default BootPXE; must be empty for ssh.
+	BootDevice BootDevice `yaml:"bootDevice,omitempty"`
+}
+
+// ControlPlaneNodes returns the nodes with RoleControlPlane, in document order.
+func (c *BootstrapConfiguration) ControlPlaneNodes() []Node { return c.nodesWithRole(RoleControlPlane) }
+
+// WorkerNodes returns the nodes with RoleWorker, in document order. A node with both roles appears in
+// both ControlPlaneNodes and WorkerNodes.
+func (c *BootstrapConfiguration) WorkerNodes() []Node { return c.nodesWithRole(RoleWorker) }
+
+func (c *BootstrapConfiguration) nodesWithRole(r Role) []Node {
+	var out []Node
+	for _, n := range c.Nodes {
+		if n.HasRole(r) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
