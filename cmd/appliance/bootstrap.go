@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+)
+
+type bootstrapFlags struct {
+	config, stateDir, hostagent string
+	skip                        []string
+}
+
+func newBootstrapCommand(g *globalFlags) *cobra.Command {
+	f := &bootstrapFlags{}
+	cmd := &cobra.Command{
+		Use:   "bootstrap --config FILE",
+		Short: "Serve the air-gap bundle and bring the cluster up (phases: " + strings.Join(bootstrap.PhaseNames(), ", ") + ")",
+		Long: `Runs the bootstrap phases in order. Each phase checks the real world first and changes only
+what differs, so running it again changes nothing, and a run that was killed finishes when run again.
+The HTTPS services keep running after this command returns.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBootstrap(cmd, g, f)
+		},
+	}
+	cmd.Flags().StringVarP(&f.config, "config", "c", "", "BootstrapConfiguration file (required)")
+	cmd.Flags().StringVar(&f.stateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().StringSliceVar(&f.skip, "skip-phases", nil, "phases to skip, comma-separated: "+strings.Join(bootstrap.PhaseNames()[1:], ", "))
+	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func defaultHostagent(flag string) string {
+	if flag != "" {
+		p, _ := filepath.Abs(flag)
+		return p
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "hostagent")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	jsonOut := g.output == "json"
+	progress := cmd.ErrOrStderr()
+	if jsonOut {
+		progress = cmd.OutOrStdout()
+	}
+	sum, err := bootstrap.Run(ctx, bootstrap.Options{
+		ConfigPath:      f.config,
+		StateDir:        f.stateDir,
+		SkipPhases:      f.skip,
+		HostagentBinary: defaultHostagent(f.hostagent),
+		Progress:        progress,
+		JSONEvents:      jsonOut,
+		Logger:          g.logger(cmd.ErrOrStderr()),
+	})
+	if err != nil {
+		return err
+	}
+	if jsonOut {
+		return json.NewEncoder(cmd.OutOrStdout()).Encode(report(sum))
+	}
+	printReport(cmd.ErrOrStderr(), sum)
+	return nil
+}
+
+// Report is the final `--output json` document of a bootstrap run. It holds no secrets.
+type Report struct {
+	Changed      bool     `json:"changed"`
+	ApplianceURL string   `json:"applianceURL"`
+	CAFile       string   `json:"caFile"`
+	CAPin        string   `json:"caPin"`
+	ServePID     int      `json:"servePID"`
+	Images       []string `json:"images"`
+	Registries   []string `json:"registries"`
+	Nodes        []string `json:"nodes"`
+	Warnings     []string `json:"warnings,omitempty"`
+}
+
+func report(sum *bootstrap.Summary) Report {
+	st := sum.State
+	r := Report{Changed: sum.Changed, ApplianceURL: st.ApplianceURL, ServePID: st.ServePID,
+		Registries: st.Images.Registries, Warnings: st.Warnings}
+	if st.CA != nil {
+		r.CAFile = filepath.Join(bootstrap.PKIDir(st.StateDir), "ca.crt")
+		r.CAPin = pki.PinHash(st.CA.Cert)
+	}
+	for _, im := range st.Images.Images {
+		r.Images = append(r.Images, im.Ref)
+	}
+	for _, n := range st.Config.Nodes {
+		r.Nodes = append(r.Nodes, n.Name)
+	}
+	return r
+}
+
+func printReport(w io.Writer, sum *bootstrap.Summary) {
+	r := report(sum)
+	u := r.ApplianceURL
+	fmt.Fprintf(w, "\nappliance serving at %s (pid %d)\n", u, r.ServePID)
+	fmt.Fprintf(w, "  CA            %s\n  CA pin        %s\n", r.CAFile, r.CAPin)
+	fmt.Fprintf(w, "  registry      %s/v2/  %d images from %s\n", u, len(r.Images), strings.Join(r.Registries, ", "))
+	for _, im := range r.Images {
+		fmt.Fprintf(w, "                  %s\n", im)
+	}
+	fmt.Fprintf(w, "  packages      %s/repo/\n", u)
+	fmt.Fprintf(w, "  ignition      %s/ignition/<node>  (token: %s/tokens/<node>) for %s\n", u, bootstrap.PKIDir(sum.State.StateDir), strings.Join(r.Nodes, ", "))
+	fmt.Fprintf(w, "  health        %s/healthz   metrics %s/metrics\n", u, u)
+	if !r.Changed {
+		fmt.Fprintln(w, "nothing changed: everything was already in place")
+	}
+}

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+)
+
+func newServeCommand(g *globalFlags) *cobra.Command {
+	var o bootstrap.ServeOptions
+	cmd := &cobra.Command{
+		Use:   "serve --config FILE",
+		Short: "Run the HTTPS front (registry, repo, Ignition) from the state `bootstrap` prepared",
+		Long: `Runs until SIGTERM. On a systemd host this is the appliance service; elsewhere the bootstrap
+serve phase starts it detached. It loads the serving certificate, node tokens, registry storage and
+rendered Ignition configs the bootstrap phases left in the state directory.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			o.Logger = g.logger(cmd.ErrOrStderr())
+			o.HostagentBinary = defaultHostagent(o.HostagentBinary)
+			return bootstrap.Serve(ctx, o)
+		},
+	}
+	cmd.Flags().StringVarP(&o.ConfigPath, "config", "c", "", "BootstrapConfiguration file (required)")
+	cmd.Flags().StringVar(&o.StateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().StringVar(&o.HostagentBinary, "hostagent-binary", "", "hostagent executable served under /artifacts/hostagent")
+	cmd.Flags().StringVar(&o.Generation, "generation", "", "generation reported by /healthz (set by `appliance bootstrap`)")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}

@@ -1,0 +1,60 @@
+// Package agentapi holds what the appliance and hostagent exchange: the per-node hostagent
+// configuration (delivered in Ignition or over SSH as /etc/hostagent/config.yaml, mode 0600).
+package agentapi
+
+import (
+	"bytes"
+	"fmt"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// APIVersion and Kind of the hostagent configuration document.
+const (
+	APIVersion = "appliance.airgap.dev/v1alpha1"
+	Kind       = "HostagentConfiguration"
+	// ConfigPath is where nodes keep the document.
+	ConfigPath = "/etc/hostagent/config.yaml"
+)
+
+// Configuration tells a node's hostagent who it is and how to reach the appliance.
+type Configuration struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	// Node is the node's name in bootstrap.yaml.
+	Node string `yaml:"node"`
+	// Roles are "control-plane" and/or "worker".
+	Roles []string `yaml:"roles"`
+	// ApplianceURL is https://host:port of the appliance's HTTPS front.
+	ApplianceURL string `yaml:"applianceURL"`
+	// CAPin is "sha256:<hex>" of the appliance CA's SubjectPublicKeyInfo (kubeadm's pin format).
+	CAPin string `yaml:"caPin"`
+	// Token is the node's bearer token. Secret.
+	Token string `yaml:"token"`
+}
+
+// Marshal renders the document deterministically.
+func (c Configuration) Marshal() ([]byte, error) {
+	c.APIVersion, c.Kind = APIVersion, Kind
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("marshal hostagent configuration: %w", err)
+	}
+	return buf.Bytes(), enc.Close()
+}
+
+// Parse strictly decodes a hostagent configuration.
+func Parse(data []byte) (Configuration, error) {
+	var c Configuration
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("hostagent configuration: %w", err)
+	}
+	if c.APIVersion != APIVersion || c.Kind != Kind {
+		return c, fmt.Errorf("hostagent configuration: want apiVersion %s kind %s, got %s %s", APIVersion, Kind, c.APIVersion, c.Kind)
+	}
+	return c, nil
+}

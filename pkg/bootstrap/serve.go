@@ -1,0 +1,143 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/server"
+	"github.com/airgap-appliance/appliance/pkg/version"
+	"github.com/airgap-appliance/appliance/registry"
+)
+
+// ServeOptions are the inputs of the long-running `appliance serve` process.
+type ServeOptions struct {
+	ConfigPath      string
+	StateDir        string // overrides the configuration's stateDir when not empty
+	HostagentBinary string
+	Generation      string
+	Logger          *slog.Logger
+	// Listener, when set, is used instead of listening on server.listenAddress:server.port (tests).
+	Listener net.Listener
+	// Ready is closed once the server accepts connections.
+	Ready chan<- struct{}
+}
+
+// Serve runs the appliance's HTTPS front from what the bootstrap phases left in the state
+// directory (serving certificate, node tokens, registry storage, rendered Ignition configs) until
+// ctx is cancelled. It is what `appliance serve` runs, as a systemd service on a real host or as a
+// detached process started by the serve phase.
+func Serve(ctx context.Context, o ServeOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg, _, err := config.Load(o.ConfigPath, config.ValidateOptions{CheckFiles: true})
+	if err != nil {
+		return fmt.Errorf("%s is not valid:\n%w", o.ConfigPath, err)
+	}
+	stateDir := cfg.StateDir
+	if o.StateDir != "" {
+		stateDir = o.StateDir
+	}
+	pkiDir := PKIDir(stateDir)
+	cert, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "serving.crt"), filepath.Join(pkiDir, "serving.key"))
+	if err != nil {
+		return fmt.Errorf("load serving certificate (run `appliance bootstrap` first): %w", err)
+	}
+	var nodes []string
+	for _, n := range cfg.Nodes {
+		nodes = append(nodes, n.Name)
+	}
+	tokens, err := readTokens(pkiDir, nodes)
+	if err != nil {
+		return err
+	}
+	b, err := bundle.Open(cfg.Bundle.Path)
+	if err != nil {
+		return fmt.Errorf("bundle.path: %w", err)
+	}
+	reg, err := registry.NewHandler(ctx, RegistryDir(stateDir), log.With("component", "registry"))
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	artifacts := map[string]string{}
+	if o.HostagentBinary != "" {
+		artifacts["hostagent"] = o.HostagentBinary
+	}
+	srv, err := server.New(server.Options{
+		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
+		Certificate: cert,
+		Registry:    reg,
+		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
+		Ignition:    server.NewIgnitionStore(RenderedDir(stateDir), tokens),
+		Artifacts:   artifacts,
+		Generation:  o.Generation,
+		Logger:      log,
+	})
+	if err != nil {
+		return err
+	}
+	if o.Listener != nil {
+		return srv.ServeListener(ctx, o.Listener, o.Ready)
+	}
+	return srv.Serve(ctx, o.Ready)
+}
+
+// readTokens reads the node tokens the pki phase made, without creating any.
+func readTokens(pkiDir string, nodes []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, n := range nodes {
+		b, err := os.ReadFile(filepath.Join(pkiDir, "tokens", n))
+		if err != nil {
+			return nil, fmt.Errorf("node token for %s (run `appliance bootstrap` to create it): %w", n, err)
+		}
+		out[n] = strings.TrimSpace(string(b))
+	}
+	return out, nil
+}
+
+// Generation fingerprints everything a running server has loaded at start: the configuration
+// file, the serving certificate, the node tokens, the hostagent binary and this program's version.
+// The serve phase restarts a server whose /healthz reports another generation.
+func Generation(configPath string, cert tls.Certificate, tokens map[string]string, hostagent string) (string, error) {
+	h := sha256.New()
+	cfg, err := os.ReadFile(configPath)
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(h, "version %s\nconfig %d\n", version.String(), len(cfg))
+	h.Write(cfg)
+	for _, c := range cert.Certificate {
+		h.Write(c)
+	}
+	names := make([]string, 0, len(tokens))
+	for n := range tokens {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		t := sha256.Sum256([]byte(tokens[n]))
+		fmt.Fprintf(h, "token %s %x\n", n, t)
+	}
+	if hostagent != "" {
+		st, err := os.Stat(hostagent)
+		if err != nil {
+			return "", fmt.Errorf("hostagent binary: %w", err)
+		}
+		fmt.Fprintf(h, "hostagent %s %d %d\n", hostagent, st.Size(), st.ModTime().UnixNano())
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/airgap-appliance/appliance/pkg/ignition"
+)
+
+// IgnitionStore serves the Ignition configs the render phase wrote to
+// Dir/<node>/ignition/<spec version>.json, one per supported spec version.
+//
+// GET /ignition/<node> with the node's token as "Authorization: Bearer <token>" or "?token=<token>"
+// (Ignition's first fetch from the kernel command line cannot send headers). The version is
+// negotiated from the Accept header (pkg/ignition.Negotiate). A missing or wrong token and an
+// unknown node get the same 401 answer, after the same constant-time work, so a caller learns
+// nothing about which nodes exist.
+type IgnitionStore struct {
+	// Dir holds one directory per node.
+	Dir string
+
+	mu     sync.RWMutex
+	tokens map[string][32]byte // node → SHA-256 of its token
+}
+
+// NewIgnitionStore returns a store for dir that accepts the given node tokens (node name → token).
+func NewIgnitionStore(dir string, tokens map[string]string) *IgnitionStore {
+	s := &IgnitionStore{Dir: dir}
+	s.SetTokens(tokens)
+	return s
+}
+
+// SetTokens replaces the accepted tokens (node name → token).
+func (s *IgnitionStore) SetTokens(tokens map[string]string) {
+	m := make(map[string][32]byte, len(tokens))
+	for n, t := range tokens {
+		m[n] = sha256.Sum256([]byte(t))
+	}
+	s.mu.Lock()
+	s.tokens = m
+	s.mu.Unlock()
+}
+
+// authorized compares hashes in constant time; an unknown node is compared against a dummy.
+func (s *IgnitionStore) authorized(node, token string) bool {
+	got := sha256.Sum256([]byte(token))
+	s.mu.RLock()
+	want, ok := s.tokens[node]
+	s.mu.RUnlock()
+	eq := subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	return ok && token != "" && eq
+}
+
+func bearer(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
+		return strings.TrimPrefix(h, "Bearer ")
+	}
+	return r.URL.Query().Get("token")
+}
+
+func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	node := strings.TrimPrefix(r.URL.Path, "/ignition/")
+	if node == "" || strings.ContainsAny(node, "/\\") || strings.HasPrefix(node, ".") || !s.authorized(node, bearer(r)) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="appliance"`)
+		http.Error(w, "unauthorized: send this node's token (Authorization: Bearer or ?token=)", http.StatusUnauthorized)
+		return
+	}
+	version, err := ignition.Negotiate(strings.Join(r.Header.Values("Accept"), ", "))
+	if err != nil {
+		http.Error(w, "not acceptable: this appliance serves Ignition spec "+strings.Join(ignition.SupportedVersions, ", "), http.StatusNotAcceptable)
+		return
+	}
+	data, err := os.ReadFile(filepath.Join(s.Dir, node, "ignition", version+".json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		// Authorized but not rendered (yet, or the node's snippets need a newer spec version).
+		http.Error(w, "no Ignition config rendered for this node in spec "+version+"; rerun `appliance bootstrap` (render phase)", http.StatusNotFound)
+		return
+	} else if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", ignition.ContentType(version))
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(data)
+}

@@ -1,0 +1,267 @@
+// Package server is the appliance's HTTPS front: one TLS listener (TLS >= 1.2) that serves
+//
+//	/v2/                the embedded OCI registry mirror (read-only; registry package)
+//	/repo/              the bundle's package repository, its own metadata served as-is
+//	/ignition/<node>    per-node Ignition configs, bearer-token (or ?token=) authenticated
+//	/artifacts/<name>   binaries nodes install (hostagent), verified by hash in their Ignition config
+//	/healthz            liveness plus the served generation (JSON)
+//	/metrics            Prometheus metrics (own registry, never the global one)
+//
+// Secrets (tokens) never reach the access log: it records paths without query strings.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Options configures a Server. Listen, Certificate and at least one of the content sources are
+// required; a nil Registry leaves /v2/ answering 404.
+type Options struct {
+	// Listen is host:port, e.g. "0.0.0.0:8443".
+	Listen string
+	// Certificate is the serving certificate issued by the appliance CA (pkg/pki).
+	Certificate tls.Certificate
+	// Registry serves /v2/ (registry.Handler).
+	Registry http.Handler
+	// RepoDir is served under /repo/ as static files (the bundle's repo/ directory).
+	RepoDir string
+	// Ignition serves /ignition/<node>.
+	Ignition *IgnitionStore
+	// Artifacts maps a name under /artifacts/ to a file path.
+	Artifacts map[string]string
+	// Generation identifies the configuration this process serves; /healthz reports it so that
+	// `appliance bootstrap` can tell a stale server from a current one.
+	Generation string
+	// Logger receives the access log at debug level and errors at error level.
+	Logger *slog.Logger
+}
+
+// Server is a running or runnable HTTPS front.
+type Server struct {
+	opts    Options
+	handler http.Handler
+	metrics *metrics
+	reg     *prometheus.Registry
+}
+
+// New builds the handler tree. It does not listen yet.
+func New(opts Options) (*Server, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Listen == "" {
+		return nil, errors.New("server: listen address is empty")
+	}
+	if len(opts.Certificate.Certificate) == 0 {
+		return nil, errors.New("server: no serving certificate")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Server{opts: opts, reg: reg, metrics: newMetrics(reg)}
+
+	mux := http.NewServeMux()
+	if opts.Registry != nil {
+		mux.Handle("/v2/", s.instrument("registry", opts.Registry))
+	}
+	if opts.RepoDir != "" {
+		mux.Handle("/repo/", s.instrument("repo", http.StripPrefix("/repo/", staticFiles(opts.RepoDir))))
+	}
+	if opts.Ignition != nil {
+		mux.Handle("/ignition/", s.instrument("ignition", opts.Ignition))
+	}
+	for name, path := range opts.Artifacts {
+		p := path
+		mux.Handle("/artifacts/"+name, s.instrument("artifacts", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.ServeFile(w, r, p)
+		})))
+	}
+	mux.Handle("/healthz", s.instrument("healthz", http.HandlerFunc(s.healthz)))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	s.handler = mux
+	return s, nil
+}
+
+// Handler returns the root handler (for tests and for embedding in another server).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// TLSConfig is the listener's TLS configuration: TLS 1.2 minimum, HTTP/2 and HTTP/1.1.
+func (s *Server) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{s.opts.Certificate},
+		NextProtos:   []string{"h2", "http/1.1"},
+	}
+}
+
+// Health is the /healthz document.
+type Health struct {
+	Status     string `json:"status"`
+	Generation string `json:"generation"`
+	PID        int    `json:"pid"`
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(Health{Status: "ok", Generation: s.opts.Generation, PID: os.Getpid()})
+}
+
+// Serve listens on Options.Listen and serves until ctx is cancelled, then shuts down gracefully
+// (in-flight requests get up to 10 s). ready, if not nil, is closed once the listener is bound.
+func (s *Server) Serve(ctx context.Context, ready chan<- struct{}) error {
+	ln, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (is another appliance serving? change server.port or server.listenAddress)", s.opts.Listen, err)
+	}
+	return s.ServeListener(ctx, ln, ready)
+}
+
+// ServeListener is Serve on an existing listener (which it closes).
+func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready chan<- struct{}) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		TLSConfig:         s.TLSConfig(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.ServeTLS(ln, "", "") }()
+	if ready != nil {
+		close(ready)
+	}
+	s.opts.Logger.Info("serving", "address", ln.Addr().String(), "generation", s.opts.Generation)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		return nil
+	}
+}
+
+// staticFiles serves a directory without directory listings' surprises: only regular files, no
+// dot-files, and no symlinks leaving the tree.
+func staticFiles(root string) http.Handler {
+	fs := http.FileServer(http.Dir(root))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, part := range strings.Split(r.URL.Path, "/") {
+			if strings.HasPrefix(part, ".") {
+				http.NotFound(w, r)
+				return
+			}
+		}
+		full := filepath.Join(root, filepath.FromSlash(r.URL.Path))
+		if real, err := filepath.EvalSymlinks(full); err == nil {
+			if rr, err := filepath.EvalSymlinks(root); err == nil && real != rr && !strings.HasPrefix(real, rr+string(filepath.Separator)) {
+				http.NotFound(w, r)
+				return
+			}
+		}
+		fs.ServeHTTP(w, r)
+	})
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	bytes    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "appliance_http_requests_total", Help: "HTTP requests served, by service and status code.",
+		}, []string{"service", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "appliance_http_request_duration_seconds", Help: "HTTP request latency in seconds, by service.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+		}, []string{"service"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "appliance_http_response_bytes_total", Help: "Response body bytes written, by service.",
+		}, []string{"service"}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.bytes)
+	return m
+}
+
+type recorder struct {
+	http.ResponseWriter
+	code  int
+	bytes int64
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	n, err := r.ResponseWriter.Write(b)
+	r.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps io.Copy's sendfile/splice path and large-buffer writes available underneath.
+func (r *recorder) ReadFrom(src io.Reader) (int64, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	n, err := copyBuffer(r.ResponseWriter, src)
+	r.bytes += n
+	return n, err
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) instrument(service string, h http.Handler) http.Handler {
+	hist := s.metrics.duration.WithLabelValues(service)
+	bytes := s.metrics.bytes.WithLabelValues(service)
+	log := s.opts.Logger
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		if rec.code == 0 {
+			rec.code = http.StatusOK
+		}
+		d := time.Since(start)
+		hist.Observe(d.Seconds())
+		bytes.Add(float64(rec.bytes))
+		s.metrics.requests.WithLabelValues(service, strconv.Itoa(rec.code)).Inc()
+		if log.Enabled(r.Context(), slog.LevelDebug) {
+			// r.URL.Path only: query strings may carry node tokens.
+			log.Debug("request", "service", service, "method", r.Method, "path", r.URL.Path,
+				"status", rec.code, "bytes", rec.bytes, "seconds", d.Seconds(), "remote", r.RemoteAddr)
+		}
+	})
+}

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"localhost"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func newTestServer(t *testing.T) (*Server, string) {
+	t.Helper()
+	dir := t.TempDir()
+	for path, data := range map[string]string{
+		"rendered/cp1/ignition/3.3.0.json": `{"ignition":{"version":"3.3.0"}}`,
+		"rendered/cp1/ignition/3.5.0.json": `{"ignition":{"version":"3.5.0"}}`,
+		"repo/debian/dists/stable/Release": "Suite: stable\n",
+		"repo/.hidden":                     "secret",
+	} {
+		p := filepath.Join(dir, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(Options{
+		Listen:      "127.0.0.1:0",
+		Certificate: selfSigned(t),
+		RepoDir:     filepath.Join(dir, "repo"),
+		Ignition:    NewIgnitionStore(filepath.Join(dir, "rendered"), map[string]string{"cp1": "tok-cp1", "cp2": "tok-cp2"}),
+		Generation:  "gen1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, dir
+}
+
+func do(t *testing.T, h http.Handler, method, target string, hdr map[string]string) (int, string, http.Header) {
+	t.Helper()
+	req := httptest.NewRequest(method, target, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	b, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(b), rec.Header()
+}
+
+func TestIgnitionAuthAndNegotiation(t *testing.T) {
+	s, _ := newTestServer(t)
+	h := s.Handler()
+	accept33 := map[string]string{"Accept": "application/vnd.coreos.ignition+json;version=3.3.0, */*;q=0.1"}
+	code, body, hdr := do(t, h, "GET", "/ignition/cp1?token=tok-cp1", accept33)
+	if code != 200 || !strings.Contains(body, `"3.3.0"`) || !strings.Contains(hdr.Get("Content-Type"), "version=3.3.0") {
+		t.Fatalf("own token via query: %d %q %v", code, body, hdr)
+	}
+	bearer := map[string]string{"Accept": accept33["Accept"], "Authorization": "Bearer tok-cp1"}
+	if code, _, _ := do(t, h, "GET", "/ignition/cp1", bearer); code != 200 {
+		t.Fatalf("own token via bearer: %d", code)
+	}
+	cases := []struct{ name, target string }{
+		{"no token", "/ignition/cp1"},
+		{"wrong token", "/ignition/cp1?token=nope"},
+		{"other node's token", "/ignition/cp1?token=tok-cp2"},
+		{"unknown node", "/ignition/cp9?token=tok-cp1"},
+		{"empty token for unknown", "/ignition/cp9?token="},
+		{"path traversal", "/ignition/..%2fcp1?token=tok-cp1"},
+	}
+	var first string
+	for _, c := range cases {
+		code, body, _ := do(t, h, "GET", c.target, accept33)
+		if code != http.StatusUnauthorized {
+			t.Errorf("%s: status %d, want 401", c.name, code)
+		}
+		if first == "" {
+			first = body
+		} else if body != first {
+			t.Errorf("%s: body %q differs from %q: leaks node existence", c.name, body, first)
+		}
+	}
+	// Known node, authorized, but a version it was not rendered in → 404; an unsupported Accept → 406.
+	code, _, _ = do(t, h, "GET", "/ignition/cp1?token=tok-cp1", map[string]string{"Accept": "application/vnd.coreos.ignition+json;version=3.4.0"})
+	if code != http.StatusNotFound {
+		t.Errorf("unrendered version: %d, want 404", code)
+	}
+	code, _, _ = do(t, h, "GET", "/ignition/cp1?token=tok-cp1", map[string]string{"Accept": "application/vnd.coreos.ignition+json;version=2.2.0"})
+	if code != http.StatusNotAcceptable {
+		t.Errorf("spec 2.2.0 only: %d, want 406", code)
+	}
+	if code, _, _ := do(t, h, "POST", "/ignition/cp1?token=tok-cp1", nil); code != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d, want 405", code)
+	}
+}
+
+func TestRepoStaticFiles(t *testing.T) {
+	s, _ := newTestServer(t)
+	h := s.Handler()
+	if code, body, _ := do(t, h, "GET", "/repo/debian/dists/stable/Release", nil); code != 200 || body != "Suite: stable\n" {
+		t.Fatalf("Release: %d %q", code, body)
+	}
+	if code, _, _ := do(t, h, "GET", "/repo/.hidden", nil); code != 404 {
+		t.Fatalf("dot-file served: %d", code)
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	s, _ := newTestServer(t)
+	h := s.Handler()
+	code, body, _ := do(t, h, "GET", "/healthz", nil)
+	if code != 200 || !strings.Contains(body, `"generation":"gen1"`) {
+		t.Fatalf("healthz: %d %s", code, body)
+	}
+	do(t, h, "GET", "/repo/debian/dists/stable/Release", nil)
+	_, metrics, _ := do(t, h, "GET", "/metrics", nil)
+	if !strings.Contains(metrics, `appliance_http_requests_total{code="200",service="repo"} 1`) {
+		t.Fatalf("metrics do not count the repo request:\n%.3000s", metrics)
+	}
+	if strings.Contains(metrics, "tok-cp1") {
+		t.Fatal("a token leaked into metrics")
+	}
+}
+
+func TestTLSMinimumVersion(t *testing.T) {
+	s, _ := newTestServer(t)
+	ts := httptest.NewUnstartedServer(s.Handler())
+	ts.TLS = s.TLSConfig()
+	ts.StartTLS()
+	defer ts.Close()
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS11}} //nolint:gosec // probing the server's floor
+	if _, err := (&http.Client{Transport: tr}).Get(ts.URL + "/healthz"); err == nil {
+		t.Fatal("a TLS 1.1 client was served")
+	}
+}

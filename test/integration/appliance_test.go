@@ -1,0 +1,200 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// TestApplianceOnLab bootstraps the appliance once in the lab's bootstrap namespace and checks
+// every service with real clients from the node namespaces.
+func TestApplianceOnLab(t *testing.T) {
+	l := newLab(t, "it")
+	ctx := context.Background()
+	first := l.mustBootstrap(ctx)
+	if ev, _ := first.phase("pki"); !ev.Changed {
+		t.Errorf("first run: pki phase reported no change: %+v", ev)
+	}
+	caDir := filepath.Join(l.state, "pki")
+	caFile := filepath.Join(caDir, "ca.crt")
+	certDir := t.TempDir() // skopeo --cert-dir wants *.crt files only
+	copyFile(t, caFile, filepath.Join(certDir, "ca.crt"))
+
+	t.Run("second run changes nothing", func(t *testing.T) {
+		r := l.mustBootstrap(ctx)
+		for _, name := range bootstrap.PhaseNames() {
+			if ev, _ := r.phase(name); ev.Changed {
+				t.Errorf("phase %s changed something on the second run: %s", name, ev.Detail)
+			}
+		}
+		if r.report["changed"] != false {
+			t.Errorf("report says changed: %v", r.report)
+		}
+	})
+
+	t.Run("skopeo pulls a bundle image over HTTPS with the CA", func(t *testing.T) {
+		labns.RequireTool(t, "skopeo")
+		out := t.TempDir()
+		l.mustRun(t, "cp1", "skopeo", "copy", "--src-cert-dir", certDir,
+			"docker://"+bootCP+":"+httpsPort+"/registry.k8s.io/pause:3.10", "oci:"+out+":pause")
+		idx, err := os.ReadFile(filepath.Join(out, "index.json"))
+		if err != nil || !strings.Contains(string(idx), "sha256:") {
+			t.Fatalf("pulled layout has no manifest: %v %s", err, idx)
+		}
+	})
+
+	t.Run("skopeo without the CA fails with an x509 error", func(t *testing.T) {
+		out, err := l.run("cp1", "skopeo", "inspect", "--cert-dir", t.TempDir(),
+			"docker://"+bootCP+":"+httpsPort+"/registry.k8s.io/pause:3.10")
+		if err == nil || !strings.Contains(out, "x509") {
+			t.Fatalf("want an x509 failure without the CA, got err=%v\n%s", err, out)
+		}
+	})
+
+	t.Run("a push over the network is refused", func(t *testing.T) {
+		src := t.TempDir()
+		l.mustRun(t, "cp1", "skopeo", "copy", "--src-cert-dir", certDir,
+			"docker://"+bootCP+":"+httpsPort+"/docker.io/library/busybox:1.35", "oci:"+src+":b")
+		out, err := l.run("cp1", "skopeo", "copy", "--dest-cert-dir", certDir,
+			"oci:"+src+":b", "docker://"+bootCP+":"+httpsPort+"/docker.io/library/pushed:evil")
+		if err == nil {
+			t.Fatalf("push succeeded:\n%s", out)
+		}
+		if _, err := l.run("cp1", "skopeo", "inspect", "--cert-dir", certDir,
+			"docker://"+bootCP+":"+httpsPort+"/docker.io/library/pushed:evil"); err == nil {
+			t.Fatal("pushed image is pullable")
+		}
+	})
+
+	t.Run("ignition endpoint refuses a wrong or missing token alike", func(t *testing.T) {
+		token := readToken(t, l, "cp1")
+		get := func(node, tok string) (int, string) {
+			out, err := l.run("cp1", "curl", "-s", "--cacert", caFile, "-o", "/dev/stdout", "-w", "\n%{http_code}",
+				"-H", "Accept: application/vnd.coreos.ignition+json;version=3.3.0", applURL+"/ignition/"+node+"?token="+tok)
+			if err != nil {
+				t.Fatalf("curl: %v %s", err, out)
+			}
+			i := strings.LastIndex(out, "\n")
+			code, _ := strconv.Atoi(strings.TrimSpace(out[i+1:]))
+			return code, out[:i]
+		}
+		okCode, body := get("cp1", token)
+		var doc struct {
+			Ignition struct{ Version string } `json:"ignition"`
+		}
+		if okCode != 200 || json.Unmarshal([]byte(body), &doc) != nil || doc.Ignition.Version != "3.3.0" {
+			t.Fatalf("own token: %d %.300s", okCode, body)
+		}
+		wrongCode, wrongBody := get("cp1", "not-the-token")
+		otherCode, otherBody := get("cp2", token)
+		unknownCode, unknownBody := get("nosuchnode", token)
+		if wrongCode != 401 || otherCode != 401 || unknownCode != 401 {
+			t.Fatalf("want 401 for wrong token, other node's token and unknown node; got %d %d %d", wrongCode, otherCode, unknownCode)
+		}
+		if wrongBody != unknownBody || otherBody != unknownBody {
+			t.Fatalf("answers differ, leaking which nodes exist: %q / %q / %q", wrongBody, otherBody, unknownBody)
+		}
+	})
+
+	t.Run("healthz and metrics answer", func(t *testing.T) {
+		out := l.mustRun(t, "cp1", "curl", "-sf", "--cacert", caFile, applURL+"/metrics")
+		if !strings.Contains(out, `appliance_http_requests_total{code="200",service="registry"}`) {
+			t.Fatalf("metrics lack registry requests:\n%.2000s", out)
+		}
+		var h map[string]any
+		if err := json.Unmarshal([]byte(l.mustRun(t, "cp1", "curl", "-sf", "--cacert", caFile, applURL+"/healthz")), &h); err != nil || h["status"] != "ok" {
+			t.Fatalf("healthz: %v %v", h, err)
+		}
+	})
+
+	t.Run("firewall: nft table in place, served port open, closed port blocked", func(t *testing.T) {
+		table := l.mustRun(t, "boot", "nft", "list", "table", "inet", "appliance")
+		for _, want := range []string{"8443", "policy drop", "10.100.0.0/24", "10.200.0.0/24"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("nft table lacks %q:\n%s", want, table)
+			}
+		}
+		// A listener on a port the port table does not open, reachable locally but not from a node.
+		nc := l.exec("boot", "busybox", "nc", "-l", "-p", "9099")
+		if err := nc.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = nc.Process.Kill(); _ = nc.Wait() }()
+		if err := waitFor(5*time.Second, func() error { return l.dial("boot", bootCP, "9099") }); err != nil {
+			t.Fatalf("listener on 9099 never came up inside the bootstrap namespace: %v", err)
+		}
+		if err := l.dial("cp1", bootCP, httpsPort); err != nil {
+			t.Errorf("served port %s unreachable from a node: %v", httpsPort, err)
+		}
+		if err := l.dial("cp1", bootCP, "9099"); err == nil {
+			t.Errorf("closed port 9099 reachable from a node through the firewall")
+		}
+	})
+
+	t.Run("apt fetches and verifies a package from /repo/", func(t *testing.T) {
+		aptFetch(t, l, caFile)
+	})
+
+	var ignRoot string
+	ignDir := t.TempDir() // outlives the subtest: the containerd subtest uses what ignition wrote
+	t.Run("Debian ignition fetches the node config and writes its files", func(t *testing.T) {
+		ignRoot = ignitionFetch(t, l, "cp1", caFile, ignDir)
+	})
+
+	t.Run("containerd pulls registry.k8s.io through the rendered hosts.toml mirror", func(t *testing.T) {
+		if ignRoot == "" {
+			t.Fatal("needs the files ignition wrote (previous subtest failed)")
+		}
+		containerdPull(t, l, ignRoot)
+	})
+}
+
+// TestKillAndRerun SIGKILLs `appliance bootstrap` as each phase starts, on a fresh state
+// directory, and checks that a plain rerun then converges and a further run changes nothing.
+func TestKillAndRerun(t *testing.T) {
+	l := newLab(t, "ik")
+	ctx := context.Background()
+	for _, phase := range bootstrap.PhaseNames()[1:] {
+		r := l.bootstrap(ctx, phase)
+		if r.err == nil {
+			t.Fatalf("bootstrap killed at %s exited cleanly", phase)
+		}
+	}
+	l.mustBootstrap(ctx)
+	r := l.mustBootstrap(ctx)
+	if r.report["changed"] != false {
+		t.Fatalf("run after convergence changed something: %+v", r.events)
+	}
+	out := l.mustRun(t, "cp1", "curl", "-sf", "--cacert", filepath.Join(l.state, "pki", "ca.crt"), applURL+"/v2/registry.k8s.io/pause/tags/list")
+	if !strings.Contains(out, "3.10") {
+		t.Fatalf("tags list after kill/rerun: %s", out)
+	}
+}
+
+func readToken(t *testing.T, l *lab, node string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(l.state, "pki", "tokens", node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
