@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -157,23 +159,43 @@ func TestApplianceOnLab(t *testing.T) {
 	})
 }
 
-// TestKillAndRerun SIGKILLs `appliance bootstrap` as each phase starts, on a fresh state
-// directory, and checks that a plain rerun then converges and a further run changes nothing.
+// TestKillAndRerun SIGKILLs `appliance bootstrap` on a fresh state directory as each phase
+// starts, and then at growing delays into runs, checking after every kill that the CA, once
+// written, is never regenerated; then a plain rerun must converge, serve, and a further run must
+// change nothing.
 func TestKillAndRerun(t *testing.T) {
 	l := newLab(t, "ik")
 	ctx := context.Background()
-	for _, phase := range bootstrap.PhaseNames()[1:] {
-		r := l.bootstrap(ctx, phase)
-		if r.err == nil {
-			t.Fatalf("bootstrap killed at %s exited cleanly", phase)
+	caFile := filepath.Join(l.state, "pki", "ca.crt")
+	var ca []byte
+	checkCA := func(when string) {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return
+		}
+		if ca == nil {
+			ca = b
+		} else if !bytes.Equal(ca, b) {
+			t.Fatalf("CA regenerated (%s)", when)
 		}
 	}
+	for _, phase := range bootstrap.PhaseNames()[1:] {
+		if r := l.bootstrap(ctx, phase, 0); r.err == nil {
+			t.Fatalf("bootstrap killed at %s exited cleanly", phase)
+		}
+		checkCA("killed as phase " + phase + " started")
+	}
+	for _, d := range []time.Duration{5, 20, 50, 100, 200, 400} {
+		l.bootstrap(ctx, "", d*time.Millisecond)
+		checkCA(fmt.Sprintf("killed after %v", d*time.Millisecond))
+	}
 	l.mustBootstrap(ctx)
+	checkCA("after convergence")
 	r := l.mustBootstrap(ctx)
 	if r.report["changed"] != false {
 		t.Fatalf("run after convergence changed something: %+v", r.events)
 	}
-	out := l.mustRun(t, "cp1", "curl", "-sf", "--cacert", filepath.Join(l.state, "pki", "ca.crt"), applURL+"/v2/registry.k8s.io/pause/tags/list")
+	out := l.mustRun(t, "cp1", "curl", "-sf", "--cacert", caFile, applURL+"/v2/registry.k8s.io/pause/tags/list")
 	if !strings.Contains(out, "3.10") {
 		t.Fatalf("tags list after kill/rerun: %s", out)
 	}

@@ -179,8 +179,9 @@ func (r bootstrapRun) phase(name string) (bootstrap.Event, bool) {
 	return bootstrap.Event{}, false
 }
 
-// bootstrap runs the appliance; killAt, if not empty, SIGKILLs it when that phase starts.
-func (l *lab) bootstrap(ctx context.Context, killAt string, extra ...string) bootstrapRun {
+// bootstrap runs the appliance; killAt, if not empty, SIGKILLs it when that phase starts;
+// killAfter, if not zero, SIGKILLs it that long after the start.
+func (l *lab) bootstrap(ctx context.Context, killAt string, killAfter time.Duration, extra ...string) bootstrapRun {
 	l.t.Helper()
 	args := append([]string{filepath.Join(binDir, "appliance"), "bootstrap", "--config", l.config, "-o", "json"}, extra...)
 	cmd := l.exec("boot", args...)
@@ -194,6 +195,10 @@ func (l *lab) bootstrap(ctx context.Context, killAt string, extra ...string) boo
 		l.t.Fatal(err)
 	}
 	var r bootstrapRun
+	if killAfter > 0 {
+		timer := time.AfterFunc(killAfter, func() { _ = cmd.Process.Kill() })
+		defer timer.Stop()
+	}
 	sc := bufio.NewScanner(stdout)
 	killed := false
 	for sc.Scan() {
@@ -222,7 +227,7 @@ func (l *lab) bootstrap(ctx context.Context, killAt string, extra ...string) boo
 
 func (l *lab) mustBootstrap(ctx context.Context) bootstrapRun {
 	l.t.Helper()
-	r := l.bootstrap(ctx, "")
+	r := l.bootstrap(ctx, "", 0)
 	if r.err != nil {
 		l.t.Fatalf("appliance bootstrap: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
 	}
