@@ -212,9 +212,6 @@ func (h *Handler) serveBlob(w http.ResponseWriter, r *http.Request) bool {
 	if err != nil || dgst.Algorithm() != digest.SHA256 {
 		return false
 	}
-	if _, err := reference.WithName(name); err != nil {
-		return false
-	}
 	f, err := h.blobs.open(h.root, name, dgst)
 	if err != nil {
 		return false
@@ -262,6 +259,9 @@ func (b *blobFiles) open(root, name string, dgst digest.Digest) (*blobFile, erro
 	linked := b.linked[key]
 	b.mu.RUnlock()
 	if !linked {
+		if _, err := reference.WithName(name); err != nil { // also keeps ".." out of the path
+			return nil, err
+		}
 		link, err := os.ReadFile(filepath.Join(v2, "repositories", filepath.FromSlash(name), "_layers", "sha256", hx, "link"))
 		if err != nil || string(link) != dgst.String() {
 			return nil, errors.New("blob not linked")
