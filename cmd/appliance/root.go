@@ -40,6 +40,7 @@ func newRootCommand() *cobra.Command {
 		newBootstrapCommand(g),
 		newServeCommand(g),
 		newConfigCommand(),
+		newStopCommand(),
 		newVersionCommand(),
 	)
 	root.SetErr(os.Stderr)
