@@ -52,6 +52,30 @@ func (servePhase) Run(ctx context.Context, st *State) (Result, error) {
 		st.ServePID = h.PID
 		return Result{Detail: fmt.Sprintf("already serving %s (pid %d, generation %s)", st.ApplianceURL, h.PID, gen)}, nil
 	}
+	bin := st.Options.ApplianceBinary
+	if bin == "" {
+		if bin, err = os.Executable(); err != nil {
+			return Result{}, err
+		}
+	}
+	cfgPath, _ := filepath.Abs(st.Options.ConfigPath)
+	args := []string{"serve", "--config", cfgPath, "--state-dir", st.StateDir, "--generation", gen}
+	if st.Options.HostagentBinary != "" {
+		args = append(args, "--hostagent-binary", st.Options.HostagentBinary)
+	}
+	if systemdBooted() {
+		// On a real host the services belong to systemd, which restarts them and starts them at boot.
+		pid, _, err := startUnit(ctx, append([]string{bin}, args...))
+		if err != nil {
+			return Result{}, err
+		}
+		h, err := waitHealthy(ctx, client, healthURL, gen, nil, "journalctl -u "+ServeUnit)
+		if err != nil {
+			return Result{}, err
+		}
+		st.ServePID = h.PID
+		return Result{Changed: true, Detail: fmt.Sprintf("started %s at %s (pid %d, generation %s)", ServeUnit, st.ApplianceURL, pid, gen)}, nil
+	}
 	detail := ""
 	if pid, ok := ourServer(pidFile, st.StateDir); ok {
 		if err := stopProcess(pid); err != nil {
@@ -67,17 +91,6 @@ func (servePhase) Run(ctx context.Context, st *State) (Result, error) {
 		return Result{}, err
 	}
 	defer logf.Close()
-	bin := st.Options.ApplianceBinary
-	if bin == "" {
-		if bin, err = os.Executable(); err != nil {
-			return Result{}, err
-		}
-	}
-	cfgPath, _ := filepath.Abs(st.Options.ConfigPath)
-	args := []string{"serve", "--config", cfgPath, "--state-dir", st.StateDir, "--generation", gen}
-	if st.Options.HostagentBinary != "" {
-		args = append(args, "--hostagent-binary", st.Options.HostagentBinary)
-	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -92,23 +105,40 @@ func (servePhase) Run(ctx context.Context, st *State) (Result, error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 
-	h, err := backoff.Retry(ctx, func() (server.Health, error) {
+	h, err := waitHealthy(ctx, client, healthURL, gen, func() error {
 		select {
 		case err := <-exited:
-			return server.Health{}, backoff.Permanent(fmt.Errorf("appliance serve exited (%v); last log lines:\n%s", err, tail(filepath.Join(dir, "serve.log"), 10)))
+			return fmt.Errorf("appliance serve exited (%v); last log lines:\n%s", err, tail(filepath.Join(dir, "serve.log"), 10))
 		default:
+			return nil
 		}
-		h, err := getHealth(ctx, client, healthURL)
+	}, "log: "+filepath.Join(dir, "serve.log"))
+	if err != nil {
+		return Result{}, err
+	}
+	st.ServePID = h.PID
+	return Result{Changed: true, Detail: detail + fmt.Sprintf("started server at %s (pid %d, generation %s)", st.ApplianceURL, pid, gen)}, nil
+}
+
+// waitHealthy polls /healthz until it answers with generation gen (for up to healthWait); dead, if
+// not nil, reports a server that has already exited.
+func waitHealthy(ctx context.Context, client *http.Client, url, gen string, dead func() error, where string) (server.Health, error) {
+	h, err := backoff.Retry(ctx, func() (server.Health, error) {
+		if dead != nil {
+			if err := dead(); err != nil {
+				return server.Health{}, backoff.Permanent(err)
+			}
+		}
+		h, err := getHealth(ctx, client, url)
 		if err == nil && h.Generation != gen {
 			err = fmt.Errorf("generation %s answers, want %s", h.Generation, gen)
 		}
 		return h, err
 	}, backoff.WithBackOff(backoff.NewConstantBackOff(100*time.Millisecond)), backoff.WithMaxElapsedTime(healthWait))
 	if err != nil {
-		return Result{}, fmt.Errorf("appliance serve is not healthy at %s: %w (log: %s)", healthURL, err, filepath.Join(dir, "serve.log"))
+		return h, fmt.Errorf("appliance serve is not healthy at %s: %w (%s)", url, err, where)
 	}
-	st.ServePID = h.PID
-	return Result{Changed: true, Detail: detail + fmt.Sprintf("started server at %s (pid %d, generation %s)", st.ApplianceURL, pid, gen)}, nil
+	return h, nil
 }
 
 // healthClient trusts only the appliance CA (the pin nodes use) and uses no proxy.
@@ -207,8 +237,14 @@ func alive(pid int) bool {
 	return true
 }
 
-// StopServer stops the `appliance serve` recorded in stateDir, if it runs (used by `lab-down`).
+// StopServer stops the `appliance serve` of stateDir: the systemd unit on a systemd host, else
+// the detached process recorded in STATE/serve/pid (checked to be that state directory's server).
 func StopServer(stateDir string) (bool, error) {
+	if systemdBooted() {
+		if stopped, err := stopUnit(context.Background()); stopped || err != nil {
+			return stopped, err
+		}
+	}
 	pid, ok := ourServer(filepath.Join(stateDir, serveDirName, "pid"), stateDir)
 	if !ok {
 		return false, nil
