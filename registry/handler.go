@@ -165,7 +165,8 @@ func forceConfig(cfg *configuration.Configuration, root string) {
 	cfg.Log.Hooks = nil
 }
 
-// Close stops distribution's background work. It is idempotent.
+// Close stops distribution's background work and closes the blob files the fast path keeps open; call
+// it after the HTTP server has stopped (in-flight blob responses would be cut). It is idempotent.
 func (h *Handler) Close() error {
 	var err error
 	h.close.Do(func() {

@@ -11,11 +11,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -159,6 +161,7 @@ func TestBlobFastPathMatchesDistribution(t *testing.T) {
 		{"not linked here", "GET", "/v2/registry.k8s.io/pause/blobs/" + appLayer.String(), nil, 404},
 		{"unknown digest", "GET", "/v2/registry.k8s.io/pause/blobs/sha256:" + strings.Repeat("0", 64), nil, 404},
 		{"bad digest", "GET", "/v2/registry.k8s.io/pause/blobs/sha256:zz", nil, 400},
+		{"dot-dot name", "GET", "/v2/registry.k8s.io/../../../blobs/" + layer.String(), nil, 404},
 		{"push refused", "POST", "/v2/registry.k8s.io/pause/blobs/uploads/", nil, 405},
 		{"manifest delete refused", "DELETE", "/v2/registry.k8s.io/pause/manifests/" + f.pause.String(), nil, 405},
 	}
@@ -266,5 +269,91 @@ func TestHandlerRoutesDistributionLogs(t *testing.T) {
 	}
 	if d := cmp.Diff("MANIFEST_UNKNOWN", fmt.Sprint(rec["err.code"])); d != "" && !strings.Contains(fmt.Sprint(rec), "unknown") {
 		t.Fatalf("log record lacks the error: %v", rec)
+	}
+}
+
+// BenchmarkServeBlob measures one blob GET through the handler in-process (no network, no TLS), with
+// the fast path and with distribution's blob handler. test/bench/registry-blobs.sh measures over TLS
+// against nginx.
+func BenchmarkServeBlob(b *testing.B) {
+	f := writeFixture(b, b.TempDir())
+	root := b.TempDir()
+	if _, err := Import(context.Background(), f.dir, root, nil); err != nil {
+		b.Fatal(err)
+	}
+	layer := readManifest(b, f.dir, f.pause).Layers[0]
+	for _, fast := range []bool{true, false} {
+		b.Run(fmt.Sprintf("fast=%v", fast), func(b *testing.B) {
+			h, err := NewHandler(context.Background(), root, nil, WithBlobFastPath(fast))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.Close()
+			b.SetBytes(layer.Size)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					w := httptest.NewRecorder()
+					h.ServeHTTP(w, httptest.NewRequest("GET", "/v2/registry.k8s.io/pause/blobs/"+layer.Digest.String(), nil))
+					if w.Code != http.StatusOK {
+						b.Fatalf("status %d", w.Code)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestContainerdPullsThroughHostsTOMLMirror runs a private containerd (own root, state and socket) and
+// pulls "registry.k8s.io/pause:3.10" and "docker.io/library/busybox:1.36" through a hosts.toml mirror
+// with override_path pointing at the handler: the layout the lead's ignition/containerd config uses.
+// The upstream "server" is a closed loopback port, so a mirror failure cannot reach any network.
+func TestContainerdPullsThroughHostsTOMLMirror(t *testing.T) {
+	labns.RequireRoot(t)
+	containerd := labns.RequireTool(t, "containerd")
+	ctr := labns.RequireTool(t, "ctr")
+	f, addr, ca, _, _ := servedFixture(t)
+	dir, err := os.MkdirTemp("", "ctrd-") // short: the socket path must fit sun_path
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "sock")
+	conf := fmt.Sprintf("version = 2\nroot = %q\nstate = %q\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = %q\n",
+		filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock)
+	must(t, os.WriteFile(filepath.Join(dir, "config.toml"), []byte(conf), 0o600))
+	for host, comp := range map[string]string{"registry.k8s.io": "registry.k8s.io", "docker.io": "docker.io"} {
+		toml := fmt.Sprintf("server = \"https://127.0.0.1:1\"\n\n[host.\"https://%s/v2/%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = %q\n  override_path = true\n",
+			addr, comp, filepath.Join(ca.certDir, "ca.crt"))
+		must(t, os.MkdirAll(filepath.Join(dir, "certs.d", host), 0o755))
+		must(t, os.WriteFile(filepath.Join(dir, "certs.d", host, "hosts.toml"), []byte(toml), 0o644))
+	}
+	var logs bytes.Buffer
+	cmd := exec.Command(containerd, "--config", filepath.Join(dir, "config.toml"))
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	must(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(ctr, append([]string{"--address", sock, "--namespace", "regtest"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	var out string
+	for range 100 { // containerd starts in well under a second; give it up to 10 s
+		if out, err = run("version"); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("containerd did not start: %v\n%s\n%s", err, out, logs.String())
+	}
+	for ref, want := range map[string]v1.Hash{"registry.k8s.io/pause:3.10": f.pause, "docker.io/library/busybox:1.36": f.busy} {
+		if out, err := run("images", "pull", "--all-platforms", "--hosts-dir", filepath.Join(dir, "certs.d"), ref); err != nil {
+			t.Fatalf("ctr pull %s through the mirror: %v\n%s", ref, err, out)
+		}
+		out, err := run("images", "ls")
+		if err != nil || !strings.Contains(out, want.String()) {
+			t.Fatalf("ctr images ls lacks %s @ %s: %v\n%s", ref, want, err, out)
+		}
 	}
 }

@@ -31,7 +31,7 @@ type Image struct {
 // ImportResult summarises an Import or Check.
 type ImportResult struct {
 	Images     []Image  // sorted by Ref
-	Registries []string // sorted unique source registry hosts, lowercased, e.g. ["docker.io", "registry.k8s.io"]
+	Registries []string // sorted unique source registry hosts, lowercased, e.g. ["docker.io", "myreg:5000"]; HostComponent gives each one's mirror path
 	Blobs      int      // distinct blobs (manifests, indexes, configs, layers) the images need
 	Linked     int      // blobs whose data file is a hard link or symlink to the layout file
 	Copied     int      // blobs whose data file is a copy (neither link was possible) or was already there

@@ -51,11 +51,11 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	}
 	var mirrors []ignition.Mirror
 	for _, host := range registries {
-		repo, _, err := registry.RepositoryFor(host + "/mirror:latest")
+		component, err := registry.HostComponent(host)
 		if err != nil {
 			return Result{}, err
 		}
-		mirrors = append(mirrors, ignition.Mirror{Registry: host, Endpoint: st.ApplianceURL + "/v2/" + strings.TrimSuffix(repo, "/mirror")})
+		mirrors = append(mirrors, ignition.Mirror{Registry: host, Endpoint: st.ApplianceURL + "/v2/" + component})
 	}
 	root := RenderedDir(st.StateDir)
 	changed, files := false, 0
