@@ -12,7 +12,7 @@ LAB_CONFIG := test/lab/bootstrap.yaml
 LAB_STATE  := /var/lib/appliance-lab/state
 
 # Debian packages the tests and the lab drive as real peers.
-DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk \
+DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry
 
