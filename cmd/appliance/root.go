@@ -41,6 +41,8 @@ func newRootCommand() *cobra.Command {
 		newServeCommand(g),
 		newConfigCommand(),
 		newStopCommand(),
+		newStatusCommand(g),
+		newPowerCommand(g),
 		newVersionCommand(),
 	)
 	root.SetErr(os.Stderr)

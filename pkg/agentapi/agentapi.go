@@ -58,3 +58,24 @@ func Parse(data []byte) (Configuration, error) {
 	}
 	return c, nil
 }
+
+// HostagentUnitContents is the systemd unit (hostagent.service) that runs hostagent on every node,
+// installed by Ignition on booted nodes and over SSH on pre-installed ones. hostagent tells systemd
+// it is ready with sd_notify (Type=notify) once the node is configured.
+const HostagentUnitContents = `[Unit]
+Description=Air-gap appliance host agent
+Documentation=https://github.com/airgap-appliance/appliance
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart=/usr/local/bin/hostagent run --config ` + ConfigPath + `
+Restart=always
+RestartSec=2s
+TimeoutStartSec=15min
+
+[Install]
+WantedBy=multi-user.target
+`

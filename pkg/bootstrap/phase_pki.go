@@ -1,11 +1,19 @@
 package bootstrap
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
@@ -35,10 +43,17 @@ func (pkiPhase) Run(_ context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	st.CA, st.ServingCert, st.Tokens = ca, cert, tokens
+	vrrp, vrrpChanged, err := vrrpAuth(st, dir)
+	if err != nil {
+		return Result{}, err
+	}
+	st.CA, st.ServingCert, st.Tokens, st.VRRPAuth = ca, cert, tokens, vrrp
 	parts := []string{caOut.Detail, certOut.Detail, tokOut.Detail, "CA pin " + pki.PinHash(ca.Cert)}
+	if vrrpChanged {
+		parts = append(parts, "created VRRP auth secret")
+	}
 	return Result{
-		Changed: caOut.Changed || certOut.Changed || tokOut.Changed,
+		Changed: caOut.Changed || certOut.Changed || tokOut.Changed || vrrpChanged,
 		Detail:  strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), ", "),
 	}, nil
 }
@@ -55,4 +70,30 @@ func ServingSANs(st *State) ([]netip.Addr, []string) {
 	ips = append(ips, netip.MustParseAddr("127.0.0.1"))
 	names := append([]string{"localhost"}, st.Config.Server.Names...)
 	return ips, names
+}
+
+// vrrpAuth returns the VRRP PASS secret (RFC 2338 simple text auth, 8 bytes at most): the file
+// apiServer.keepalived.authPasswordFile names, else STATE/pki/vrrp-auth, created once (0600) with 8
+// random URL-safe characters and reused afterwards.
+func vrrpAuth(st *State, dir string) (string, bool, error) {
+	if f := st.Config.APIServer.Keepalived.AuthPasswordFile; f != "" {
+		b, err := config.ReadSecretFile(f)
+		if err != nil {
+			return "", false, fmt.Errorf("apiServer.keepalived.authPasswordFile: %w", err)
+		}
+		return string(b), false, nil
+	}
+	path := filepath.Join(dir, "vrrp-auth")
+	if b, err := os.ReadFile(path); err == nil && len(bytes.TrimSpace(b)) > 0 && len(bytes.TrimSpace(b)) <= 8 {
+		return string(bytes.TrimSpace(b)), false, nil
+	}
+	raw := make([]byte, 6)
+	if _, err := rand.Read(raw); err != nil {
+		return "", false, err
+	}
+	secret := base64.RawURLEncoding.EncodeToString(raw) // 8 characters
+	if _, err := atomicfile.Write(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", false, err
+	}
+	return secret, true, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/ignition"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
@@ -77,6 +79,27 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 			return Result{}, err
 		}
 		changed, files = changed || c, files+1
+		var agentMirrors []agentapi.Mirror
+		for _, m := range mirrors {
+			agentMirrors = append(agentMirrors, agentapi.Mirror{Registry: m.Registry, Endpoint: m.Endpoint})
+		}
+		nc, err := json.MarshalIndent(NodeConfigFor(st.Config, n, st.ControlPlane.Prefix.Addr(), st.CA.CertPEM, st.VRRPAuth, agentMirrors), "", "  ")
+		if err != nil {
+			return Result{}, err
+		}
+		if c, err = write(filepath.Join(root, n.Name, server.NodeConfigFile), append(nc, '\n')); err != nil {
+			return Result{}, err
+		}
+		changed, files = changed || c, files+1
+		if n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish {
+			// What a BMC-booted node's kernel command line carries (PXE/virtual media hand it over;
+			// the lab's BMC reads this file). It holds the node token: 0600.
+			c, err = write(filepath.Join(root, n.Name, "kernel-cmdline"), []byte(KernelCmdline(st.ApplianceURL, pki.PinHash(st.CA.Cert), n.Name, st.Tokens[n.Name])+"\n"))
+			if err != nil {
+				return Result{}, err
+			}
+			changed, files = changed || c, files+1
+		}
 		snippets, err := readSnippets(st.Config, n)
 		if err != nil {
 			return Result{}, err
@@ -116,7 +139,7 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	detail := fmt.Sprintf("%d nodes, %d files (Ignition %s, hostagent configs)", len(st.Config.Nodes), files, strings.Join(ignition.SupportedVersions, "/"))
+	detail := fmt.Sprintf("%d nodes, %d files (Ignition %s, hostagent and node configs)", len(st.Config.Nodes), files, strings.Join(ignition.SupportedVersions, "/"))
 	if len(removed) > 0 {
 		changed = true
 		detail += ", removed artefacts of " + strings.Join(removed, ", ")
@@ -131,6 +154,14 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 }
 
 func write(path string, data []byte) (bool, error) { return atomicfile.Write(path, data, 0o600) }
+
+// KernelCmdline is the kernel command line of a node booted by its BMC: the appliance URL and CA
+// pin (the node fetches the CA and accepts it only if its SubjectPublicKeyInfo hashes to the pin),
+// and Ignition's config URL with the node token.
+func KernelCmdline(applianceURL, caPin, node, token string) string {
+	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin +
+		" ignition.config.url=" + applianceURL + "/ignition/" + node + "?token=" + token
+}
 
 // readSnippets gathers the user's Ignition snippets for a node: ignition.all, then the role lists,
 // then the node's own, in that order (later ones merge over earlier ones).

@@ -34,13 +34,15 @@ type Options struct {
 	JSONEvents bool
 	// Logger receives details for debugging; never secrets.
 	Logger *slog.Logger
+	// ConvergeTimeout bounds the converge phase's wait for nodes (default DefaultConvergeTimeout).
+	ConvergeTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
 
 // Phases returns the bootstrap phases in order.
 func Phases() []Phase {
-	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, servePhase{}, firewallPhase{}, renderPhase{}}
+	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, servePhase{}, firewallPhase{}, renderPhase{}, powerPhase{}, convergePhase{}}
 }
 
 // PhaseNames lists the phases' names in order.

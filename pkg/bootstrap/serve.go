@@ -16,6 +16,8 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/pkg/version"
 	"github.com/airgap-appliance/appliance/registry"
@@ -77,12 +79,19 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.HostagentBinary != "" {
 		artifacts["hostagent"] = o.HostagentBinary
 	}
+	caPEM, err := os.ReadFile(filepath.Join(pkiDir, pki.CACertFile))
+	if err != nil {
+		return fmt.Errorf("load CA certificate (run `appliance bootstrap` first): %w", err)
+	}
+	store := nodestate.Open(NodesDir(stateDir))
 	srv, err := server.New(server.Options{
 		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
 		Certificate: cert,
 		Registry:    reg,
 		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
 		Ignition:    server.NewIgnitionStore(RenderedDir(stateDir), tokens),
+		Agent:       server.NewAgentAPI(RenderedDir(stateDir), tokens, store, log.With("component", "agent")),
+		CAPEM:       caPEM,
 		Artifacts:   artifacts,
 		Generation:  o.Generation,
 		Logger:      log,

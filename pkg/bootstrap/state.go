@@ -26,6 +26,8 @@ type State struct {
 	ServingCert tls.Certificate
 	// Tokens maps node name → bearer token (secret: never print or log).
 	Tokens map[string]string
+	// VRRPAuth is the keepalived PASS secret shared by the VIP's VRRP speakers (secret).
+	VRRPAuth string
 
 	// Images is what the registry serves (bundle phase).
 	Images registry.ImportResult

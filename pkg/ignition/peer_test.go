@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"log"
 	"math/big"
 	"net"
@@ -247,7 +248,7 @@ func TestRealIgnitionFetchesAndWritesFiles(t *testing.T) {
 		{HostagentConfigPath, 0o600, string(p.HostagentConfig)},
 		{HostagentBinaryPath, 0o755, hostagentBlob},
 		{"/etc/sysctl.d/90-k8s.conf", 0o644, "net.ipv4.ip_forward=1\n"},
-		{"/etc/systemd/system/" + HostagentUnit, 0o644, hostagentUnitContents},
+		{"/etc/systemd/system/" + HostagentUnit, 0o644, agentapi.HostagentUnitContents},
 	}
 	for _, f := range files {
 		full := filepath.Join(root, f.path)

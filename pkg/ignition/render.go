@@ -22,6 +22,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -36,6 +37,8 @@ import (
 	"github.com/coreos/ignition/v2/config/v3_5"
 	"github.com/coreos/ignition/v2/config/validate"
 	"github.com/vincent-petithory/dataurl"
+
+	"github.com/airgap-appliance/appliance/pkg/containerd"
 )
 
 // Paths the rendered config writes on the node (Debian and Fedora layouts).
@@ -45,9 +48,9 @@ const (
 	// CAPathDebian is the CA read by update-ca-certificates (Debian, Ubuntu).
 	CAPathDebian = "/usr/local/share/ca-certificates/appliance-ca.crt"
 	// ContainerdCertsDir is containerd's hosts directory (CRI registry config_path).
-	ContainerdCertsDir = "/etc/containerd/certs.d"
+	ContainerdCertsDir = containerd.CertsDir
 	// ContainerdCAPath is the CA each hosts.toml names for the appliance mirror.
-	ContainerdCAPath = ContainerdCertsDir + "/appliance-ca.crt"
+	ContainerdCAPath = containerd.CAPath
 	// HostagentBinaryPath is where the hostagent binary is installed (mode 0755).
 	HostagentBinaryPath = "/usr/local/bin/hostagent"
 	// HostagentConfigDir holds the hostagent config (mode 0700).
@@ -57,23 +60,6 @@ const (
 	// HostagentUnit is the systemd unit that runs the hostagent.
 	HostagentUnit = "hostagent.service"
 )
-
-// hostagentUnitContents runs the hostagent once the network is up and restarts it when it fails.
-const hostagentUnitContents = `[Unit]
-Description=Air-gap appliance host agent
-Documentation=https://github.com/airgap-appliance/appliance
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-Type=simple
-ExecStart=` + HostagentBinaryPath + ` --config ` + HostagentConfigPath + `
-Restart=on-failure
-RestartSec=5s
-
-[Install]
-WantedBy=multi-user.target
-`
 
 // ErrInvalidParams is returned (wrapped, with every offending field) by Render for bad Params.
 var ErrInvalidParams = errors.New("invalid ignition parameters")
@@ -203,7 +189,7 @@ func Render(p Params) (*Config, error) {
 	cfg.Systemd = types.Systemd{Units: []types.Unit{{
 		Name:     HostagentUnit,
 		Enabled:  util.BoolToPtr(true),
-		Contents: util.StrToPtr(hostagentUnitContents),
+		Contents: util.StrToPtr(agentapi.HostagentUnitContents),
 	}}}
 
 	if rpt := validate.ValidateWithContext(cfg, nil); rpt.IsFatal() {

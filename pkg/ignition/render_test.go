@@ -204,7 +204,7 @@ server = "https://registry.k8s.io"
 	}
 	u := cfg.Systemd.Units[0]
 	if u.Name != HostagentUnit || u.Enabled == nil || !*u.Enabled ||
-		!containsAll(*u.Contents, "After=network-online.target", "Restart=on-failure", "ExecStart="+HostagentBinaryPath) {
+		!containsAll(*u.Contents, "After=network-online.target", "Restart=always", "Type=notify", "ExecStart="+HostagentBinaryPath+" run --config "+HostagentConfigPath) {
 		t.Errorf("hostagent unit: %s enabled=%v\n%s", u.Name, u.Enabled, *u.Contents)
 	}
 }

@@ -56,35 +56,47 @@ func New(ctx context.Context, n config.Node, log *slog.Logger) (Controller, erro
 		}
 		return NewBMC(ctx, o)
 	case config.PowerSSH:
-		key, err := readSecret(n.Name, "privateKeyFile", p.PrivateKeyFile)
+		o, err := SSHOptionsFor(n, log)
 		if err != nil {
 			return nil, err
-		}
-		o := SSHOptions{
-			Address:          p.Address,
-			User:             p.Username,
-			PrivateKey:       key,
-			KnownHostsFile:   p.KnownHostsFile,
-			HandshakeTimeout: DefaultTimeout,
-			Log:              log,
-		}
-		if o.User == "" {
-			o.User = "root"
-		}
-		if _, _, err := net.SplitHostPort(o.Address); err != nil {
-			o.Address = net.JoinHostPort(o.Address, "22")
-		}
-		if p.HostKey != "" {
-			k, _, _, _, err := ssh.ParseAuthorizedKey([]byte(p.HostKey))
-			if err != nil {
-				return nil, fmt.Errorf("node %s: power.hostKey is not an authorized_keys line (\"ssh-ed25519 AAAA...\"): %w", n.Name, err)
-			}
-			o.HostKeys = []ssh.PublicKey{k}
 		}
 		return NewSSHController(o)
 	default:
 		return nil, fmt.Errorf("node %s: power.kind %q: %w (use ssh, ipmi or redfish)", n.Name, p.Kind, ErrUnsupported)
 	}
+}
+
+// SSHOptionsFor builds the SSH options of a node whose power kind is ssh: the private key read from
+// power.privateKeyFile, the pinned host key (power.hostKey) or known_hosts file, user (default root)
+// and address (default port 22). Provisioning dials with it (DialSSH) to install hostagent.
+func SSHOptionsFor(n config.Node, log *slog.Logger) (SSHOptions, error) {
+	p := n.Power
+	key, err := readSecret(n.Name, "privateKeyFile", p.PrivateKeyFile)
+	if err != nil {
+		return SSHOptions{}, err
+	}
+	o := SSHOptions{
+		Address:          p.Address,
+		User:             p.Username,
+		PrivateKey:       key,
+		KnownHostsFile:   p.KnownHostsFile,
+		HandshakeTimeout: DefaultTimeout,
+		Log:              orDiscard(log).With("node", n.Name),
+	}
+	if o.User == "" {
+		o.User = "root"
+	}
+	if _, _, err := net.SplitHostPort(o.Address); err != nil {
+		o.Address = net.JoinHostPort(o.Address, "22")
+	}
+	if p.HostKey != "" {
+		k, _, _, _, err := ssh.ParseAuthorizedKey([]byte(p.HostKey))
+		if err != nil {
+			return SSHOptions{}, fmt.Errorf("node %s: power.hostKey is not an authorized_keys line (\"ssh-ed25519 AAAA...\"): %w", n.Name, err)
+		}
+		o.HostKeys = []ssh.PublicKey{k}
+	}
+	return o, nil
 }
 
 func readSecret(node, field, path string) ([]byte, error) {

@@ -1,15 +1,12 @@
 package server
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"github.com/airgap-appliance/appliance/pkg/ignition"
 )
@@ -26,8 +23,7 @@ type IgnitionStore struct {
 	// Dir holds one directory per node.
 	Dir string
 
-	mu     sync.RWMutex
-	tokens map[string][32]byte // node → SHA-256 of its token
+	tokens tokenSet
 }
 
 // NewIgnitionStore returns a store for dir that accepts the given node tokens (node name → token).
@@ -38,25 +34,7 @@ func NewIgnitionStore(dir string, tokens map[string]string) *IgnitionStore {
 }
 
 // SetTokens replaces the accepted tokens (node name → token).
-func (s *IgnitionStore) SetTokens(tokens map[string]string) {
-	m := make(map[string][32]byte, len(tokens))
-	for n, t := range tokens {
-		m[n] = sha256.Sum256([]byte(t))
-	}
-	s.mu.Lock()
-	s.tokens = m
-	s.mu.Unlock()
-}
-
-// authorized compares hashes in constant time; an unknown node is compared against a dummy.
-func (s *IgnitionStore) authorized(node, token string) bool {
-	got := sha256.Sum256([]byte(token))
-	s.mu.RLock()
-	want, ok := s.tokens[node]
-	s.mu.RUnlock()
-	eq := subtle.ConstantTimeCompare(got[:], want[:]) == 1
-	return ok && token != "" && eq
-}
+func (s *IgnitionStore) SetTokens(tokens map[string]string) { s.tokens.set(tokens) }
 
 func bearer(r *http.Request) string {
 	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
@@ -72,9 +50,8 @@ func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	node := strings.TrimPrefix(r.URL.Path, "/ignition/")
-	if node == "" || strings.ContainsAny(node, "/\\") || strings.HasPrefix(node, ".") || !s.authorized(node, bearer(r)) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="appliance"`)
-		http.Error(w, "unauthorized: send this node's token (Authorization: Bearer or ?token=)", http.StatusUnauthorized)
+	if node == "" || strings.ContainsAny(node, "/\\") || strings.HasPrefix(node, ".") || !s.tokens.authorized(node, bearer(r)) {
+		unauthorized(w)
 		return
 	}
 	version, err := ignition.Negotiate(strings.Join(r.Header.Values("Accept"), ", "))

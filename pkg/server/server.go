@@ -4,6 +4,8 @@
 //	/repo/              the bundle's package repository, its own metadata served as-is
 //	/ignition/<node>    per-node Ignition configs, bearer-token (or ?token=) authenticated
 //	/artifacts/<name>   binaries nodes install (hostagent), verified by hash in their Ignition config
+//	/agent/v1/          the hostagent API (AgentAPI), bearer-token authenticated
+//	/ca.crt             the appliance CA certificate (public; nodes check it against their pin)
 //	/healthz            liveness plus the served generation (JSON)
 //	/metrics            Prometheus metrics (own registry, never the global one)
 //
@@ -44,6 +46,10 @@ type Options struct {
 	RepoDir string
 	// Ignition serves /ignition/<node>.
 	Ignition *IgnitionStore
+	// Agent serves /agent/v1/ (hostagent config and reports).
+	Agent *AgentAPI
+	// CAPEM is served at /ca.crt when not empty.
+	CAPEM []byte
 	// Artifacts maps a name under /artifacts/ to a file path.
 	Artifacts map[string]string
 	// Generation identifies the configuration this process serves; /healthz reports it so that
@@ -85,6 +91,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Ignition != nil {
 		mux.Handle("/ignition/", s.instrument("ignition", opts.Ignition))
+	}
+	if opts.Agent != nil {
+		mux.Handle("/agent/", s.instrument("agent", opts.Agent))
+	}
+	if len(opts.CAPEM) > 0 {
+		mux.Handle("/ca.crt", s.instrument("ca", caHandler(opts.CAPEM)))
 	}
 	for name, path := range opts.Artifacts {
 		p := path

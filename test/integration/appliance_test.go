@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -32,7 +31,7 @@ func TestApplianceOnLab(t *testing.T) {
 
 	t.Run("second run changes nothing", func(t *testing.T) {
 		r := l.mustBootstrap(ctx)
-		for _, name := range bootstrap.PhaseNames() {
+		for _, name := range l.phases() {
 			if ev, _ := r.phase(name); ev.Changed {
 				t.Errorf("phase %s changed something on the second run: %s", name, ev.Detail)
 			}
@@ -179,7 +178,7 @@ func TestKillAndRerun(t *testing.T) {
 			t.Fatalf("CA regenerated (%s)", when)
 		}
 	}
-	for _, phase := range bootstrap.PhaseNames()[1:] {
+	for _, phase := range l.phases()[1:] {
 		if r := l.bootstrap(ctx, phase, 0); r.err == nil {
 			t.Fatalf("bootstrap killed at %s exited cleanly", phase)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"text/template"
@@ -32,6 +33,8 @@ type lab struct {
 	dir    string // scratch: config, credentials, state
 	config string
 	state  string
+	// skip lists phases not run (the service-only lab has no nodes to power).
+	skip []string
 }
 
 // ns returns the full namespace name of a lab host ("boot", "cp1", …).
@@ -75,7 +78,7 @@ func newLab(t *testing.T, prefix string) *lab {
 		}
 		t.Skipf("SKIPPED: bundle fixture missing at %s; run `make fixtures`", bundlePath)
 	}
-	l := &lab{t: t, prefix: prefix, dir: t.TempDir()}
+	l := &lab{t: t, prefix: prefix, dir: t.TempDir(), skip: []string{"power", "converge"}}
 	l.state = filepath.Join(l.dir, "state")
 	labSh := filepath.Join(repoRoot, "test", "lab", "lab.sh")
 	up := exec.Command(labSh, "up")
@@ -184,6 +187,9 @@ func (r bootstrapRun) phase(name string) (bootstrap.Event, bool) {
 func (l *lab) bootstrap(ctx context.Context, killAt string, killAfter time.Duration, extra ...string) bootstrapRun {
 	l.t.Helper()
 	args := append([]string{filepath.Join(binDir, "appliance"), "bootstrap", "--config", l.config, "-o", "json"}, extra...)
+	if len(l.skip) > 0 {
+		args = append(args, "--skip-phases", strings.Join(l.skip, ","))
+	}
 	cmd := l.exec("boot", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -231,13 +237,24 @@ func (l *lab) mustBootstrap(ctx context.Context) bootstrapRun {
 	if r.err != nil {
 		l.t.Fatalf("appliance bootstrap: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
 	}
-	for _, name := range bootstrap.PhaseNames() {
+	for _, name := range l.phases() {
 		ev, ok := r.phase(name)
 		if !ok || ev.Status != bootstrap.StatusDone {
 			l.t.Fatalf("phase %s: %+v (ok=%v)\nstderr:\n%s", name, ev, ok, r.stderr)
 		}
 	}
 	return r
+}
+
+// phases lists the phases this lab runs.
+func (l *lab) phases() []string {
+	var out []string
+	for _, p := range bootstrap.PhaseNames() {
+		if !slices.Contains(l.skip, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // waitFor polls f every 100 ms until it succeeds or d passes (bounded waits for real processes).

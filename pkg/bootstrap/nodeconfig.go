@@ -1,0 +1,96 @@
+package bootstrap
+
+import (
+	"net/netip"
+	"path/filepath"
+	"slices"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
+)
+
+// ControlPlaneBasePriority is the VRRP priority of the first control-plane node in the inventory;
+// each later one gets one less (never below 1). The hostagent's API health track script adds
+// hostagent.APIHealthWeight while the node's API answers, so the appliance's own instance must sit
+// strictly between ControlPlaneBasePriority and ControlPlaneBasePriority+APIHealthWeight-(number of
+// control planes): it outranks control planes whose API is down and yields to those whose API is up.
+const ControlPlaneBasePriority = 100
+
+// NodesDir is STATE/nodes: the per-node records of pkg/nodestate (status.json, events.jsonl).
+func NodesDir(stateDir string) string { return filepath.Join(stateDir, "nodes") }
+
+// NodeConfigFor derives node n's agentapi.NodeConfig from the configuration c (defaulted and
+// validated): its roles and the cluster's networks; NodeNetworks = the control-plane and
+// workload-plane CIDRs and the pod CIDR (pods reach host-network ports such as the kubelet), without
+// duplicates; the appliance's control-plane address applianceAddr; the API VIP and port; mirrors and
+// caPEM as given. Control-plane nodes get a keepalived instance when c enables keepalived: VRID from
+// c, auth vrrpAuthPass (1..8 bytes, or "" for VRRPv3 without authentication), priority
+// ControlPlaneBasePriority minus the node's index among the control planes, and as peers the other
+// control planes' control-plane addresses (each one's first static address inside a control-plane
+// CIDR; a control plane without one cannot be named and is left out) plus applianceAddr.
+//
+// The result holds secrets (VRRP auth): write it 0600 (STATE/rendered/<node>/nodeconfig.json).
+func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, vrrpAuthPass string, mirrors []agentapi.Mirror) agentapi.NodeConfig {
+	roles := make([]string, 0, len(n.Roles))
+	for _, r := range n.Roles {
+		roles = append(roles, string(r))
+	}
+	var nets []netip.Prefix
+	for _, p := range slices.Concat(c.Networks.ControlPlane.CIDRs, c.Networks.WorkloadPlane.CIDRs, []netip.Prefix{c.Networks.Pods}) {
+		if p.IsValid() && !slices.Contains(nets, p) {
+			nets = append(nets, p)
+		}
+	}
+	nc := agentapi.NodeConfig{
+		Node:               n.Name,
+		Roles:              roles,
+		ClusterName:        c.ClusterName,
+		ControlPlaneCIDRs:  slices.Clone(c.Networks.ControlPlane.CIDRs),
+		WorkloadPlaneCIDRs: slices.Clone(c.Networks.WorkloadPlane.CIDRs),
+		NodeNetworks:       nets,
+		ApplianceAddress:   applianceAddr,
+		APIServerVIP:       c.APIServer.VIP,
+		APIServerPort:      c.APIServer.Port,
+		Mirrors:            slices.Clone(mirrors),
+		CAPEM:              string(caPEM),
+	}
+	if nc.Mirrors == nil {
+		nc.Mirrors = []agentapi.Mirror{}
+	}
+	if !n.HasRole(config.RoleControlPlane) || !c.APIServer.Keepalived.IsEnabled() {
+		return nc
+	}
+	prio := ControlPlaneBasePriority
+	var peers []netip.Addr
+	for i, cp := range c.ControlPlaneNodes() {
+		if cp.Name == n.Name {
+			prio = max(ControlPlaneBasePriority-i, 1)
+			continue
+		}
+		if a, ok := controlPlaneAddr(c, cp); ok && !slices.Contains(peers, a) {
+			peers = append(peers, a)
+		}
+	}
+	if applianceAddr.IsValid() && !slices.Contains(peers, applianceAddr) {
+		peers = append(peers, applianceAddr)
+	}
+	nc.Keepalived = &agentapi.KeepalivedConfig{
+		VirtualRouterID: c.APIServer.Keepalived.VirtualRouterID,
+		AuthPass:        vrrpAuthPass,
+		Priority:        uint8(prio),
+		Peers:           peers,
+	}
+	return nc
+}
+
+// controlPlaneAddr is n's first static address inside a control-plane CIDR (CIDRs in order).
+func controlPlaneAddr(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
+	for _, p := range c.Networks.ControlPlane.CIDRs {
+		for _, a := range n.Addresses {
+			if p.Contains(a) {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,151 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/power"
+	"github.com/airgap-appliance/appliance/pkg/provision"
+)
+
+// powerConcurrency bounds how many nodes are powered or provisioned at once.
+const powerConcurrency = 16
+
+// powerPhase brings every node under hostagent, concurrently and independently (one bad node never
+// blocks the others):
+//   - ssh nodes (pre-installed hosts): over SSH with the pinned host key, install the CA, the apt
+//     source for /repo/, hostagent with its config and unit, and start it (pkg/provision; files
+//     compared by hash first, so a rerun changes nothing);
+//   - ipmi/redfish nodes: set the configured boot device (read back) and power on — unless the node
+//     is already on, which is left alone (a running node is never power-cycled by a rerun).
+//
+// A node whose agent already reported configured or ready is skipped. Failures are recorded in the
+// node's state (`appliance status`) and reported together; the converge phase then waits for the
+// nodes that did start.
+type powerPhase struct{}
+
+func (powerPhase) Name() string { return "power" }
+
+func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
+	store := nodestate.Open(NodesDir(st.StateDir))
+	hostagentBin, err := os.ReadFile(st.Options.HostagentBinary)
+	if err != nil {
+		return Result{}, fmt.Errorf("hostagent binary: %w", err)
+	}
+	var (
+		mu      sync.Mutex
+		lines   []string
+		failed  []string
+		changed bool
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, powerConcurrency)
+	)
+	note := func(node, what string, ch bool, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", node, err))
+			_, _ = store.Set(node, agentapi.StateFailed, err.Error())
+			return
+		}
+		changed = changed || ch
+		lines = append(lines, node+" "+what)
+	}
+	for _, n := range st.Config.Nodes {
+		if s, err := store.Get(n.Name); err == nil && (s.State == agentapi.StateReady || s.State == agentapi.StateConfigured) {
+			note(n.Name, "up", false, nil)
+			continue
+		}
+		wg.Add(1)
+		go func(n config.Node) {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			switch n.Power.Kind {
+			case config.PowerSSH:
+				what, ch, err := provisionSSH(ctx, st, store, n, hostagentBin)
+				note(n.Name, what, ch, err)
+			default:
+				what, ch, err := powerBMC(ctx, st, store, n)
+				note(n.Name, what, ch, err)
+			}
+		}(n)
+	}
+	wg.Wait()
+	sort.Strings(lines)
+	detail := strings.Join(lines, ", ")
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		return Result{Changed: changed}, fmt.Errorf("%d of %d nodes failed (the others proceed; `appliance status` shows all):\n  %s",
+			len(failed), len(st.Config.Nodes), strings.Join(failed, "\n  "))
+	}
+	return Result{Changed: changed, Detail: detail}, nil
+}
+
+// provisionSSH installs hostagent on a pre-installed host.
+func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n config.Node, hostagentBin []byte) (string, bool, error) {
+	o, err := power.SSHOptionsFor(n, st.Options.Logger)
+	if err != nil {
+		return "", false, err
+	}
+	client, err := power.DialSSH(ctx, o)
+	if err != nil {
+		return "", false, err
+	}
+	defer client.Close()
+	agentCfg, err := os.ReadFile(filepath.Join(RenderedDir(st.StateDir), n.Name, "hostagent.yaml"))
+	if err != nil {
+		return "", false, fmt.Errorf("rendered hostagent config (render phase): %w", err)
+	}
+	res, err := provision.Provision(ctx, client, provision.Host{
+		ApplianceURL: st.ApplianceURL, CAPEM: st.CA.CertPEM, Hostagent: hostagentBin, HostagentConfig: agentCfg,
+	})
+	if err != nil {
+		return "", false, err
+	}
+	if len(res.Changed) == 0 {
+		return "hostagent installed (ssh)", false, nil
+	}
+	_, _ = store.Set(n.Name, agentapi.StateBooting, "hostagent installed over SSH")
+	return fmt.Sprintf("hostagent installed over SSH (%d changes)", len(res.Changed)), true, nil
+}
+
+// powerBMC sets the boot device and powers the node on through its BMC.
+func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.Node) (string, bool, error) {
+	ctrl, err := power.New(ctx, n, st.Options.Logger)
+	if err != nil {
+		return "", false, err
+	}
+	defer ctrl.Close()
+	if s, err := ctrl.PowerState(ctx); err != nil {
+		return "", false, err
+	} else if s == power.StateOn {
+		return "already on", false, nil
+	}
+	_, _ = store.Set(n.Name, agentapi.StatePowering, "")
+	results := power.RunAll(ctx, map[string]power.Controller{n.Name: ctrl}, 1, power.RetryPolicy{},
+		func(ctx context.Context, c power.Controller) error {
+			dev := power.BootDevice(n.Power.BootDevice)
+			if dev == "" {
+				dev = power.BootPXE
+			}
+			if err := c.SetBootDevice(ctx, dev, false); err != nil && !errors.Is(err, power.ErrUnsupported) {
+				return err
+			}
+			return c.PowerOn(ctx)
+		})
+	if err := results[0].Err; err != nil {
+		return "", false, err
+	}
+	_, _ = store.Set(n.Name, agentapi.StateBooting, "powered on by its BMC")
+	return "powered on (" + string(n.Power.Kind) + ")", true, nil
+}

@@ -1,0 +1,183 @@
+// Package containerd renders the files that make containerd pull images through the appliance's
+// registry mirror: one hosts.toml per source registry under /etc/containerd/certs.d (containerd
+// docs/hosts.md) and the CRI plugin's registry config_path in /etc/containerd/config.toml.
+//
+// No TOML library is a dependency of this module: hosts.toml is a template whose every string goes
+// through TOMLString, and SetConfigPath edits config.toml as text, touching only the one key it owns
+// (see there). Both pkg/ignition (first boot) and the hostagent (every boot) use this package, so the
+// node gets the same bytes from either.
+package containerd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"text/template"
+)
+
+// Paths on the node.
+const (
+	// CertsDir is containerd's hosts directory, the CRI registry config_path.
+	CertsDir = "/etc/containerd/certs.d"
+	// CAPath is the appliance CA each hosts.toml names for the mirror.
+	CAPath = CertsDir + "/appliance-ca.crt"
+	// ConfigPath is containerd's main configuration file.
+	ConfigPath = "/etc/containerd/config.toml"
+)
+
+// UpstreamServer maps a registry host[:port] to the URL containerd falls back to when no mirror
+// answers (containerd docs/hosts.md: docker.io is served by registry-1.docker.io).
+func UpstreamServer(registry string) string {
+	if registry == "docker.io" {
+		return "https://registry-1.docker.io"
+	}
+	return "https://" + registry
+}
+
+// hostsTemplate is containerd's registry host configuration (containerd docs/hosts.md,
+// CertsDir/<registry>/hosts.toml).
+var hostsTemplate = template.Must(template.New("hosts.toml").Funcs(template.FuncMap{"toml": TOMLString}).Parse(
+	`# Written by the air-gap appliance: pull {{.Registry}} images through the appliance mirror.
+server = {{toml .Server}}
+
+[host.{{toml .Endpoint}}]
+  capabilities = ["pull", "resolve"]
+  ca = {{toml .CA}}
+  override_path = true
+`))
+
+// HostsTOML renders CertsDir/<registry>/hosts.toml: pull and resolve registry's images from endpoint
+// (the appliance's https URL for that registry's namespace, e.g.
+// "https://10.0.0.1:8443/v2/registry.k8s.io"; override_path because it already names the /v2/
+// prefix), trusting the CA certificate at caPath (usually CAPath). Every value is quoted as a TOML
+// basic string, so any input yields valid TOML; callers validate registry and endpoint (pkg/ignition
+// does) because containerd would treat a nonsense value as an unreachable host.
+func HostsTOML(registry, endpoint, caPath string) []byte {
+	var b bytes.Buffer
+	err := hostsTemplate.Execute(&b, struct{ Registry, Server, Endpoint, CA string }{
+		Registry: registry, Server: UpstreamServer(registry), Endpoint: endpoint, CA: caPath,
+	})
+	if err != nil { // only a broken template can fail, and a test executes it
+		panic(fmt.Sprintf("hosts.toml template: %v", err))
+	}
+	return b.Bytes()
+}
+
+// TOMLString quotes s as a TOML basic string (TOML 1.0 "Basic strings": escape quote, backslash
+// and control characters).
+func TOMLString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"':
+			b.WriteString(`\"`)
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\u%04X`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// ErrUnsupportedConfig is wrapped by SetConfigPath when it cannot edit config.toml safely.
+var ErrUnsupportedConfig = errors.New("unsupported containerd config.toml")
+
+var (
+	versionLine = regexp.MustCompile(`(?m)^\s*version\s*=\s*(\d+)\s*(#.*)?$`)
+	headerLine  = regexp.MustCompile(`^\s*\[\[?\s*([^\]]*?)\s*\]\]?\s*(#.*)?$`)
+	configPathK = regexp.MustCompile(`^(\s*)config_path\s*=\s*(.*?)\s*(#.*)?$`)
+	spacesInKey = regexp.MustCompile(`\s*\.\s*`)
+)
+
+// registryTable returns the CRI registry table of a config.toml of the given schema version:
+// version 2 (containerd 1.x) `plugins."io.containerd.grpc.v1.cri".registry`, version 3 (containerd
+// 2.x) `plugins."io.containerd.cri.v1.images".registry` (containerd docs/cri/config.md).
+func registryTable(version string) (string, bool) {
+	switch version {
+	case "2":
+		return `plugins."io.containerd.grpc.v1.cri".registry`, true
+	case "3":
+		return `plugins."io.containerd.cri.v1.images".registry`, true
+	}
+	return "", false
+}
+
+// SetConfigPath returns config.toml contents whose CRI registry config_path is certsDir, and
+// whether that differs from data. It edits text, so comments and the operator's other settings
+// stay byte-identical: it replaces the value of an existing config_path line inside the registry
+// table, adds the key right under the table header when the table has none, or appends the table
+// when the file has no such table.
+//
+// It supports schema versions 2 (containerd 1.5-1.7) and 3 (containerd 2.x), read from the file's
+// top-level `version` key. A file without a version (containerd's pre-1.5 schema 1), another
+// version, or one that sets the key in a form it cannot find safely (an inline table or dotted keys
+// for the registry) yields an error wrapping ErrUnsupportedConfig: set config_path by hand, or
+// regenerate the file with `containerd config default`.
+func SetConfigPath(data []byte, certsDir string) ([]byte, bool, error) {
+	m := versionLine.FindSubmatch(data)
+	if m == nil {
+		return nil, false, fmt.Errorf("%w: no top-level `version = 2` or `version = 3` (schema 1 is not supported; regenerate it with `containerd config default`)", ErrUnsupportedConfig)
+	}
+	table, ok := registryTable(string(m[1]))
+	if !ok {
+		return nil, false, fmt.Errorf("%w: schema version %s (want 2 or 3)", ErrUnsupportedConfig, m[1])
+	}
+	want := "config_path = " + TOMLString(certsDir)
+	lines := strings.SplitAfter(string(data), "\n")
+	current := "" // the table the line belongs to
+	header := -1  // line index of the registry table's header
+	for i, line := range lines {
+		if h := headerLine.FindStringSubmatch(strings.TrimRight(line, "\r\n")); h != nil && !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			current = spacesInKey.ReplaceAllString(h[1], ".")
+			if current == table {
+				header = i
+			}
+			continue
+		}
+		if current != table {
+			if strings.Contains(line, "config_path") && strings.Contains(line, "registry") && !strings.HasPrefix(strings.TrimSpace(line), "#") {
+				return nil, false, fmt.Errorf("%w: line %d sets the registry as a dotted key or inline table; set config_path = %s there by hand", ErrUnsupportedConfig, i+1, TOMLString(certsDir))
+			}
+			continue
+		}
+		cm := configPathK.FindStringSubmatch(strings.TrimRight(line, "\r\n"))
+		if cm == nil {
+			continue
+		}
+		if cm[2] == TOMLString(certsDir) {
+			return data, false, nil
+		}
+		nl := line[len(strings.TrimRight(line, "\r\n")):]
+		comment := ""
+		if cm[3] != "" {
+			comment = " " + cm[3]
+		}
+		lines[i] = cm[1] + want + comment + nl
+		return []byte(strings.Join(lines, "")), true, nil
+	}
+	if header >= 0 {
+		indent := "  "
+		out := append(slices.Clone(lines[:header+1]), indent+want+"\n")
+		out = append(out, lines[header+1:]...)
+		return []byte(strings.Join(out, "")), true, nil
+	}
+	var b bytes.Buffer
+	b.Write(data)
+	if len(data) > 0 && !bytes.HasSuffix(data, []byte("\n")) {
+		b.WriteByte('\n')
+	}
+	fmt.Fprintf(&b, "\n[%s]\n  %s\n", table, want)
+	return b.Bytes(), true, nil
+}

@@ -1,0 +1,135 @@
+package containerd
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+func TestHostsTOML(t *testing.T) {
+	for _, tc := range []struct {
+		registry, endpoint, want string
+	}{
+		{"registry.k8s.io", "https://10.0.0.1:8443/v2/registry.k8s.io", `# Written by the air-gap appliance: pull registry.k8s.io images through the appliance mirror.
+server = "https://registry.k8s.io"
+
+[host."https://10.0.0.1:8443/v2/registry.k8s.io"]
+  capabilities = ["pull", "resolve"]
+  ca = "/etc/containerd/certs.d/appliance-ca.crt"
+  override_path = true
+`},
+		{"docker.io", "https://[fd00::1]:8443/v2/docker.io", `# Written by the air-gap appliance: pull docker.io images through the appliance mirror.
+server = "https://registry-1.docker.io"
+
+[host."https://[fd00::1]:8443/v2/docker.io"]
+  capabilities = ["pull", "resolve"]
+  ca = "/etc/containerd/certs.d/appliance-ca.crt"
+  override_path = true
+`},
+	} {
+		got := HostsTOML(tc.registry, tc.endpoint, CAPath)
+		if string(got) != tc.want {
+			t.Errorf("HostsTOML(%q):\n%s\nwant:\n%s", tc.registry, got, tc.want)
+		}
+		if again := HostsTOML(tc.registry, tc.endpoint, CAPath); !bytes.Equal(got, again) {
+			t.Errorf("HostsTOML(%q) is not deterministic", tc.registry)
+		}
+	}
+}
+
+func TestTOMLString(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://a/v2/b": `"https://a/v2/b"`,
+		`a"b\c`:          `"a\"b\\c"`,
+		"a\nb\x01\t":     `"a\nb\u0001\t"`,
+		"\x7f":           `"\u007F"`,
+	} {
+		if got := TOMLString(in); got != want {
+			t.Errorf("TOMLString(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestSetConfigPath(t *testing.T) {
+	const dir = "/etc/containerd/certs.d"
+	for _, tc := range []struct {
+		name, in, want string
+		changed        bool
+		err            error
+	}{
+		{
+			name:    "replace empty value, keep comments",
+			in:      "# mine\nversion = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"\" # set me\n  [plugins.\"io.containerd.grpc.v1.cri\".registry.auths]\n",
+			want:    "# mine\nversion = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"/etc/containerd/certs.d\" # set me\n  [plugins.\"io.containerd.grpc.v1.cri\".registry.auths]\n",
+			changed: true,
+		},
+		{
+			name: "already set",
+			in:   "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n",
+			want: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n",
+		},
+		{
+			name:    "table without key",
+			in:      "version = 2\n[plugins . \"io.containerd.grpc.v1.cri\" . registry]\n  x = 1\n",
+			want:    "version = 2\n[plugins . \"io.containerd.grpc.v1.cri\" . registry]\n  config_path = \"/etc/containerd/certs.d\"\n  x = 1\n",
+			changed: true,
+		},
+		{
+			name:    "no table (v3)",
+			in:      "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\n  x = 1",
+			want:    "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\n  x = 1\n\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n",
+			changed: true,
+		},
+		{name: "schema 1", in: "root = \"/var/lib/containerd\"\n", err: ErrUnsupportedConfig},
+		{name: "schema 4", in: "version = 4\n", err: ErrUnsupportedConfig},
+		{name: "dotted key", in: "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  registry.config_path = \"\"\n", err: ErrUnsupportedConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed, err := SetConfigPath([]byte(tc.in), dir)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				return
+			}
+			if string(got) != tc.want || changed != tc.changed {
+				t.Errorf("got changed=%v\n%s\nwant changed=%v\n%s", changed, got, tc.changed, tc.want)
+			}
+			again, changed2, err := SetConfigPath(got, dir)
+			if err != nil || changed2 || !bytes.Equal(again, got) {
+				t.Errorf("second pass not idempotent: changed=%v err=%v\n%s", changed2, err, again)
+			}
+		})
+	}
+}
+
+// TestSetConfigPathContainerd checks with the real containerd that the edited default config
+// parses and carries the config_path.
+func TestSetConfigPathContainerd(t *testing.T) {
+	bin := labns.RequireTool(t, "containerd")
+	def, err := exec.Command(bin, "config", "default").Output()
+	if err != nil {
+		t.Fatalf("containerd config default: %v", err)
+	}
+	edited, changed, err := SetConfigPath(def, CertsDir)
+	if err != nil || !changed {
+		t.Fatalf("SetConfigPath(default) = changed %v, %v", changed, err)
+	}
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, edited, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "--config", path, "config", "dump").CombinedOutput()
+	if err != nil {
+		t.Fatalf("containerd config dump: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `config_path = "/etc/containerd/certs.d"`) {
+		t.Errorf("containerd does not see config_path:\n%s", out)
+	}
+}

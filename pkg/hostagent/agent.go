@@ -1,0 +1,442 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+)
+
+// Paths on the node, each prefixed with Options.Root.
+const (
+	// CACertPath is the pinned appliance CA (0644).
+	CACertPath = "/etc/hostagent/ca.crt"
+	// NodeConfigCachePath is the last node config fetched (0600: it holds the VRRP secret).
+	NodeConfigCachePath = "/var/lib/hostagent/nodeconfig.json"
+	// KeepalivedDir holds keepalived.conf (0600) and keepalived's pid files.
+	KeepalivedDir = "/etc/keepalived"
+)
+
+// DefaultResync is how often a running agent re-fetches its config and re-checks every step.
+const DefaultResync = time.Minute
+
+// Options configure an Agent.
+type Options struct {
+	// Config is the node's hostagent configuration (identity, appliance URL, pin, token).
+	Config agentapi.Configuration
+	// Root prefixes every path the agent writes or reads on the node ("" = /), e.g. /sysroot from an
+	// initramfs.
+	Root string
+	// NoFirewall skips the firewall step (reported done, "skipped: --no-firewall").
+	NoFirewall bool
+	// NetNS is a network namespace name (/run/netns/NAME) to act in: addresses, nftables, keepalived and
+	// the API stand-in's listener. "" = the agent's own namespace (production).
+	NetNS string
+	// BootID identifies this boot; "" reads /proc/sys/kernel/random/boot_id.
+	BootID string
+	// APIListen overrides the API stand-in's listen address (default ":<apiServerPort>").
+	APIListen string
+	// TrackScript overrides the keepalived track-script command (default: this binary's `check-api`).
+	TrackScript []string
+	// ScriptUser runs the track script (default "nobody").
+	ScriptUser string
+	// Resync is the period of re-checks after ready; 0 means DefaultResync.
+	Resync time.Duration
+	// RetryInitial and RetryMax bound the exponential backoff between retries towards the appliance
+	// (defaults 500 ms and 30 s).
+	RetryInitial, RetryMax time.Duration
+	// Log receives progress; tokens and secrets are never logged.
+	Log *slog.Logger
+}
+
+// Agent configures one node. Build it with New and call Run.
+type Agent struct {
+	opts   Options
+	log    *slog.Logger
+	bootID string
+	rep    *reporter
+
+	mu     sync.Mutex
+	client *Client
+	nc     agentapi.NodeConfig
+	cp, wl netresolve.Address
+	keep   *keepalivedSupervisor
+	api    *apiStandIn
+	last   map[string]agentapi.Report // last report per step, to report changes only
+}
+
+// New checks opts and returns an agent. Errors: missing node, URL, pin or token.
+func New(opts Options) (*Agent, error) {
+	c := opts.Config
+	var missing []string
+	for name, v := range map[string]string{"node": c.Node, "applianceURL": c.ApplianceURL, "caPin": c.CAPin, "token": c.Token} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("hostagent configuration: %s required", strings.Join(missing, ", "))
+	}
+	if _, err := parsePin(c.CAPin); err != nil {
+		return nil, fmt.Errorf("hostagent configuration: caPin: %w", err)
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Resync == 0 {
+		opts.Resync = DefaultResync
+	}
+	if opts.RetryInitial == 0 {
+		opts.RetryInitial = 500 * time.Millisecond
+	}
+	if opts.RetryMax == 0 {
+		opts.RetryMax = 30 * time.Second
+	}
+	if opts.ScriptUser == "" {
+		opts.ScriptUser = "nobody"
+	}
+	boot := opts.BootID
+	if boot == "" {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return nil, fmt.Errorf("read boot id: %w", err)
+		}
+		boot = strings.TrimSpace(string(b))
+	}
+	a := &Agent{opts: opts, log: opts.Log.With("node", c.Node), bootID: boot, last: map[string]agentapi.Report{}}
+	return a, nil
+}
+
+func (a *Agent) path(p string) string { return filepath.Join(a.opts.Root, p) }
+
+func (a *Agent) nsPath() string {
+	if a.opts.NetNS == "" {
+		return ""
+	}
+	return "/run/netns/" + a.opts.NetNS
+}
+
+func (a *Agent) backoff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = a.opts.RetryInitial, a.opts.RetryMax
+	return b
+}
+
+// Run configures the node and keeps it configured until ctx ends: it obtains the CA, runs every
+// step (reporting each), notifies systemd READY=1 once configured, then re-checks every Resync,
+// reporting only what changed, and restarts keepalived when it dies. On return it stops the
+// children it started (keepalived, the API stand-in) and flushes pending reports for a moment.
+// Errors: a refused token (ErrUnauthorized) or a bad pin; otherwise only ctx's error.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.shutdown()
+	caPEM, err := a.ensureCA(ctx)
+	if err != nil {
+		return err
+	}
+	client, err := NewClient(a.opts.Config.ApplianceURL, caPEM, a.opts.Config.Token, a.bootID)
+	if err != nil {
+		return err
+	}
+	a.client = client
+	a.rep = newReporter(client, a.backoff, a.log)
+	go a.rep.run(ctx)
+	defer a.rep.drain(5 * time.Second)
+
+	notified := false
+	for {
+		if err := a.converge(ctx); err != nil {
+			if errors.Is(err, ErrUnauthorized) || ctx.Err() != nil {
+				return err
+			}
+		} else if !notified {
+			if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+				a.log.Warn("sd_notify failed", "error", err)
+			} else if ok {
+				a.log.Info("notified systemd: ready")
+			}
+			notified = true
+		}
+		var died <-chan struct{}
+		if a.keep != nil {
+			died = a.keep.died()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(a.opts.Resync):
+		case <-died:
+			a.log.Warn("keepalived exited; restarting it")
+		}
+	}
+}
+
+// ensureCA returns the pinned CA: ROOT/etc/hostagent/ca.crt when it matches the pin, else FetchCA
+// (retried with backoff while the appliance is unreachable), written 0644.
+func (a *Agent) ensureCA(ctx context.Context) ([]byte, error) {
+	path := a.path(CACertPath)
+	if b, err := os.ReadFile(path); err == nil {
+		if caPEM, _, err := VerifyCA(b, a.opts.Config.CAPin); err == nil {
+			return caPEM, nil
+		}
+		a.log.Warn("cached CA does not match the pin; fetching it again", "path", path)
+	}
+	caPEM, err := backoff.Retry(ctx, func() ([]byte, error) {
+		b, err := FetchCA(ctx, a.opts.Config.ApplianceURL, a.opts.Config.CAPin)
+		if errors.Is(err, ErrBadPin) || errors.Is(err, ErrPinMismatch) {
+			return nil, backoff.Permanent(err)
+		}
+		return b, err
+	}, backoff.WithBackOff(a.backoff()), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, d time.Duration) {
+		a.log.Warn("appliance CA not reachable; retrying", "error", err, "retryIn", d)
+	}))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := atomicfile.Write(path, caPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("write %s: %w", path, err)
+	}
+	return caPEM, nil
+}
+
+// converge runs every step once, in plan order, stopping at the first failure.
+func (a *Agent) converge(ctx context.Context) error {
+	type step struct {
+		name string
+		run  func(context.Context) (string, error)
+	}
+	if err := a.report(ctx, nodestate.StepConfig, func(ctx context.Context) (string, error) { return a.stepConfig(ctx) }); err != nil {
+		return err
+	}
+	var steps []step
+	for _, name := range nodestate.Plan(a.nc)[1:] {
+		switch name {
+		case nodestate.StepFirewall:
+			steps = append(steps, step{name, a.stepFirewall})
+		case nodestate.StepContainerd:
+			steps = append(steps, step{name, a.stepContainerd})
+		case nodestate.StepKeepalived:
+			steps = append(steps, step{name, a.stepKeepalived})
+		case nodestate.StepAPI:
+			steps = append(steps, step{name, a.stepAPI})
+		case nodestate.StepReady:
+			steps = append(steps, step{name, func(context.Context) (string, error) { return "node configured", nil }})
+		}
+	}
+	for _, s := range steps {
+		if err := a.report(ctx, s.name, s.run); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// report runs one step and queues its reports: running (the first time in this process) then done
+// or failed. A re-check is reported only when its status differs from the last report, or its
+// detail differs and says it changed something or failed (details of no-op re-checks start with
+// "unchanged"); the appliance ignores exact repeats anyway.
+func (a *Agent) report(ctx context.Context, step string, run func(context.Context) (string, error)) error {
+	last, seen := a.last[step]
+	if !seen {
+		a.send(agentapi.Report{Step: step, Status: nodestate.StatusRunning})
+	}
+	detail, err := run(ctx)
+	r := agentapi.Report{Step: step, Status: nodestate.StatusDone, Detail: detail}
+	if err != nil {
+		r.Status, r.Detail = nodestate.StatusFailed, err.Error()
+	}
+	if !seen || last.Status != r.Status || (r.Detail != last.Detail && (err != nil || changed(detail))) {
+		if err != nil {
+			a.log.Error("step failed", "step", step, "error", err)
+		} else {
+			a.log.Info("step done", "step", step, "detail", detail)
+		}
+		a.send(r)
+	}
+	return err
+}
+
+// changed reports whether a step's detail says it changed something (details of no-op re-checks
+// start with "unchanged").
+func changed(detail string) bool { return !strings.HasPrefix(detail, "unchanged") }
+
+func (a *Agent) send(r agentapi.Report) {
+	r.BootID, r.Time = a.bootID, time.Now().UTC()
+	a.last[r.Step] = r
+	a.rep.enqueue(r)
+}
+
+// stepConfig fetches the node config (falling back to the cached one while the appliance is away),
+// caches it, and resolves the node's own addresses.
+func (a *Agent) stepConfig(ctx context.Context) (string, error) {
+	cache := a.path(NodeConfigCachePath)
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	nc, raw, err := a.client.NodeConfig(fctx)
+	cancel()
+	source := "fetched"
+	switch {
+	case errors.Is(err, ErrUnauthorized):
+		return "", err
+	case err != nil:
+		b, rerr := os.ReadFile(cache)
+		if rerr != nil {
+			if a.nc.Node != "" { // keep the one already applied in this process
+				nc, source = a.nc, "unchanged: kept"
+				break
+			}
+			return "", fmt.Errorf("fetch node config: %w; no cached copy at %s", err, cache)
+		}
+		if nc, err = parseNodeConfig(b); err != nil {
+			return "", fmt.Errorf("cached %s: %w", cache, err)
+		}
+		source = "appliance unreachable, using cached"
+	default:
+		if nc.Node != a.opts.Config.Node {
+			return "", fmt.Errorf("the appliance sent the config of node %q, this is %q: check node in the hostagent config", nc.Node, a.opts.Config.Node)
+		}
+		c, werr := atomicfile.Write(cache, raw, 0o600)
+		if werr != nil {
+			return "", fmt.Errorf("cache node config: %w", werr)
+		}
+		if !c && a.nc.Node != "" {
+			source = "unchanged: fetched"
+		}
+	}
+	r, err := netresolve.New(a.nsPath())
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	var exclude []netip.Addr
+	if nc.APIServerVIP.IsValid() {
+		exclude = append(exclude, nc.APIServerVIP)
+	}
+	cp, err := r.Resolve(nc.ControlPlaneCIDRs, exclude...)
+	if err != nil {
+		return "", fmt.Errorf("control-plane address: %w", err)
+	}
+	wl := cp
+	if len(nc.WorkloadPlaneCIDRs) > 0 {
+		if wl, err = r.Resolve(nc.WorkloadPlaneCIDRs, exclude...); err != nil {
+			return "", fmt.Errorf("workload-plane address: %w", err)
+		}
+	}
+	a.mu.Lock()
+	a.nc, a.cp, a.wl = nc, cp, wl
+	a.mu.Unlock()
+	return fmt.Sprintf("%s node config; control plane %s, workload plane %s", source, cp, wl), nil
+}
+
+// shutdown stops the children this agent started.
+func (a *Agent) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if a.keep != nil {
+		a.keep.stop(ctx)
+	}
+	if a.api != nil {
+		a.api.close()
+	}
+}
+
+// reporter delivers reports in order, retrying each with backoff until the appliance takes it.
+type reporter struct {
+	client  *Client
+	backoff func() backoff.BackOff
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	queue   []agentapi.Report
+	wake    chan struct{}
+	idle    chan struct{} // closed and replaced when the queue empties
+	stopped chan struct{}
+}
+
+func newReporter(c *Client, b func() backoff.BackOff, log *slog.Logger) *reporter {
+	return &reporter{client: c, backoff: b, log: log, wake: make(chan struct{}, 1), idle: make(chan struct{}), stopped: make(chan struct{})}
+}
+
+func (r *reporter) enqueue(rep agentapi.Report) {
+	r.mu.Lock()
+	r.queue = append(r.queue, rep)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *reporter) run(ctx context.Context) {
+	defer close(r.stopped)
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 {
+			close(r.idle)
+			r.idle = make(chan struct{})
+			r.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.wake:
+			}
+			continue
+		}
+		next := r.queue[0]
+		r.mu.Unlock()
+		_, err := backoff.Retry(ctx, func() (struct{}, error) {
+			err := r.client.Report(ctx, next)
+			if errors.Is(err, ErrUnauthorized) {
+				return struct{}{}, backoff.Permanent(err)
+			}
+			return struct{}{}, err
+		}, backoff.WithBackOff(r.backoff()), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, d time.Duration) {
+			r.log.Warn("report not delivered; retrying", "step", next.Step, "status", next.Status, "error", err, "retryIn", d)
+		}))
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.log.Error("report refused; dropping it", "step", next.Step, "error", err)
+		}
+		r.mu.Lock()
+		r.queue = r.queue[1:]
+		r.mu.Unlock()
+	}
+}
+
+// drain waits up to d for queued reports to be delivered (after Run's context ended, the queue is
+// sent with a fresh, bounded context).
+func (r *reporter) drain(d time.Duration) {
+	<-r.stopped
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	r.mu.Lock()
+	q := r.queue
+	r.queue = nil
+	r.mu.Unlock()
+	for _, rep := range q {
+		if err := r.client.Report(ctx, rep); err != nil {
+			return
+		}
+	}
+}
+
+// pending is the number of undelivered reports.
+func (r *reporter) pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue)
+}

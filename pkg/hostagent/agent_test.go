@@ -1,0 +1,316 @@
+package hostagent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/keepalived"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/server"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// appliance is an in-process appliance front (pkg/server with the agent API) on 127.0.0.1.
+type appliance struct {
+	t      *testing.T
+	srv    *server.Server
+	ts     *httptest.Server
+	addr   string
+	store  *nodestate.Store
+	ca     *pki.CA
+	token  string
+	node   string
+	stateD string
+}
+
+func newAppliance(t *testing.T, nc agentapi.NodeConfig) *appliance {
+	t.Helper()
+	ca, cert := testPKI(t)
+	state := t.TempDir()
+	nc.CAPEM = string(ca.CertPEM)
+	b, err := json.Marshal(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := filepath.Join(state, "rendered")
+	if err := os.MkdirAll(filepath.Join(rendered, nc.Node), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rendered, nc.Node, server.NodeConfigFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]string{nc.Node: "token-" + nc.Node, "other": "token-other"}
+	store := nodestate.Open(filepath.Join(state, "nodes"))
+	srv, err := server.New(server.Options{
+		Listen: "127.0.0.1:0", Certificate: cert,
+		Agent: server.NewAgentAPI(rendered, tokens, store, nil), CAPEM: ca.CertPEM,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &appliance{t: t, srv: srv, store: store, ca: ca, token: tokens[nc.Node], node: nc.Node, stateD: state}
+	a.start("127.0.0.1:0")
+	return a
+}
+
+// start serves on addr (the same address again after stop).
+func (a *appliance) start(addr string) {
+	a.t.Helper()
+	var ln net.Listener
+	var err error
+	for range 50 { // the port of a just-closed listener may linger briefly
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(a.srv.Handler())
+	ts.Listener.Close()
+	ts.Listener = ln
+	ts.TLS = a.srv.TLSConfig()
+	ts.StartTLS()
+	a.ts, a.addr = ts, ln.Addr().String()
+	a.t.Cleanup(ts.Close)
+}
+
+func (a *appliance) stop() { a.ts.Close() }
+
+func (a *appliance) config() agentapi.Configuration {
+	return agentapi.Configuration{Node: a.node, Roles: []string{"worker"}, ApplianceURL: "https://" + a.addr,
+		CAPin: pki.PinHash(a.ca.Cert), Token: a.token}
+}
+
+// waitFor polls cond until it holds, failing after a generous bound (a hang guard, not a timing
+// assertion).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodeNS is a namespace whose interface (returned) carries addr (CIDR notation), linked by a veth
+// pair to a peer namespace holding peerAddr, where nothing else runs.
+func nodeNS(t *testing.T, addr, peerAddr string) (*labns.NS, string) {
+	t.Helper()
+	labns.RequireTool(t, "nft")
+	ns := labns.New(t, "hagt")
+	peer := labns.New(t, "hpeer")
+	ifc, _ := labns.Link(t, ns, addr, peer, peerAddr)
+	return ns, ifc
+}
+
+type runningAgent struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startAgent(t *testing.T, o Options) *runningAgent {
+	t.Helper()
+	a, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningAgent{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- a.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *runningAgent) stop() {
+	r.cancel()
+	<-r.done
+	r.done <- nil // later stops return at once
+}
+
+func steps(evs []nodestate.Event, boot string) []string {
+	var out []string
+	for _, e := range evs {
+		if e.BootID == boot && e.Step != "" && e.Status != "fetched" {
+			out = append(out, e.Step+":"+e.Status)
+		}
+	}
+	return out
+}
+
+// TestAgentWorkerAgainstAppliance runs the agent for a worker inside a network namespace against an
+// in-process appliance: the firewall table appears in the namespace, hosts.toml and config_path
+// are written under --root, and the appliance records every step in order. Then the agent restarts
+// with the appliance down: it applies the cached config and reports once the appliance is back.
+func TestAgentWorkerAgainstAppliance(t *testing.T) {
+	labns.RequireRoot(t)
+	ns, _ := nodeNS(t, "10.77.0.2/24", "10.77.0.1/24")
+	nc := agentapi.NodeConfig{
+		Node: "w1", Roles: []string{"worker"}, ClusterName: "lab",
+		ControlPlaneCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
+		WorkloadPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
+		NodeNetworks:       []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
+		ApplianceAddress:   netip.MustParseAddr("10.77.0.1"), APIServerPort: 6443,
+	}
+	app := newAppliance(t, nc)
+	// The mirrors name the appliance's real address, known only now: rewrite the node config.
+	nc.Mirrors = []agentapi.Mirror{{Registry: "registry.k8s.io", Endpoint: "https://" + app.addr + "/v2/registry.k8s.io"}}
+	nc.CAPEM = string(app.ca.CertPEM)
+	b, _ := json.Marshal(nc)
+	if err := os.WriteFile(filepath.Join(app.stateD, "rendered", "w1", server.NodeConfigFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	cfgToml := filepath.Join(root, "etc/containerd/config.toml")
+	if err := os.MkdirAll(filepath.Dir(cfgToml), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgToml, []byte("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Config: app.config(), Root: root, NetNS: ns.Name, BootID: "boot-1",
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour}
+
+	ag := startAgent(t, opts)
+	waitFor(t, "w1 ready", func() bool { st, _ := app.store.Get("w1"); return st.State == agentapi.StateReady })
+
+	if out := ns.MustRun("nft", "list", "table", "inet", "appliance"); !strings.Contains(out, "10.77.0.0/24") || !strings.Contains(out, "policy drop") {
+		t.Errorf("firewall table in %s:\n%s", ns.Name, out)
+	}
+	hosts, err := os.ReadFile(filepath.Join(root, "etc/containerd/certs.d/registry.k8s.io/hosts.toml"))
+	if err != nil || !strings.Contains(string(hosts), `[host."https://`+app.addr+`/v2/registry.k8s.io"]`) {
+		t.Errorf("hosts.toml: %v\n%s", err, hosts)
+	}
+	if ca, err := os.ReadFile(filepath.Join(root, "etc/containerd/certs.d/appliance-ca.crt")); err != nil || string(ca) != string(app.ca.CertPEM) {
+		t.Errorf("containerd CA: %v", err)
+	}
+	if toml, _ := os.ReadFile(cfgToml); !strings.Contains(string(toml), `config_path = "/etc/containerd/certs.d"`) {
+		t.Errorf("config.toml:\n%s", toml)
+	}
+	if fi, err := os.Stat(filepath.Join(root, NodeConfigCachePath)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("node config cache: %v", err)
+	}
+	evs, err := app.store.Events("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "config:running config:done firewall:running firewall:done containerd:running containerd:done ready:running ready:done"
+	if got := strings.Join(steps(evs, "boot-1"), " "); got != want {
+		t.Errorf("reports:\n got %s\nwant %s", got, want)
+	}
+
+	// Restart with the appliance down, and a firewall the agent must restore from its cache.
+	ag.stop()
+	app.stop()
+	ns.MustRun("nft", "delete", "table", "inet", "appliance")
+	opts.BootID = "boot-2"
+	startAgent(t, opts)
+	waitFor(t, "firewall restored from the cached config", func() bool {
+		_, err := ns.Run("nft", "list", "table", "inet", "appliance")
+		return err == nil
+	})
+	if st, _ := app.store.Get("w1"); st.BootID != "boot-1" {
+		t.Fatalf("the appliance is down but recorded %+v", st)
+	}
+	app.start(app.addr)
+	waitFor(t, "boot-2 reports delivered", func() bool {
+		st, _ := app.store.Get("w1")
+		return st.BootID == "boot-2" && st.State == agentapi.StateReady
+	})
+	evs, _ = app.store.Events("w1")
+	if got := strings.Join(steps(evs, "boot-2"), " "); got != want {
+		t.Errorf("reports after the appliance came back:\n got %s\nwant %s", got, want)
+	}
+	if st, _ := app.store.Get("w1"); !strings.Contains(st.Steps["config"].Detail, "cached") {
+		t.Errorf("config step detail %q does not say the cached config was used", st.Steps["config"].Detail)
+	}
+}
+
+// TestAgentControlPlaneKeepalived: a control plane whose only VRRP peer is absent starts keepalived
+// (in its namespace), takes the VIP, serves the API stand-in, and restarts keepalived when it dies.
+func TestAgentControlPlaneKeepalived(t *testing.T) {
+	labns.RequireRoot(t)
+	labns.RequireTool(t, "keepalived")
+	curl := labns.RequireTool(t, "curl")
+	ns, ifc := nodeNS(t, "10.78.0.2/24", "10.78.0.9/24")
+	vip := netip.MustParseAddr("10.78.0.100")
+	nc := agentapi.NodeConfig{
+		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
+		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
+		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
+		ApplianceAddress:  netip.MustParseAddr("10.78.0.9"), APIServerVIP: vip, APIServerPort: 6443,
+		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 42, AuthPass: "s3cret", Priority: 100,
+			Peers: []netip.Addr{netip.MustParseAddr("10.78.0.9")}},
+		Mirrors: []agentapi.Mirror{},
+	}
+	app := newAppliance(t, nc)
+	root := t.TempDir()
+	cfg := app.config()
+	cfg.Roles = []string{"control-plane"}
+	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
+		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/healthz"}})
+
+	waitFor(t, "cp1 ready", func() bool { st, _ := app.store.Get("cp1"); return st.State == agentapi.StateReady })
+	waitFor(t, "VIP on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
+	conf := filepath.Join(root, KeepalivedDir, "keepalived.conf")
+	if fi, err := os.Stat(conf); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("keepalived.conf: %v", err)
+	}
+	if b, _ := os.ReadFile(conf); !strings.Contains(string(b), "unicast_src_ip 10.78.0.2") || !strings.Contains(string(b), "10.78.0.100/24 dev "+ifc) {
+		t.Errorf("keepalived.conf:\n%s", b)
+	}
+	if out, err := ns.Run(curl, "-sfk", "https://127.0.0.1:6443/healthz"); err != nil || out != "ok" {
+		t.Errorf("API stand-in in the namespace: %v %q", err, out)
+	}
+	evs, _ := app.store.Events("cp1")
+	want := "config:running config:done firewall:running firewall:done containerd:running containerd:done keepalived:running keepalived:done api:running api:done ready:running ready:done"
+	if got := strings.Join(steps(evs, "b1"), " "); got != want {
+		t.Errorf("reports:\n got %s\nwant %s", got, want)
+	}
+
+	// keepalived dies: the agent starts a new one.
+	pid := readPid(t, filepath.Join(root, KeepalivedDir, "keepalived.pid"))
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "keepalived restarted", func() bool {
+		st, _ := app.store.Get("cp1")
+		return strings.HasPrefix(st.Steps["keepalived"].Detail, "restarted keepalived")
+	})
+	waitFor(t, "VIP back on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
+	if p := readPid(t, filepath.Join(root, KeepalivedDir, "keepalived.pid")); p == pid {
+		t.Errorf("keepalived pid unchanged (%d) after the kill", p)
+	}
+}
+
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	var pid int
+	waitFor(t, "pid file "+path, func() bool {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return false
+		}
+		_, err = fmtSscan(strings.TrimSpace(string(b)), &pid)
+		return err == nil && pid > 1
+	})
+	return pid
+}
+
+func fmtSscan(s string, p *int) (int, error) { return fmt.Sscan(s, p) }

@@ -1,0 +1,185 @@
+package hostagent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/keepalived"
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
+)
+
+// APIHealthWeight is added to a control plane's VRRP priority while its API answers (keepalived
+// vrrp_script weight), so the VIP moves to control planes whose API is up: the appliance's own
+// instance must sit between the control planes' base priorities and base+APIHealthWeight (see
+// bootstrap.ControlPlaneBasePriority).
+const APIHealthWeight = 50
+
+// InstanceName is the vrrp_instance name of the API VIP.
+const InstanceName = "api-vip"
+
+// KeepalivedConfig builds the node's keepalived configuration: unicast from the node's control-plane
+// address cp (its interface carries the VIP) to the peers of nc.Keepalived, VIP nc.APIServerVIP with
+// the prefix length of the control-plane CIDR that holds it (cp's CIDR when none does), and a track
+// script (command track, run as scriptUser) that adds APIHealthWeight while the local API answers.
+// Errors: nc has no keepalived section or no VIP.
+func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []string, scriptUser string) (keepalived.Config, error) {
+	k := nc.Keepalived
+	if k == nil || !nc.APIServerVIP.IsValid() {
+		return keepalived.Config{}, errors.New("node config has no keepalived section or API VIP")
+	}
+	bits := cp.CIDR.Bits()
+	for _, p := range nc.ControlPlaneCIDRs {
+		if p.Contains(nc.APIServerVIP) {
+			bits = p.Bits()
+			break
+		}
+	}
+	return keepalived.Config{
+		RouterID:   nc.Node,
+		ScriptUser: scriptUser,
+		Instances: []keepalived.Instance{{
+			Name:            InstanceName,
+			Interface:       cp.Interface,
+			SourceIP:        cp.Prefix.Addr(),
+			Peers:           k.Peers,
+			VIP:             netip.PrefixFrom(nc.APIServerVIP, bits),
+			VirtualRouterID: k.VirtualRouterID,
+			Priority:        k.Priority,
+			AuthPass:        k.AuthPass,
+			TrackScript: &keepalived.Script{
+				Command: track, Interval: 2 * time.Second, Timeout: 2 * time.Second, Fall: 2, Rise: 1,
+				Weight: APIHealthWeight,
+			},
+		}},
+	}, nil
+}
+
+// keepalivedSupervisor is the keepalived child of this agent.
+type keepalivedSupervisor struct {
+	proc *keepalived.Process
+	conf []byte
+}
+
+func (s *keepalivedSupervisor) died() <-chan struct{} { return s.proc.Done() }
+
+func (s *keepalivedSupervisor) running() bool {
+	select {
+	case <-s.proc.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *keepalivedSupervisor) stop(ctx context.Context) { _ = s.proc.Stop(ctx) }
+
+// trackCommand is the track script: Options.TrackScript, or this binary's `check-api`.
+func (a *Agent) trackCommand(port uint16) ([]string, error) {
+	if len(a.opts.TrackScript) > 0 {
+		return a.opts.TrackScript, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the hostagent binary for the keepalived track script: %w", err)
+	}
+	return []string{exe, "check-api", "https://127.0.0.1:" + strconv.Itoa(int(port)) + "/healthz"}, nil
+}
+
+// stepKeepalived renders and checks keepalived.conf and makes keepalived run with it: unchanged when
+// the running child has the same config, reloaded (SIGHUP) when it differs, started otherwise
+// (after stopping a keepalived a previous agent left running from the same pid file).
+func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
+	a.mu.Lock()
+	nc, cp := a.nc, a.cp
+	a.mu.Unlock()
+	track, err := a.trackCommand(nc.APIServerPort)
+	if err != nil {
+		return "", err
+	}
+	cfg, err := KeepalivedConfig(nc, cp, track, a.opts.ScriptUser)
+	if err != nil {
+		return "", err
+	}
+	conf, err := keepalived.Render(cfg)
+	if err != nil {
+		return "", err
+	}
+	in := cfg.Instances[0]
+	desc := fmt.Sprintf("VIP %s on %s, VRID %d, priority %d, %d peers", in.VIP, in.Interface, in.VirtualRouterID, in.Priority, len(in.Peers))
+	if a.keep != nil && a.keep.running() {
+		if bytes.Equal(conf, a.keep.conf) {
+			return fmt.Sprintf("unchanged: keepalived running (pid %d), %s", a.keep.proc.Pid(), desc), nil
+		}
+		if err := a.keep.proc.Reload(ctx, cfg); err != nil {
+			return "", fmt.Errorf("reload keepalived: %w", err)
+		}
+		a.keep.conf = conf
+		return fmt.Sprintf("reloaded keepalived (pid %d), %s", a.keep.proc.Pid(), desc), nil
+	}
+	dir := a.path(KeepalivedDir)
+	restarted := a.keep != nil
+	if restarted {
+		a.log.Warn("keepalived had exited", "error", a.keep.proc.Err())
+		_ = a.keep.proc.Cleanup()
+	} else if err := stopStale(ctx, filepath.Join(dir, "keepalived.pid"), a.log); err != nil {
+		return "", err
+	}
+	p := &keepalived.Process{Config: cfg, Dir: dir, NetNS: a.opts.NetNS, Log: a.log.With("component", "keepalived")}
+	if err := p.Start(ctx); err != nil {
+		return "", fmt.Errorf("start keepalived: %w", err)
+	}
+	a.keep = &keepalivedSupervisor{proc: p, conf: conf}
+	verb := "started"
+	if restarted {
+		verb = "restarted"
+	}
+	return fmt.Sprintf("%s keepalived (pid %d), %s", verb, p.Pid(), desc), nil
+}
+
+// stopStale stops the keepalived named by pidFile (left by a previous agent of this node, which owns
+// that file) so a new child can take over: SIGTERM, then SIGKILL after 5 s. A missing file, a dead
+// PID or a PID that is not keepalived is left alone.
+func stopStale(ctx context.Context, pidFile string, log *slog.Logger) error {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return nil
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil || strings.TrimSpace(string(comm)) != "keepalived" {
+		return nil
+	}
+	log.Warn("stopping keepalived left by a previous hostagent", "pid", pid)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill stale keepalived %d: %w", pid, err)
+	}
+	return nil
+}

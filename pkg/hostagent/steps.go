@@ -1,0 +1,126 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/airgap-appliance/appliance/firewall"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/containerd"
+)
+
+// FirewallRoles maps node roles to port-table roles: control-plane → control-plane and etcd
+// (kubeadm's stacked etcd), worker → worker. Unknown roles are ignored.
+func FirewallRoles(roles []string) []firewall.Role {
+	var out []firewall.Role
+	add := func(r firewall.Role) {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	for _, r := range roles {
+		switch r {
+		case "control-plane":
+			add(firewall.RoleControlPlane)
+			add(firewall.RoleEtcd)
+		case "worker":
+			add(firewall.RoleWorker)
+		}
+	}
+	return out
+}
+
+// stepFirewall installs the node's nftables table (firewall.NFTables, table inet appliance).
+func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
+	if a.opts.NoFirewall {
+		return "skipped: --no-firewall", nil
+	}
+	a.mu.Lock()
+	nc := a.nc
+	a.mu.Unlock()
+	spec := firewall.Spec{
+		Roles:        FirewallRoles(nc.Roles),
+		NodeNetworks: nc.NodeNetworks,
+		APIPort:      nc.APIServerPort,
+	}
+	if nc.Keepalived != nil {
+		spec.VRRPPeers = nc.Keepalived.Peers
+	}
+	fw := &firewall.NFTables{NetNSPath: a.nsPath(), Log: a.log}
+	changed, err := fw.Apply(ctx, spec)
+	if err != nil {
+		return "", err
+	}
+	detail := fmt.Sprintf("table inet %s: roles %v, %d node networks, %d VRRP peers", firewall.DefaultTable, spec.Roles, len(spec.NodeNetworks), len(spec.VRRPPeers))
+	if !changed {
+		return "unchanged: " + detail, nil
+	}
+	return "replaced " + detail, nil
+}
+
+// stepContainerd writes the appliance CA and one hosts.toml per mirror under
+// ROOT/etc/containerd/certs.d, and sets the CRI registry config_path in ROOT/etc/containerd/config.toml
+// when that file exists (it never creates a containerd install). containerd reads hosts.toml on every
+// pull; a changed config_path takes effect when containerd restarts (the detail says so).
+func (a *Agent) stepContainerd(_ context.Context) (string, error) {
+	a.mu.Lock()
+	nc := a.nc
+	a.mu.Unlock()
+	changed := 0
+	write := func(path string, data []byte) error {
+		c, err := atomicfile.Write(a.path(path), data, 0o644)
+		if err != nil {
+			return fmt.Errorf("write %s: %w", a.path(path), err)
+		}
+		if c {
+			changed++
+		}
+		return nil
+	}
+	if err := write(containerd.CAPath, []byte(nc.CAPEM)); err != nil {
+		return "", err
+	}
+	for i, m := range nc.Mirrors {
+		if m.Registry == "" || m.Registry != filepath.Base(m.Registry) || strings.HasPrefix(m.Registry, ".") || !strings.HasPrefix(m.Endpoint, "https://") {
+			return "", fmt.Errorf("node config mirrors[%d]: registry %q / endpoint %q is not a registry host and https URL", i, m.Registry, m.Endpoint)
+		}
+		if err := write(containerd.CertsDir+"/"+m.Registry+"/hosts.toml", containerd.HostsTOML(m.Registry, m.Endpoint, containerd.CAPath)); err != nil {
+			return "", err
+		}
+	}
+	detail := fmt.Sprintf("%d mirrors in %s", len(nc.Mirrors), containerd.CertsDir)
+	cfgPath := a.path(containerd.ConfigPath)
+	data, err := os.ReadFile(cfgPath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		detail += "; no " + containerd.ConfigPath + " (containerd not installed?)"
+	case err != nil:
+		return "", fmt.Errorf("read %s: %w", cfgPath, err)
+	default:
+		out, c, err := containerd.SetConfigPath(data, containerd.CertsDir)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", cfgPath, err)
+		}
+		if c {
+			st, err := os.Stat(cfgPath)
+			if err != nil {
+				return "", err
+			}
+			if _, err := atomicfile.Write(cfgPath, out, st.Mode().Perm()); err != nil {
+				return "", fmt.Errorf("write %s: %w", cfgPath, err)
+			}
+			changed++
+			detail += "; set config_path in " + containerd.ConfigPath + " (restart containerd to apply)"
+		}
+	}
+	if changed == 0 {
+		return "unchanged: " + detail, nil
+	}
+	return fmt.Sprintf("wrote %d files: %s", changed, detail), nil
+}

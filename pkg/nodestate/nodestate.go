@@ -1,0 +1,397 @@
+// Package nodestate keeps the appliance's record of every node's progress, written by the agent
+// API (hostagent reports) and the power phase, read by `appliance status`.
+//
+// Layout under the directory given to Open (STATE/nodes):
+//
+//	<node>/status.json   0600  agentapi.NodeStatus: state, reason, boot ID, last report per step
+//	<node>/events.jsonl  0600  one Event per line, appended for every recorded change
+//
+// status.json is replaced atomically (pkg/atomicfile), so a reader never sees a torn file.
+//
+// The node lifecycle (agentapi.State*):
+//
+//	pending → powering → booting → agent-connected → configured → ready
+//	                                      any step failed → failed(reason) until the step succeeds
+//
+// powering and booting are set by the appliance (Set); the rest follow from hostagent reports
+// (Record): step "config" done → agent-connected; every configuration step of the node's plan
+// (Plan) done → configured; step "ready" done → ready; any step whose last report is failed →
+// failed with "<step>: <detail>" as the reason. A retry of the failed step (running) keeps the
+// failure; its success clears it. A report with a new BootID starts the step list anew (the node
+// rebooted).
+package nodestate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+)
+
+// Hostagent step names, in the order the hostagent runs them.
+const (
+	StepConfig     = "config"
+	StepFirewall   = "firewall"
+	StepContainerd = "containerd"
+	StepKeepalived = "keepalived"
+	StepAPI        = "api"
+	StepReady      = "ready"
+)
+
+// Report statuses (agentapi.Report.Status).
+const (
+	StatusRunning = "running"
+	StatusDone    = "done"
+	StatusFailed  = "failed"
+)
+
+// BootIDHeader carries the hostagent's boot ID on GET agentapi.ConfigPathV1, so that the first
+// fetch of a new boot moves the node to agent-connected even before its first report.
+const BootIDHeader = "Hostagent-Boot-Id"
+
+// File names inside a node's directory.
+const (
+	StatusFile = "status.json"
+	EventsFile = "events.jsonl"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidReport: a report with an unknown step or status, or no BootID.
+	ErrInvalidReport = errors.New("invalid report")
+	// ErrInvalidState: Set with a state that is not one of agentapi.State*, or a node name that is
+	// not a plain file name.
+	ErrInvalidState = errors.New("invalid node state")
+	// ErrNotFound: no record for the node.
+	ErrNotFound = errors.New("no record for node")
+)
+
+// Plan returns the steps the hostagent runs for nc, in order: config, firewall, containerd, then
+// for control planes keepalived (when nc.Keepalived is set) and api, and finally ready. Every step
+// but ready is a configuration step: the node is configured when all of them are done.
+func Plan(nc agentapi.NodeConfig) []string {
+	steps := []string{StepConfig, StepFirewall, StepContainerd}
+	if slices.Contains(nc.Roles, "control-plane") {
+		if nc.Keepalived != nil {
+			steps = append(steps, StepKeepalived)
+		}
+		steps = append(steps, StepAPI)
+	}
+	return append(steps, StepReady)
+}
+
+var knownSteps = []string{StepConfig, StepFirewall, StepContainerd, StepKeepalived, StepAPI, StepReady}
+
+var knownStates = []string{agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting,
+	agentapi.StateAgentConnected, agentapi.StateConfigured, agentapi.StateReady, agentapi.StateFailed}
+
+// Event is one line of events.jsonl: what was recorded and the state that followed.
+type Event struct {
+	Time   time.Time `json:"time"`
+	Node   string    `json:"node"`
+	BootID string    `json:"bootID,omitempty"`
+	// Step, Status and Detail are the report's; empty for Set and config fetches.
+	Step   string `json:"step,omitempty"`
+	Status string `json:"status,omitempty"`
+	Detail string `json:"detail,omitempty"`
+	// State and Reason are the node's after the event.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Store reads and writes the records under one directory. It is safe for concurrent use within
+// one process; one process (the appliance server) writes a directory at a time, and the power
+// phase's Set calls go through the same rules.
+type Store struct {
+	dir string
+	// Now is the clock (tests replace it); nil means time.Now.
+	Now func() time.Time
+
+	mu sync.Mutex
+}
+
+// Open returns a store for dir (STATE/nodes). The directory is created 0700 on first write.
+func Open(dir string) *Store { return &Store{dir: dir} }
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now().UTC()
+	}
+	return time.Now().UTC()
+}
+
+func checkNode(node string) error {
+	if node == "" || node != filepath.Base(node) || strings.HasPrefix(node, ".") {
+		return fmt.Errorf("%w: node name %q is not a plain file name", ErrInvalidState, node)
+	}
+	return nil
+}
+
+// Get returns the node's record; an error wrapping ErrNotFound when it has none.
+func (s *Store) Get(node string) (agentapi.NodeStatus, error) {
+	if err := checkNode(node); err != nil {
+		return agentapi.NodeStatus{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.read(node)
+}
+
+func (s *Store) read(node string) (agentapi.NodeStatus, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, node, StatusFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return agentapi.NodeStatus{Node: node, State: agentapi.StatePending}, fmt.Errorf("%w %s", ErrNotFound, node)
+	} else if err != nil {
+		return agentapi.NodeStatus{}, fmt.Errorf("read status of node %s: %w", node, err)
+	}
+	var st agentapi.NodeStatus
+	if err := json.Unmarshal(b, &st); err != nil {
+		return agentapi.NodeStatus{}, fmt.Errorf("%s is corrupt (delete it to start the node's record anew): %w", filepath.Join(s.dir, node, StatusFile), err)
+	}
+	return st, nil
+}
+
+// List returns every node's record, sorted by node name.
+func (s *Store) List() ([]agentapi.NodeStatus, error) {
+	ents, err := os.ReadDir(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("list node records: %w", err)
+	}
+	var out []agentapi.NodeStatus
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		st, err := s.Get(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out, nil
+}
+
+// Set puts node into state with reason (the power phase: powering, booting; or failed with why).
+// Setting powering or booting forgets the previous boot's steps. Setting the state the node is
+// already in with the same reason writes nothing. Errors: an unknown state or bad node name
+// (ErrInvalidState), file system errors.
+func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
+	if err := checkNode(node); err != nil {
+		return agentapi.NodeStatus{}, err
+	}
+	if !slices.Contains(knownStates, state) {
+		return agentapi.NodeStatus{}, fmt.Errorf("%w: %q (want one of %s)", ErrInvalidState, state, strings.Join(knownStates, ", "))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.read(node)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return st, err
+	}
+	if err == nil && st.State == state && st.Reason == reason {
+		return st, nil
+	}
+	st.Node, st.State, st.Reason, st.Updated = node, state, reason, s.now()
+	if state == agentapi.StatePowering || state == agentapi.StateBooting {
+		st.Steps, st.BootID = nil, ""
+	}
+	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, State: state, Reason: reason})
+}
+
+// ConfigFetched records that the node's hostagent fetched its configuration in boot bootID (may be
+// empty when the agent did not say). It moves a node that is not yet connected (pending, powering,
+// booting) or that reports a new boot to agent-connected; otherwise it changes nothing.
+func (s *Store) ConfigFetched(node, bootID string) (agentapi.NodeStatus, error) {
+	if err := checkNode(node); err != nil {
+		return agentapi.NodeStatus{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.read(node)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return st, err
+	}
+	newBoot := bootID != "" && bootID != st.BootID
+	switch st.State {
+	case "", agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting:
+	default:
+		if !newBoot {
+			return st, nil
+		}
+	}
+	if newBoot {
+		st.BootID, st.Steps = bootID, nil
+	}
+	st.Node, st.State, st.Reason, st.Updated = node, agentapi.StateAgentConnected, "", s.now()
+	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, Step: StepConfig, Status: "fetched", State: st.State})
+}
+
+// Record applies one hostagent report for node, whose step plan is plan (Plan of its NodeConfig;
+// nil means the steps every node runs: config, firewall, containerd, ready). It returns the new
+// status and whether anything was written: a report equal to the step's last one (same BootID,
+// status and detail; the time is ignored) is a no-op, so agents may resend freely.
+//
+// Errors: unknown step or status, or empty BootID (ErrInvalidReport); file system errors.
+func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.NodeStatus, bool, error) {
+	if err := checkNode(node); err != nil {
+		return agentapi.NodeStatus{}, false, err
+	}
+	if err := validReport(r); err != nil {
+		return agentapi.NodeStatus{}, false, err
+	}
+	if plan == nil {
+		plan = []string{StepConfig, StepFirewall, StepContainerd, StepReady}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.read(node)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return st, false, err
+	}
+	st.Node = node
+	if r.BootID != st.BootID {
+		st.BootID, st.Steps = r.BootID, nil
+	}
+	if last, ok := st.Steps[r.Step]; ok && last.Status == r.Status && last.Detail == r.Detail {
+		return st, false, nil
+	}
+	prev := st.Steps[r.Step]
+	if st.Steps == nil {
+		st.Steps = map[string]agentapi.Report{}
+	}
+	st.Steps[r.Step] = r
+	st.State, st.Reason = derive(st, plan, prev, r)
+	st.Updated = s.now()
+	ev := Event{Time: st.Updated, Node: node, BootID: r.BootID, Step: r.Step, Status: r.Status,
+		Detail: r.Detail, State: st.State, Reason: st.Reason}
+	return st, true, s.commit(st, ev)
+}
+
+func validReport(r agentapi.Report) error {
+	var errs []string
+	if r.BootID == "" {
+		errs = append(errs, "bootID is empty")
+	}
+	if !slices.Contains(knownSteps, r.Step) {
+		errs = append(errs, fmt.Sprintf("step %q is unknown (want one of %s)", r.Step, strings.Join(knownSteps, ", ")))
+	}
+	if r.Status != StatusRunning && r.Status != StatusDone && r.Status != StatusFailed {
+		errs = append(errs, fmt.Sprintf("status %q is unknown (want running, done or failed)", r.Status))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidReport, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// derive computes the state after report r (prev is the step's previous report).
+func derive(st agentapi.NodeStatus, plan []string, prev, r agentapi.Report) (string, string) {
+	if r.Status == StatusRunning && prev.Status == StatusFailed && st.State == agentapi.StateFailed {
+		return st.State, st.Reason // a retry keeps the failure until it succeeds
+	}
+	for _, step := range plan { // plan order: the first failure is the reason
+		if rep, ok := st.Steps[step]; ok && rep.Status == StatusFailed {
+			return agentapi.StateFailed, failReason(rep)
+		}
+	}
+	for _, step := range knownSteps { // steps outside the plan fail the node too
+		if rep, ok := st.Steps[step]; ok && rep.Status == StatusFailed {
+			return agentapi.StateFailed, failReason(rep)
+		}
+	}
+	done := func(step string) bool { return st.Steps[step].Status == StatusDone }
+	if done(StepReady) {
+		return agentapi.StateReady, ""
+	}
+	configured := true
+	for _, step := range plan {
+		if step != StepReady && !done(step) {
+			configured = false
+		}
+	}
+	switch {
+	case configured:
+		return agentapi.StateConfigured, ""
+	case done(StepConfig):
+		return agentapi.StateAgentConnected, ""
+	case st.State == agentapi.StateFailed || st.State == "":
+		return agentapi.StateBooting, "" // the agent talks, but has not got its config yet
+	}
+	return st.State, st.Reason
+}
+
+func failReason(r agentapi.Report) string {
+	if r.Detail == "" {
+		return r.Step + ": failed"
+	}
+	return r.Step + ": " + r.Detail
+}
+
+// commit writes status.json atomically (0600) and appends ev to events.jsonl.
+func (s *Store) commit(st agentapi.NodeStatus, ev Event) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode status of node %s: %w", st.Node, err)
+	}
+	if _, err := atomicfile.Write(filepath.Join(s.dir, st.Node, StatusFile), append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write status of node %s: %w", st.Node, err)
+	}
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encode event of node %s: %w", st.Node, err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, st.Node, EventsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("append event of node %s: %w", st.Node, err)
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("append event of node %s: %w", st.Node, err)
+	}
+	return f.Close()
+}
+
+// Events returns the node's events, oldest first.
+func (s *Store) Events(node string) ([]Event, error) {
+	if err := checkNode(node); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir, node, EventsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read events of node %s: %w", node, err)
+	}
+	var out []Event
+	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			// A crash mid-append leaves a torn last line; earlier lines are intact.
+			return out, fmt.Errorf("events of node %s, line %d: %w", node, i+1, err)
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}

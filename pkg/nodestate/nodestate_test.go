@@ -1,0 +1,206 @@
+package nodestate
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+)
+
+func rep(boot, step, status, detail string) agentapi.Report {
+	return agentapi.Report{BootID: boot, Step: step, Status: status, Detail: detail, Time: time.Unix(1, 0)}
+}
+
+var cpPlan = Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}})
+
+func TestPlan(t *testing.T) {
+	for _, tc := range []struct {
+		nc   agentapi.NodeConfig
+		want []string
+	}{
+		{agentapi.NodeConfig{Roles: []string{"worker"}}, []string{"config", "firewall", "containerd", "ready"}},
+		{agentapi.NodeConfig{Roles: []string{"control-plane"}}, []string{"config", "firewall", "containerd", "api", "ready"}},
+		{agentapi.NodeConfig{Roles: []string{"control-plane", "worker"}, Keepalived: &agentapi.KeepalivedConfig{}},
+			[]string{"config", "firewall", "containerd", "keepalived", "api", "ready"}},
+	} {
+		if got := Plan(tc.nc); !equal(got, tc.want) {
+			t.Errorf("Plan(%v) = %v, want %v", tc.nc.Roles, got, tc.want)
+		}
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestTransitions replays sequences of events and checks the state and reason after each.
+func TestTransitions(t *testing.T) {
+	type step struct {
+		set    string // Set(state) instead of a report when not empty
+		fetch  string // ConfigFetched(bootID) when not empty
+		report agentapi.Report
+		state  string
+		reason string
+	}
+	for _, tc := range []struct {
+		name  string
+		plan  []string
+		steps []step
+	}{
+		{"worker happy path", nil, []step{
+			{set: agentapi.StatePowering, state: agentapi.StatePowering},
+			{set: agentapi.StateBooting, state: agentapi.StateBooting},
+			{report: rep("b1", "config", "running", ""), state: agentapi.StateBooting},
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "running", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "done", "skipped: --no-firewall"), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateConfigured},
+			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
+		}},
+		{"control plane waits for keepalived and api", cpPlan, []step{
+			{fetch: "b1", state: agentapi.StateAgentConnected},
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "keepalived", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "api", "done", ""), state: agentapi.StateConfigured},
+			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
+		}},
+		{"failure, retry keeps it, success clears it", nil, []step{
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "failed", "nft: permission denied"), state: agentapi.StateFailed, reason: "firewall: nft: permission denied"},
+			{report: rep("b1", "firewall", "running", ""), state: agentapi.StateFailed, reason: "firewall: nft: permission denied"},
+			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
+		}},
+		{"new boot resets steps", nil, []step{
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateConfigured},
+			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
+			{report: rep("b2", "config", "done", ""), state: agentapi.StateAgentConnected},
+		}},
+		{"fetch in a new boot reconnects, same boot does not", nil, []step{
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateConfigured},
+			{fetch: "b1", state: agentapi.StateConfigured},
+			{fetch: "b2", state: agentapi.StateAgentConnected},
+		}},
+		{"power cycle forgets steps", nil, []step{
+			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
+			{set: agentapi.StatePowering, state: agentapi.StatePowering},
+			{report: rep("b1", "firewall", "done", ""), state: agentapi.StatePowering},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Open(t.TempDir())
+			for i, st := range tc.steps {
+				var got agentapi.NodeStatus
+				var err error
+				switch {
+				case st.set != "":
+					got, err = s.Set("n1", st.set, "")
+				case st.fetch != "":
+					got, err = s.ConfigFetched("n1", st.fetch)
+				default:
+					got, _, err = s.Record("n1", tc.plan, st.report)
+				}
+				if err != nil {
+					t.Fatalf("event %d: %v", i, err)
+				}
+				if got.State != st.state || got.Reason != st.reason {
+					t.Fatalf("event %d: state %q reason %q, want %q %q", i, got.State, got.Reason, st.state, st.reason)
+				}
+				onDisk, err := s.Get("n1")
+				if err != nil || onDisk.State != got.State || onDisk.Reason != got.Reason {
+					t.Fatalf("event %d: on disk %+v, %v; returned %+v", i, onDisk, err, got)
+				}
+			}
+		})
+	}
+}
+
+func TestRecordIdempotentAndBootReset(t *testing.T) {
+	dir := t.TempDir()
+	s := Open(dir)
+	r := rep("b1", "config", "done", "")
+	if _, changed, err := s.Record("n1", nil, r); err != nil || !changed {
+		t.Fatalf("first Record: changed %v, %v", changed, err)
+	}
+	r.Time = r.Time.Add(time.Hour) // a resend carries a new time
+	if _, changed, err := s.Record("n1", nil, r); err != nil || changed {
+		t.Fatalf("repeated Record: changed %v, %v; want no change", changed, err)
+	}
+	if _, _, err := s.Record("n1", nil, rep("b1", "firewall", "done", "")); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := s.Record("n1", nil, rep("b2", "config", "running", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BootID != "b2" || len(st.Steps) != 1 || st.Steps["config"].Status != "running" {
+		t.Errorf("after new boot: %+v, want only b2's config step", st)
+	}
+	evs, err := s.Events("n1")
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("events = %d, %v; want 3 (the duplicate recorded once)", len(evs), err)
+	}
+	if evs[2].BootID != "b2" || evs[2].Step != "config" || evs[0].State != agentapi.StateAgentConnected {
+		t.Errorf("events: %+v", evs)
+	}
+	for _, f := range []string{StatusFile, EventsFile} {
+		fi, err := os.Stat(filepath.Join(dir, "n1", f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v mode %v, want 0600", f, err, fi.Mode().Perm())
+		}
+	}
+}
+
+func TestRecordRejects(t *testing.T) {
+	s := Open(t.TempDir())
+	for _, tc := range []struct {
+		node string
+		r    agentapi.Report
+		err  error
+	}{
+		{"n1", rep("", "config", "done", ""), ErrInvalidReport},
+		{"n1", rep("b", "reboot", "done", ""), ErrInvalidReport},
+		{"n1", rep("b", "config", "ok", ""), ErrInvalidReport},
+		{"../x", rep("b", "config", "done", ""), ErrInvalidState},
+		{".hidden", rep("b", "config", "done", ""), ErrInvalidState},
+	} {
+		if _, _, err := s.Record(tc.node, nil, tc.r); !errors.Is(err, tc.err) {
+			t.Errorf("Record(%q, %+v) = %v, want %v", tc.node, tc.r, err, tc.err)
+		}
+	}
+	if _, err := s.Set("n1", "exploded", ""); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("Set(unknown state) = %v", err)
+	}
+	if _, err := s.Get("n2"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get(missing) = %v", err)
+	}
+}
+
+func TestList(t *testing.T) {
+	s := Open(t.TempDir())
+	for _, n := range []string{"b", "a"} {
+		if _, err := s.Set(n, agentapi.StateBooting, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.List()
+	if err != nil || len(l) != 2 || l[0].Node != "a" || l[1].State != agentapi.StateBooting {
+		t.Fatalf("List = %+v, %v", l, err)
+	}
+}
