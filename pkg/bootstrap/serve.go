@@ -102,7 +102,19 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.Listener != nil {
 		return srv.ServeListener(ctx, o.Listener, o.Ready)
 	}
-	return srv.Serve(ctx, o.Ready)
+	// The API VIP starts on this host and is handed to the control planes (see runVIP).
+	vctx, cancelVIP := context.WithCancel(ctx)
+	vipDone := make(chan struct{})
+	go func() {
+		defer close(vipDone)
+		if err := runVIP(vctx, cfg, stateDir, log.With("component", "vip")); err != nil {
+			log.Error("API VIP on the bootstrap host", "error", err)
+		}
+	}()
+	err = srv.Serve(ctx, o.Ready)
+	cancelVIP()
+	<-vipDone
+	return err
 }
 
 // readTokens reads the node tokens the pki phase made, without creating any.

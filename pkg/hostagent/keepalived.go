@@ -5,13 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -132,7 +128,7 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	if restarted {
 		a.log.Warn("keepalived had exited", "error", a.keep.proc.Err())
 		_ = a.keep.proc.Cleanup()
-	} else if err := stopStale(ctx, filepath.Join(dir, "keepalived.pid"), a.log); err != nil {
+	} else if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
 		return "", err
 	}
 	p := &keepalived.Process{Config: cfg, Dir: dir, NetNS: a.opts.NetNS, Log: a.log.With("component", "keepalived")}
@@ -147,39 +143,3 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%s keepalived (pid %d), %s", verb, p.Pid(), desc), nil
 }
 
-// stopStale stops the keepalived named by pidFile (left by a previous agent of this node, which owns
-// that file) so a new child can take over: SIGTERM, then SIGKILL after 5 s. A missing file, a dead
-// PID or a PID that is not keepalived is left alone.
-func stopStale(ctx context.Context, pidFile string, log *slog.Logger) error {
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return nil
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return nil
-	}
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil || strings.TrimSpace(string(comm)) != "keepalived" {
-		return nil
-	}
-	log.Warn("stopping keepalived left by a previous hostagent", "pid", pid)
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		return nil
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("kill stale keepalived %d: %w", pid, err)
-	}
-	return nil
-}
