@@ -14,7 +14,7 @@ LAB_STATE  := /var/lib/appliance-lab/state
 # Debian packages the tests and the lab drive as real peers.
 DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
-	docker-registry
+	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc
 
 .PHONY: help
 help: ## list the targets

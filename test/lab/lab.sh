@@ -25,7 +25,7 @@ BOOT=$P-boot
 CP_NET=10.100.0
 WL_NET=10.200.0
 # Exact names this lab owns; `down` never touches anything else.
-OWNED_RE="^$P-(fabric|boot|cp[1-9]|w[1-9][0-9]?)\$"
+OWNED_RE="^$P-(fabric|boot|cp[1-9]|w[1-9][0-9]?|bmc[1-9][0-9]?)\$" # bmcI: made by nodes.sh
 
 die() { echo "lab.sh: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "must run as root (it creates network namespaces)"
@@ -49,7 +49,8 @@ port() {
 	fi
 	nsip "$FABRIC" link set "$fport" master "$bridge"
 	nsip "$FABRIC" link set "$fport" up
-	nsip "$node" addr replace "$addr" dev "$ifname"
+	# nodes.sh bridges a VM node's interfaces to its VM (which owns the address): leave those alone.
+	nsip "$node" link show "$ifname" | grep -q ' master ' || nsip "$node" addr replace "$addr" dev "$ifname"
 	nsip "$node" link set "$ifname" up
 }
 

@@ -1,0 +1,436 @@
+#!/usr/bin/env bash
+# nodes.sh — turn the lab's node namespaces (test/lab/lab.sh) into hosts.
+#
+#   nodes.sh up [NODE...]     start nodes (default: every cpI and wI namespace of the lab); idempotent
+#   nodes.sh down [NODE...]   stop them (default: all) and unmount everything nodes.sh mounted
+#   nodes.sh status           one line per node: state, PIDs, addresses
+#   nodes.sh reboot NODE      reboot a pre-installed node (its systemd reboots; nspawn starts it again)
+#   nodes.sh ssh NODE CMD...  run CMD on a pre-installed node as root, over SSH from P-boot, host key pinned
+#
+# Two kinds of node (P = ${LAB_PREFIX:-lab}, LAB_DIR = ${LAB_DIR:-/var/lib/appliance-lab}):
+#
+#   cpI — pre-installed host (the appliance reaches it over SSH): a Debian bookworm systemd-nspawn
+#         container booted with systemd inside namespace P-cpI, using that namespace's interfaces and
+#         addresses as they are (10.100.0.1I, 10.200.0.1I). Its root is an overlayfs: lower = the
+#         cached tree of test/fixtures/build-rootfs.sh, upper/work = LAB_DIR/nodes/cpI/{upper,work},
+#         mounted at LAB_DIR/nodes/cpI/root. nodes.sh injects /etc/hostname, the lab SSH host key
+#         (LAB_DIR/ssh/host_ed25519) and root's authorized_keys (LAB_DIR/ssh/id_ed25519.pub). A small
+#         supervisor (`nodes.sh _run`, setsid, PID in supervisor.pid, log in console.log) runs
+#         systemd-nspawn again when the container reboots (exit status 133) and stops when it powers off.
+#         Ready = `ssh root@10.100.0.1I systemctl is-system-running` from P-boot, with the lab key and
+#         a strict known_hosts, answers running or degraded.
+#
+#   wI  — bare metal behind a BMC (the appliance powers it on over IPMI): namespace P-bmcI holds the
+#         BMC address 10.100.0.(120+I) on a veth into the fabric's br-cp, and an OpenIPMI ipmi_sim
+#         serving IPMI-over-LAN (RMCP+, cipher suite 3) with user admin / LAB_DIR/bmc/wI.password.
+#         Its chassis_control program is test/lab/vm/chassis.sh, which starts a QEMU VM (TCG) inside
+#         P-wI on power-on and kills it on power-off. Inside P-wI, bridges br0 (eth0 + tap0) and br1
+#         (eth1 + tap1) hand both planes to the VM, which owns 10.100.0.(20+I) and 10.200.0.(20+I);
+#         the namespace keeps no address of its own. `up` starts the BMC only: the VM stays off until
+#         someone (the appliance) powers it on. See test/lab/vm/chassis.sh for the boot contract.
+#
+# Host changes: systemd-nspawn refuses to start unless /run/systemd/nspawn is a tmpfs, so `up` mounts a
+# tmpfs there when it is not one (and says so); `down` unmounts it again when nodes.sh mounted it and
+# no container still uses it. Nothing else outside LAB_DIR and the lab's namespaces is touched; the root
+# network namespace is never changed. Processes are stopped by the PIDs nodes.sh recorded, after
+# checking that each PID still runs the program recorded for it.
+#
+# Needs: systemd-container, debootstrap, openssh-client, openipmi, ipmitool, qemu-system-x86,
+# busybox-static, cpio, ignition, iproute2, util-linux (setsid, nsenter, flock).
+set -euo pipefail
+
+P=${LAB_PREFIX:-lab}
+[[ $P =~ ^[a-z][a-z0-9]{0,5}$ ]] || { echo "nodes.sh: LAB_PREFIX '$P' must be 1-6 characters of [a-z0-9] starting with a letter" >&2; exit 2; }
+LABDIR=${LAB_DIR:-/var/lib/appliance-lab}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+NSPAWN_RUN=/run/systemd/nspawn
+MOUNT_MARK=$NSPAWN_RUN/.mounted-by-appliance-lab
+READY_TIMEOUT=${NODES_READY_TIMEOUT:-90} # seconds a node may take to answer SSH (a bound, not an expectation)
+STOP_TIMEOUT=${NODES_STOP_TIMEOUT:-30}   # seconds a container may take to power off before SIGKILL
+SSH_DIR=$LABDIR/ssh
+
+log() { printf 'nodes.sh: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+[[ $(id -u) == 0 ]] || die "must run as root (it mounts overlays and starts containers in namespaces)"
+
+nodedir() { echo "$LABDIR/nodes/$1"; }
+ns_of() { echo "$P-$1"; }
+node_index() { echo "${1##*[a-z]}"; } # cp3 -> 3, w12 -> 12
+cp_ip() { echo "10.100.0.$((10 + $(node_index "$1")))"; }
+
+# alive PIDFILE WORD: the PID in PIDFILE runs and its command line contains WORD (guards against reuse).
+alive() {
+	local pid
+	[[ -s $1 ]] || return 1
+	pid=$(<"$1")
+	[[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$2"
+}
+pid_of() { cat "$1"; }
+
+# wait_gone PID SECONDS: wait until PID has exited; 1 if it still runs after SECONDS.
+wait_gone() {
+	local pid=$1 deadline=$((SECONDS + $2))
+	while [[ -e /proc/$pid ]] && ((SECONDS < deadline)); do sleep 0.2; done
+	[[ ! -e /proc/$pid ]]
+}
+
+# All lab nodes: every P-cpI / P-wI namespace lab.sh created.
+all_nodes() {
+	ip netns list | awk '{print $1}' | sed -nE "s/^$P-((cp|w)[1-9][0-9]?)\$/\1/p" | sort -V
+}
+check_node() {
+	[[ $1 =~ ^(cp[1-9]|w[1-9][0-9]?)$ ]] || die "unknown node '$1' (want cp1..cp9 or w1..w79)"
+	[[ -e /run/netns/$(ns_of "$1") ]] || die "namespace $(ns_of "$1") missing: run test/lab/lab.sh up first (LAB_PREFIX=$P)"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Pre-installed nodes (systemd-nspawn)
+
+ensure_nspawn_run() {
+	mkdir -p "$NSPAWN_RUN"
+	if [[ $(stat -f -c %T "$NSPAWN_RUN") != tmpfs ]]; then
+		mount -t tmpfs -o mode=0755,size=16m appliance-lab-nspawn "$NSPAWN_RUN"
+		: >"$MOUNT_MARK"
+		log "mounted a tmpfs on the host's $NSPAWN_RUN (systemd-nspawn requires one; 'down' removes it)"
+	fi
+}
+
+release_nspawn_run() {
+	[[ -e $MOUNT_MARK ]] || return 0
+	# nspawn keeps a directory per running container under propagate/.
+	if compgen -G "$NSPAWN_RUN/propagate/*" >/dev/null || compgen -G "$NSPAWN_RUN/unix-export/*" >/dev/null; then
+		log "keeping the tmpfs on $NSPAWN_RUN: containers still use it"
+		return 0
+	fi
+	umount "$NSPAWN_RUN" && log "unmounted the tmpfs on $NSPAWN_RUN"
+}
+
+cp_mounted() { mountpoint -q "$(nodedir "$1")/root"; }
+
+cp_prepare() {
+	local node=$1 d rootfs
+	d=$(nodedir "$node")
+	[[ -n ${ROOTFS:-} ]] || ROOTFS=$("$REPO/test/fixtures/build-rootfs.sh") || die "cannot build the node root filesystem"
+	rootfs=$ROOTFS
+	mkdir -p "$d/upper" "$d/work" "$d/root"
+	if ! cp_mounted "$node"; then
+		mount -t overlay "overlay-$P-$node" -o "lowerdir=$rootfs,upperdir=$d/upper,workdir=$d/work" "$d/root"
+	fi
+	local r=$d/root
+	echo "$node" >"$r/etc/hostname"
+	install -m 0600 "$SSH_DIR/host_ed25519" "$r/etc/ssh/ssh_host_ed25519_key"
+	install -m 0644 "$SSH_DIR/host_ed25519.pub" "$r/etc/ssh/ssh_host_ed25519_key.pub"
+	install -d -m 0700 "$r/root/.ssh"
+	install -m 0600 "$SSH_DIR/id_ed25519.pub" "$r/root/.ssh/authorized_keys"
+	ln -sfn /lib/systemd/system/ssh.service "$r/etc/systemd/system/multi-user.target.wants/ssh.service"
+}
+
+# _run NODE: the supervisor (runs detached): systemd-nspawn in the foreground, again after a reboot.
+cp_run() {
+	local node=$1 d rc pid
+	d=$(nodedir "$node")
+	stop=0
+	trap 'stop=1; [[ -n ${pid:-} ]] && kill -TERM "$pid" 2>/dev/null' TERM INT
+	while :; do
+		rm -f "$d/nspawn.pid"
+		systemd-nspawn --boot --directory="$d/root" --machine="$P-$node" --hostname="$node" \
+			--register=no --keep-unit --console=pipe --link-journal=no --resolv-conf=off \
+			--timezone=off --network-namespace-path="/run/netns/$(ns_of "$node")" </dev/null &
+		pid=$!
+		echo "$pid" >"$d/nspawn.pid"
+		rc=0
+		while :; do
+			wait "$pid" && rc=0 || rc=$?
+			# wait returns early (>128) when a trapped signal arrives; the container may still run.
+			[[ -e /proc/$pid ]] || break
+		done
+		pid=
+		rm -f "$d/nspawn.pid"
+		echo "nodes.sh: systemd-nspawn exited with status $rc at $(date -u +%FT%TZ)"
+		((stop == 0 && rc == 133)) || break # 133: the container asked for a reboot
+	done
+}
+
+cp_up() {
+	local node=$1 d
+	d=$(nodedir "$node")
+	if alive "$d/supervisor.pid" "_run $node"; then
+		return 0
+	fi
+	ensure_nspawn_run
+	cp_prepare "$node"
+	: >"$d/console.log"
+	LAB_PREFIX=$P LAB_DIR=$LABDIR setsid "$HERE/nodes.sh" _run "$node" >>"$d/console.log" 2>&1 </dev/null 8>&- &
+	echo $! >"$d/supervisor.pid"
+	date +%s%N >"$d/started"
+}
+
+# cp_ready NODE: answers once sshd on the node runs commands with the lab key and the pinned host key.
+ssh_node() {
+	local node=$1
+	shift
+	ip netns exec "$(ns_of boot)" ssh -o BatchMode=yes -o StrictHostKeyChecking=yes \
+		-o UserKnownHostsFile="$SSH_DIR/known_hosts" -o GlobalKnownHostsFile=/dev/null \
+		-o ConnectTimeout=3 -o LogLevel=ERROR -i "$SSH_DIR/id_ed25519" "root@$(cp_ip "$node")" "$@"
+}
+
+cp_wait_ready() {
+	local node=$1 d state deadline=$((SECONDS + READY_TIMEOUT))
+	d=$(nodedir "$node")
+	while ((SECONDS < deadline)); do
+		alive "$d/supervisor.pid" "_run $node" || die "$node: systemd-nspawn exited; see $d/console.log"
+		state=$(ssh_node "$node" systemctl is-system-running 2>/dev/null || true)
+		case $state in
+		running | degraded)
+			local ms=$((($(date +%s%N) - $(<"$d/started")) / 1000000))
+			log "$node ready ($state) $((ms / 1000)).$(printf %03d $((ms % 1000)))s after start"
+			return 0
+			;;
+		esac
+		sleep 0.2
+	done
+	die "$node: no SSH answer within ${READY_TIMEOUT}s (last state '${state:-none}'); see $d/console.log"
+}
+
+cp_down() {
+	local node=$1 d spid npid
+	d=$(nodedir "$node")
+	if alive "$d/supervisor.pid" "_run $node"; then
+		spid=$(pid_of "$d/supervisor.pid")
+		# SIGTERM to systemd-nspawn asks the container to power off; the supervisor then exits.
+		kill -TERM "$spid" 2>/dev/null || true
+		if ! wait_gone "$spid" "$STOP_TIMEOUT"; then
+			log "$node: still running ${STOP_TIMEOUT}s after SIGTERM: SIGKILL"
+			alive "$d/nspawn.pid" systemd-nspawn && npid=$(pid_of "$d/nspawn.pid") && kill_tree "$npid"
+			kill -KILL "$spid" 2>/dev/null || true
+			wait_gone "$spid" 5 || log "$node: supervisor $spid survived SIGKILL"
+		fi
+	fi
+	rm -f "$d/supervisor.pid" "$d/nspawn.pid"
+	if cp_mounted "$node"; then
+		umount "$d/root" || die "$node: cannot unmount $d/root (still busy?)"
+	fi
+}
+
+# kill_tree PID: SIGKILL PID and its descendants (the container's processes are nspawn's descendants).
+kill_tree() {
+	local child
+	for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do kill_tree "$child"; done
+	kill -KILL "$1" 2>/dev/null || true
+}
+
+cp_reboot() {
+	local node=$1 d npid init
+	d=$(nodedir "$node")
+	alive "$d/nspawn.pid" systemd-nspawn || die "$node is not running"
+	npid=$(pid_of "$d/nspawn.pid")
+	init=$(cat "/proc/$npid/task/$npid/children" 2>/dev/null | awk '{print $1}')
+	[[ -n $init ]] || die "$node: container init not found"
+	date +%s%N >"$d/started"
+	# SIGRTMIN+5 to systemd (PID 1 of the container) starts reboot.target, like `systemctl reboot`.
+	kill -s RTMIN+5 "$init"
+	wait_gone "$init" "$STOP_TIMEOUT" || die "$node: did not go down within ${STOP_TIMEOUT}s"
+	cp_wait_ready "$node"
+}
+
+cp_status() {
+	local node=$1 d
+	d=$(nodedir "$node")
+	if alive "$d/supervisor.pid" "_run $node"; then
+		echo "$node: running (nspawn pid $(cat "$d/nspawn.pid" 2>/dev/null || echo -), ssh root@$(cp_ip "$node"))"
+	else
+		echo "$node: stopped$(cp_mounted "$node" && echo ' (overlay still mounted)')"
+	fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# BMC-managed nodes (ipmi_sim + QEMU)
+
+bmc_ns() { echo "$P-bmc$(node_index "$1")"; }
+bmc_ip() { echo "10.100.0.$((120 + $(node_index "$1")))"; }
+
+bmc_net() {
+	local node=$1 ns wns i
+	ns=$(bmc_ns "$node")
+	wns=$(ns_of "$node")
+	i=$(node_index "$node")
+	[[ -e /run/netns/$ns ]] || ip netns add "$ns"
+	ip -n "$ns" link set lo up
+	if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+		ip -n "$P-fabric" link del "bmc$i-c" 2>/dev/null || true
+		ip link add eth0 netns "$ns" type veth peer name "bmc$i-c" netns "$P-fabric"
+	fi
+	ip -n "$P-fabric" link set "bmc$i-c" master br-cp up
+	ip -n "$ns" addr replace "$(bmc_ip "$node")/24" dev eth0
+	ip -n "$ns" link set eth0 up
+	# The VM owns the node's addresses: its namespace becomes two bridges (eth0+tap0, eth1+tap1).
+	local n
+	for n in 0 1; do
+		ip -n "$wns" link show "br$n" >/dev/null 2>&1 || ip -n "$wns" link add "br$n" type bridge stp_state 0 forward_delay 0
+		ip -n "$wns" link show "tap$n" >/dev/null 2>&1 || ip -n "$wns" tuntap add dev "tap$n" mode tap
+		ip -n "$wns" addr flush dev "eth$n"
+		ip -n "$wns" link set "eth$n" master "br$n" up
+		ip -n "$wns" link set "tap$n" master "br$n" up
+		ip -n "$wns" link set "br$n" up
+	done
+}
+
+bmc_up() {
+	local node=$1 d i pw
+	d=$(nodedir "$node")
+	i=$(node_index "$node")
+	mkdir -p "$d/ipmi-state"
+	bmc_net "$node"
+	if alive "$d/ipmi_sim.pid" ipmi_sim; then
+		return 0
+	fi
+	pw=$(<"$LABDIR/bmc/$node.password")
+	[[ ${#pw} -le 20 && $pw =~ ^[A-Za-z0-9+/=._-]+$ ]] || die "$LABDIR/bmc/$node.password: want 1-20 characters of [A-Za-z0-9+/=._-]"
+	# What chassis.sh needs to start the VM (no secrets).
+	cat >"$d/chassis.env" <<-ENV
+		NODE=$node
+		NETNS=$(ns_of "$node")
+		NODE_DIR=$d
+		KIT_SCRIPT=$REPO/test/fixtures/build-vmkit.sh
+		APPLIANCE_CACHE=${APPLIANCE_CACHE:-/var/cache/appliance}
+		HOSTAGENT=${LAB_HOSTAGENT:-$REPO/bin/hostagent}
+		CMDLINE_FILE=${LAB_RENDERED_DIR:-$LABDIR/state/rendered}/$node/kernel-cmdline
+		NET_ARGS="ip=10.100.0.$((20 + i))::10.100.0.2:255.255.255.0:$node:eth0:off ip=10.200.0.$((20 + i))::10.200.0.2:255.255.255.0:$node:eth1:off"
+		MAC_PREFIX=52:54:00:$(printf %02x "$i")
+		MEMORY_MB=${LAB_VM_MEMORY_MB:-1024}
+	ENV
+	(
+		umask 077
+		cat >"$d/lan.conf" <<-CONF
+			# Written by test/lab/nodes.sh: the BMC of lab node $node.
+			name "$P-$node"
+			set_working_mc 0x20
+			  startlan 1
+			    addr $(bmc_ip "$node") 623
+			    priv_limit admin
+			    allowed_auths_callback md5
+			    allowed_auths_user md5
+			    allowed_auths_operator md5
+			    allowed_auths_admin md5
+			    guid a1b2c3d4e5f60718293a4b5c6d7e8f$(printf %02x "$i")
+			  endlan
+			  chassis_control "$HERE/vm/chassis.sh $d"
+			  user 1 false "" "" user 1 md5
+			  user 2 true "admin" "$pw" admin 10 md5
+		CONF
+	)
+	cat >"$d/bmc.emu" <<-EMU
+		mc_setbmc 0x20
+		mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr
+		mc_enable 0x20
+	EMU
+	: >"$d/ipmi_sim.log"
+	nsenter --net="/run/netns/$(bmc_ns "$node")" -- setsid ipmi_sim -n -p -c "$d/lan.conf" -f "$d/bmc.emu" \
+		-s "$d/ipmi-state" >>"$d/ipmi_sim.log" 2>&1 </dev/null 8>&- &
+	echo $! >"$d/ipmi_sim.pid"
+	# Ready once the LAN port is bound (bounded wait).
+	local deadline=$((SECONDS + 10))
+	until ip netns exec "$(bmc_ns "$node")" ss -Hlun "sport = :623" | grep -q .; do
+		alive "$d/ipmi_sim.pid" ipmi_sim || die "$node: ipmi_sim exited; see $d/ipmi_sim.log"
+		((SECONDS < deadline)) || die "$node: ipmi_sim did not bind $(bmc_ip "$node"):623; see $d/ipmi_sim.log"
+		sleep 0.1
+	done
+	log "$node: BMC at $(bmc_ip "$node") (ipmi_sim pid $(<"$d/ipmi_sim.pid")); the VM is off"
+}
+
+bmc_down() {
+	local node=$1 d pid
+	d=$(nodedir "$node")
+	if [[ -f $d/chassis.env ]]; then
+		"$HERE/vm/chassis.sh" "$d" set power 0 || log "$node: chassis power off failed"
+	fi
+	if alive "$d/ipmi_sim.pid" ipmi_sim; then
+		pid=$(pid_of "$d/ipmi_sim.pid")
+		kill -TERM "$pid" 2>/dev/null || true
+		wait_gone "$pid" 5 || { kill -KILL "$pid" 2>/dev/null || true; wait_gone "$pid" 5 || true; }
+	fi
+	rm -f "$d/ipmi_sim.pid"
+	[[ -e /run/netns/$(bmc_ns "$node") ]] && ip netns del "$(bmc_ns "$node")"
+	ip -n "$P-fabric" link del "bmc$(node_index "$node")-c" 2>/dev/null || true
+	return 0
+}
+
+bmc_status() {
+	local node=$1 d power
+	d=$(nodedir "$node")
+	if alive "$d/ipmi_sim.pid" ipmi_sim; then
+		power=$("$HERE/vm/chassis.sh" "$d" get power 2>/dev/null || echo power:?)
+		echo "$node: BMC $(bmc_ip "$node") up (ipmi_sim pid $(<"$d/ipmi_sim.pid")), VM ${power/power:1/on}" | sed 's/VM power:0/VM off/'
+	else
+		echo "$node: BMC down"
+	fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+
+nodes_or_all() {
+	if (($#)); then printf '%s\n' "$@"; else all_nodes; fi
+}
+
+up() {
+	local node cps=()
+	[[ -e /run/netns/$P-boot && -e /run/netns/$P-fabric ]] || die "lab $P not up: run test/lab/lab.sh up first (LAB_PREFIX=$P)"
+	LAB_DIR=$LABDIR "$HERE/creds.sh"
+	exec 8>"$LABDIR/nodes.lock"
+	flock 8
+	for node in $(nodes_or_all "$@"); do
+		check_node "$node"
+		mkdir -p "$(nodedir "$node")"
+		case $node in
+		cp*) cp_up "$node" && cps+=("$node") ;;
+		w*) bmc_up "$node" ;;
+		esac
+	done
+	for node in "${cps[@]}"; do cp_wait_ready "$node"; done
+}
+
+down() {
+	local node
+	[[ -d $LABDIR/nodes ]] || { release_nspawn_run; return 0; }
+	mkdir -p "$LABDIR"
+	exec 8>"$LABDIR/nodes.lock"
+	flock 8
+	local list
+	if (($#)); then list=("$@"); else mapfile -t list < <(ls "$LABDIR/nodes" | grep -E '^(cp[1-9]|w[1-9][0-9]?)$' | sort -V); fi
+	# Ask every container to power off first, so they shut down in parallel; cp_down then waits.
+	for node in "${list[@]}"; do
+		[[ $node == cp* ]] && alive "$(nodedir "$node")/supervisor.pid" "_run $node" &&
+			kill -TERM "$(pid_of "$(nodedir "$node")/supervisor.pid")" 2>/dev/null
+	done
+	for node in "${list[@]}"; do
+		case $node in
+		cp*) cp_down "$node" ;;
+		w*) bmc_down "$node" ;;
+		*) die "unknown node '$node'" ;;
+		esac
+		echo "stopped $node"
+	done
+	release_nspawn_run
+}
+
+status() {
+	local node any=0
+	[[ -d $LABDIR/nodes ]] || { echo "no lab nodes under $LABDIR/nodes"; return 0; }
+	for node in $(ls "$LABDIR/nodes" | grep -E '^(cp[1-9]|w[1-9][0-9]?)$' | sort -V); do
+		any=1
+		case $node in cp*) cp_status "$node" ;; w*) bmc_status "$node" ;; esac
+	done
+	((any)) || echo "no lab nodes under $LABDIR/nodes"
+}
+
+case ${1:-} in
+up) shift; up "$@" ;;
+down) shift; down "$@" ;;
+status) status ;;
+reboot) (($# == 2)) || die "usage: nodes.sh reboot NODE"; [[ $2 == cp* ]] || die "reboot: $2 is not a pre-installed node (use its BMC)"; cp_reboot "$2" ;;
+ssh) (($# >= 3)) || die "usage: nodes.sh ssh NODE CMD..."; node=$2; shift 2; [[ $node == cp* ]] || die "ssh: $node is not a pre-installed node"; ssh_node "$node" "$@" ;;
+_run) cp_run "$2" ;;
+*) echo "usage: nodes.sh up [NODE...] | down [NODE...] | status | reboot NODE | ssh NODE CMD...   (LAB_PREFIX=$P LAB_DIR=$LABDIR)" >&2; exit 2 ;;
+esac
