@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,6 +21,7 @@ import (
 type bootstrapFlags struct {
 	config, stateDir, hostagent string
 	skip                        []string
+	convergeTimeout             time.Duration
 }
 
 func newBootstrapCommand(g *globalFlags) *cobra.Command {
@@ -39,6 +41,7 @@ The HTTPS services keep running after this command returns.`,
 	cmd.Flags().StringVar(&f.stateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
 	cmd.Flags().StringSliceVar(&f.skip, "skip-phases", nil, "phases to skip, comma-separated: "+strings.Join(bootstrap.PhaseNames()[1:], ", "))
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
+	cmd.Flags().DurationVar(&f.convergeTimeout, "converge-timeout", bootstrap.DefaultConvergeTimeout, "how long the converge phase waits for every node to be ready")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
@@ -73,6 +76,7 @@ func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 		StateDir:        f.stateDir,
 		SkipPhases:      f.skip,
 		HostagentBinary: defaultHostagent(f.hostagent),
+		ConvergeTimeout: f.convergeTimeout,
 		Progress:        progress,
 		JSONEvents:      jsonOut,
 		Logger:          g.logger(cmd.ErrOrStderr()),

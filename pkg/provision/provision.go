@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -115,6 +116,14 @@ func Provision(ctx context.Context, r Remote, h Host) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	// Parent directories: /etc/hostagent holds the node token, so it is 0700.
+	mkdir := "install -d -m 0700 " + filepath.Dir(ignition.HostagentConfigPath) + " && install -d -m 0755"
+	for _, f := range files {
+		mkdir += " '" + filepath.Dir(f.path) + "'"
+	}
+	if _, stderr, code, err := r.Run(ctx, mkdir, nil); err != nil || code != 0 {
+		return res, fmt.Errorf("create directories: exit %d: %v %s", code, err, bytes.TrimSpace(stderr))
+	}
 	caChanged := false
 	for _, f := range files {
 		want := sha256.Sum256(f.data)
@@ -134,9 +143,10 @@ func Provision(ctx context.Context, r Remote, h Host) (Result, error) {
 			return res, fmt.Errorf("update the system trust store: exit %d: %v %s", code, err, bytes.TrimSpace(stderr))
 		}
 	}
-	cmd := "systemctl is-active --quiet " + ignition.HostagentUnit + " || systemctl enable --now " + ignition.HostagentUnit
+	// --no-block: hostagent is Type=notify and reports ready only once the node is configured.
+	cmd := "systemctl is-active --quiet " + ignition.HostagentUnit + " || systemctl enable --now --no-block " + ignition.HostagentUnit
 	if len(res.Changed) > 0 {
-		cmd = "systemctl daemon-reload && systemctl enable " + ignition.HostagentUnit + " && systemctl restart " + ignition.HostagentUnit
+		cmd = "systemctl daemon-reload && systemctl enable " + ignition.HostagentUnit + " && systemctl restart --no-block " + ignition.HostagentUnit
 		res.Changed = append(res.Changed, "hostagent restarted")
 	}
 	if _, stderr, code, err := r.Run(ctx, cmd, nil); err != nil || code != 0 {

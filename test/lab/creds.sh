@@ -5,7 +5,8 @@
 #   ssh/id_ed25519{,.pub}    the key the appliance logs in to pre-installed nodes with (root's authorized key)
 #   ssh/host_ed25519{,.pub}  the host key every pre-installed lab node presents (nodes.sh injects it)
 #   ssh/known_hosts          that host key pinned for 10.100.0.11-13 (cp1..cp3)
-#   bmc/w1.password          the IPMI password of user admin on w1's BMC (16 characters, mode 0600)
+#   bmc/wN.password          the IPMI password of user admin on wN's BMC, N = 1..LAB_WORKERS (default 1;
+#                            16 characters, mode 0600)
 #
 # Secrets are 0600 in 0700 directories and never printed.
 set -euo pipefail
@@ -24,4 +25,6 @@ if [ ! -f "$LABDIR/ssh/known_hosts" ]; then
 	mv "$LABDIR/ssh/known_hosts.tmp" "$LABDIR/ssh/known_hosts"
 fi
 # IPMI 2.0 passwords are at most 20 bytes; 12 random bytes in base64 are 16 characters.
-[ -f "$LABDIR/bmc/w1.password" ] || (umask 077; head -c 12 /dev/urandom | base64 >"$LABDIR/bmc/w1.password")
+for ((i = 1; i <= ${LAB_WORKERS:-1}; i++)); do
+	[ -f "$LABDIR/bmc/w$i.password" ] || (umask 077; head -c 12 /dev/urandom | base64 >"$LABDIR/bmc/w$i.password")
+done

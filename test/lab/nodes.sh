@@ -137,7 +137,8 @@ cp_run() {
 		rm -f "$d/nspawn.pid"
 		systemd-nspawn --boot --directory="$d/root" --machine="$P-$node" --hostname="$node" \
 			--register=no --keep-unit --console=pipe --link-journal=no --resolv-conf=off \
-			--timezone=off --network-namespace-path="/run/netns/$(ns_of "$node")" </dev/null &
+			--timezone=off --capability=CAP_NET_ADMIN,CAP_NET_RAW \
+			--network-namespace-path="/run/netns/$(ns_of "$node")" </dev/null &
 		pid=$!
 		echo "$pid" >"$d/nspawn.pid"
 		rc=0

@@ -69,7 +69,7 @@ power_on() {
 	printf '\n=== power on %s: %s\n' "$(date -u +%FT%T.%NZ)" "$args" >>"$dir/console.log"
 	date +%s%N >"$dir/powered-on"
 	nsenter --net="/run/netns/$NETNS" -- qemu-system-x86_64 -name "$NODE,process=$NETNS" \
-		-accel tcg -m "$MEMORY_MB" -smp 1 -nodefaults -no-user-config -display none \
+		-accel tcg -cpu qemu64,+rdrand -m "$MEMORY_MB" -smp 1 -nodefaults -no-user-config -display none \
 		-chardev "file,id=con,path=$dir/console.log,append=on" -serial chardev:con \
 		-kernel "$kit/vmlinuz" -initrd "$dir/initrd.img" -append "$args" \
 		-netdev tap,id=cp,ifname=tap0,script=no,downscript=no -device "virtio-net-pci,netdev=cp,mac=$MAC_PREFIX:64:00" \

@@ -1,0 +1,306 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+)
+
+// nodeLab is a lab whose node namespaces are real hosts (test/lab/nodes.sh): cp1..cp3 are
+// systemd-nspawn Debian hosts reached over SSH, w1 and w2 QEMU VMs behind ipmi_sim BMCs.
+type nodeLab struct {
+	*lab
+	labDir string
+	env    []string
+}
+
+func (n *nodeLab) script(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", name), args...)
+	cmd.Env = n.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return string(out)
+}
+
+func newNodeLab(t *testing.T, prefix string) *nodeLab {
+	t.Helper()
+	l := newLab(t, prefix)
+	l.skip = nil
+	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
+	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=2",
+		"LAB_HOSTAGENT="+filepath.Join(binDir, "hostagent"),
+		"LAB_RENDERED_DIR="+filepath.Join(l.state, "rendered"))
+	// Two workers: w2's BMC exists but the configuration gives it a wrong password.
+	n.script(t, "lab.sh", "up", "3", "2")
+	n.script(t, "creds.sh")
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, node := range []string{"w1", "cp1"} {
+				b, _ := os.ReadFile(filepath.Join(n.labDir, "nodes", node, "console.log"))
+				if len(b) > 6000 {
+					b = b[len(b)-6000:]
+				}
+				t.Logf("console of %s (tail):\n%s", node, b)
+			}
+			if b, err := os.ReadFile(filepath.Join(l.state, "serve", "serve.log")); err == nil {
+				if len(b) > 4000 {
+					b = b[len(b)-4000:]
+				}
+				t.Logf("appliance serve log (tail):\n%s", b)
+			}
+		}
+		cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "down")
+		cmd.Env = n.env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("nodes.sh down: %v\n%s", err, out)
+		}
+	})
+	n.script(t, "nodes.sh", "up")
+	mustWrite(t, filepath.Join(l.dir, "wrong-password"), "not-the-bmc-password\n")
+	n.writeConfig(t, true)
+	return n
+}
+
+func (n *nodeLab) writeConfig(t *testing.T, withBadNode bool) {
+	var buf bytes.Buffer
+	if err := nodeConfigTemplate.Execute(&buf, map[string]any{
+		"Bundle": bundlePath, "State": n.state, "Lab": n.labDir, "Name": n.prefix, "Dir": n.dir, "Bad": withBadNode,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, n.config, buf.String())
+}
+
+var nodeConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: appliance.airgap.dev/v1alpha1
+kind: BootstrapConfiguration
+clusterName: {{.Name}}
+networks:
+  controlPlane: {cidrs: [10.100.0.0/24]}
+  workloadPlane: {cidrs: [10.200.0.0/24]}
+  services: 10.96.0.0/16
+apiServer:
+  vip: 10.100.0.100
+bundle:
+  path: {{.Bundle}}
+stateDir: {{.State}}
+nodes:
+- name: cp1
+  roles: [control-plane]
+  addresses: [10.100.0.11, 10.200.0.11]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: cp2
+  roles: [control-plane]
+  addresses: [10.100.0.12, 10.200.0.12]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: cp3
+  roles: [control-plane]
+  addresses: [10.100.0.13, 10.200.0.13]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: w1
+  roles: [worker]
+  addresses: [10.100.0.21, 10.200.0.21]
+  power: {kind: ipmi, address: 10.100.0.121, username: admin, passwordFile: {{.Lab}}/bmc/w1.password}
+{{- if .Bad}}
+- name: w2
+  roles: [worker]
+  addresses: [10.100.0.22, 10.200.0.22]
+  power: {kind: ipmi, address: 10.100.0.122, username: admin, passwordFile: {{.Dir}}/wrong-password}
+{{- end}}
+`))
+
+// statuses reads `appliance status -o json`.
+func (n *nodeLab) statuses(t *testing.T) map[string]agentapi.NodeStatus {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(binDir, "appliance"), "status", "--config", n.config, "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("appliance status: %v", err)
+	}
+	var list []agentapi.NodeStatus
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("appliance status -o json: %v\n%s", err, out)
+	}
+	m := map[string]agentapi.NodeStatus{}
+	for _, s := range list {
+		m[s.Node] = s
+	}
+	return m
+}
+
+// vipHolders lists the lab hosts whose namespace carries the VIP.
+func (n *nodeLab) vipHolders() []string {
+	var out []string
+	for _, h := range []string{"boot", "cp1", "cp2", "cp3"} {
+		o, _ := n.run(h, "ip", "-o", "addr", "show")
+		if strings.Contains(o, " 10.100.0.100/") {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// singleHolder samples the VIP every 50 ms for d and fails on two holders at once; it returns
+// the last holder.
+func (n *nodeLab) singleHolder(t *testing.T, d time.Duration) string {
+	t.Helper()
+	var last string
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		h := n.vipHolders()
+		if len(h) > 1 {
+			t.Fatalf("two VIP holders at once: %v", h)
+		}
+		if len(h) == 1 {
+			last = h[0]
+		}
+	}
+	return last
+}
+
+// TestNodesConverge powers every node on (SSH for the pre-installed hosts, IPMI for the VM), waits
+// for every hostagent to report ready, checks the VIP hand-off and failover, a node with wrong BMC
+// credentials failing alone, and that hostagent restarts, appliance restarts and node reboots all
+// converge again without manual steps.
+func TestNodesConverge(t *testing.T) {
+	n := newNodeLab(t, "in")
+	ctx := context.Background()
+	caFile := filepath.Join(n.state, "pki", "ca.crt")
+
+	start := time.Now()
+	r := n.bootstrap(ctx, "", 0, "--converge-timeout", "150s")
+	t.Logf("racked → ready (4 nodes, plus 1 with a wrong BMC password) in %.1fs", time.Since(start).Seconds())
+	if r.err == nil {
+		t.Fatalf("bootstrap succeeded although w2 has a wrong BMC password")
+	}
+	conv, _ := r.phase("converge")
+	if !strings.Contains(conv.Error, "w2") || strings.Contains(conv.Error, "cp1") {
+		t.Fatalf("converge should fail for w2 alone: %+v\nstderr:\n%s", conv, r.stderr)
+	}
+	st := n.statuses(t)
+	for _, node := range []string{"cp1", "cp2", "cp3", "w1"} {
+		if st[node].State != agentapi.StateReady {
+			t.Errorf("%s: %s (%s), want ready", node, st[node].State, st[node].Reason)
+		}
+	}
+	if s := st["w2"]; s.State != agentapi.StateFailed || !strings.Contains(strings.ToLower(s.Reason), "auth") {
+		t.Errorf("w2: %s %q, want failed with an authentication reason", s.State, s.Reason)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("the VIP moved to a control plane and the bootstrap host left the group", func(t *testing.T) {
+		var holder string
+		if err := waitFor(20*time.Second, func() error {
+			h := n.vipHolders()
+			if len(h) == 1 && h[0] != "boot" {
+				holder = h[0]
+				return nil
+			}
+			return fmt.Errorf("VIP holders %v", h)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.singleHolder(t, 2*time.Second); got != holder {
+			t.Fatalf("VIP moved from %s to %s without a failure", holder, got)
+		}
+		if _, err := os.Stat(filepath.Join(n.state, "keepalived", "handed-off")); err != nil {
+			t.Errorf("no hand-off recorded: %v", err)
+		}
+		out := n.mustRun(t, "boot", "curl", "-sk", "--max-time", "2", "https://10.100.0.100:6443/healthz")
+		if strings.TrimSpace(out) != "ok" {
+			t.Errorf("API through the VIP: %q", out)
+		}
+	})
+
+	t.Run("the VIP fails over when its holder drops off the network", func(t *testing.T) {
+		holder := n.singleHolder(t, 500*time.Millisecond)
+		down := time.Now()
+		n.mustRun(t, holder, "ip", "link", "set", "eth0", "down")
+		defer n.mustRun(t, holder, "ip", "link", "set", "eth0", "up")
+		var next string
+		if err := waitFor(15*time.Second, func() error {
+			for _, h := range n.vipHolders() {
+				if h != holder {
+					next = h
+					return nil
+				}
+			}
+			return fmt.Errorf("no other holder yet")
+		}); err != nil {
+			t.Fatalf("VIP did not move off %s: %v", holder, err)
+		}
+		t.Logf("VIP moved from %s to %s in %.2fs after its link went down", holder, next, time.Since(down).Seconds())
+		if next == "boot" {
+			t.Errorf("the bootstrap host took the VIP back after leaving the group")
+		}
+	})
+
+	// From here on the inventory is the healthy nodes only.
+	n.writeConfig(t, false)
+
+	t.Run("a second bootstrap changes nothing", func(t *testing.T) {
+		r := n.mustBootstrap(ctx)
+		for _, name := range n.phases() {
+			if ev, _ := r.phase(name); ev.Changed {
+				t.Errorf("phase %s changed something: %s", name, ev.Detail)
+			}
+		}
+	})
+
+	t.Run("a hostagent killed on a node comes back and reports", func(t *testing.T) {
+		before := n.statuses(t)["cp2"].Updated
+		n.script(t, "nodes.sh", "ssh", "cp2", "systemctl", "kill", "-s", "KILL", "hostagent")
+		if err := waitFor(60*time.Second, func() error {
+			s := n.statuses(t)["cp2"]
+			if s.State == agentapi.StateReady && s.Updated.After(before) {
+				return nil
+			}
+			return fmt.Errorf("cp2: %s since %v", s.State, s.Updated)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("a rebooted node converges with a new boot", func(t *testing.T) {
+		before := n.statuses(t)["cp3"].BootID
+		n.script(t, "nodes.sh", "reboot", "cp3")
+		if err := waitFor(90*time.Second, func() error {
+			s := n.statuses(t)["cp3"]
+			if s.State == agentapi.StateReady && s.BootID != before {
+				return nil
+			}
+			return fmt.Errorf("cp3: %s boot %s", s.State, s.BootID)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("a restarted appliance converges again", func(t *testing.T) {
+		out, err := exec.Command(filepath.Join(binDir, "appliance"), "stop", "--config", n.config).CombinedOutput()
+		if err != nil {
+			t.Fatalf("appliance stop: %v %s", err, out)
+		}
+		n.mustBootstrap(ctx)
+		for node, s := range n.statuses(t) {
+			if s.State != agentapi.StateReady {
+				t.Errorf("%s: %s after the appliance restarted", node, s.State)
+			}
+		}
+		if h := n.vipHolders(); len(h) != 1 || h[0] == "boot" {
+			t.Errorf("VIP holders after the appliance restart: %v", h)
+		}
+		_ = caFile
+	})
+}
