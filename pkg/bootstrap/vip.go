@@ -165,4 +165,3 @@ func trimNL(b []byte) []byte {
 	}
 	return b
 }
-

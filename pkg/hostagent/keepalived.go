@@ -142,4 +142,3 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	}
 	return fmt.Sprintf("%s keepalived (pid %d), %s", verb, p.Pid(), desc), nil
 }
-
