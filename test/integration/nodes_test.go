@@ -200,6 +200,29 @@ func TestNodesConverge(t *testing.T) {
 		t.FailNow()
 	}
 
+	t.Run("hostagent runs under systemd, told it ready (sd_notify), and applied the node firewall", func(t *testing.T) {
+		if out := strings.TrimSpace(n.script(t, "nodes.sh", "ssh", "cp1", "systemctl is-active hostagent")); out != "active" {
+			t.Errorf("hostagent.service on cp1: %q, want active (Type=notify: READY=1 was sent)", out)
+		}
+		table := n.script(t, "nodes.sh", "ssh", "cp1", "nft list table inet appliance")
+		for _, want := range []string{"2379-2380", "6443", "10250", "112"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("cp1's firewall lacks %q:\n%s", want, table)
+			}
+		}
+	})
+
+	t.Run("appliance power status reads every BMC and host", func(t *testing.T) {
+		cmd := exec.Command("ip", "netns", "exec", n.ns("boot"), filepath.Join(binDir, "appliance"), "power", "status", "w1", "cp1", "--config", n.config, "-o", "json")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("appliance power status: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), `"w1"`) || !strings.Contains(string(out), `"on"`) {
+			t.Errorf("power status: %s", out)
+		}
+	})
+
 	t.Run("the VIP moved to a control plane and the bootstrap host left the group", func(t *testing.T) {
 		var holder string
 		if err := waitFor(20*time.Second, func() error {
