@@ -57,6 +57,7 @@ lab-up: deps ## create the namespace lab (fabric, bootstrap host, nodes)
 .PHONY: lab-down
 lab-down: ## stop the lab's appliance and delete the lab namespaces
 	@if [ -x $(BIN)/appliance ]; then $(BIN)/appliance stop --state-dir $(LAB_STATE); fi
+	test/lab/nodes.sh down
 	test/lab/lab.sh down
 
 .PHONY: demo

@@ -29,7 +29,7 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if ir.Linked > 0 || ir.Copied > 0 {
+	if ir.Changed {
 		// A new hard link changes the linked file's ctime, which the verification stamp keys on;
 		// refresh the stamp now (re-hashing only the newly linked blobs) so that the next run finds
 		// every file unchanged instead of re-hashing them.
@@ -40,7 +40,7 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	st.Images = ir
 	return Result{
 		Changed: vr.Changed || ir.Changed,
-		Detail: fmt.Sprintf("verified %d files (%s; %d hashed, %d unchanged since last check), %d images pullable from %d registries (%d blobs, %d newly linked, %d copied)",
+		Detail: fmt.Sprintf("verified %d files (%s; %d hashed, %d unchanged since last check), %d images pullable from %d registries (%d blobs: %d linked, %d copied)",
 			vr.Files, humanBytes(vr.Bytes), vr.Hashed, vr.Cached, len(ir.Images), len(ir.Registries), ir.Blobs, ir.Linked, ir.Copied),
 	}, nil
 }

@@ -14,8 +14,17 @@ URL=https://10.100.0.2:8443
 # Lab credentials the configuration references (test/lab/creds.sh; the SSH and BMC paths use them).
 LAB_DIR=$LABDIR test/lab/creds.sh
 
-echo "== appliance bootstrap (in namespace ${PREFIX}-boot)"
+echo "== lab nodes: cp1..cp3 pre-installed Debian hosts (systemd-nspawn, sshd), w1 a VM behind an IPMI BMC (off)"
+LAB_DIR=$LABDIR LAB_HOSTAGENT=bin/hostagent test/lab/nodes.sh up
+
+echo
+echo "== appliance bootstrap (in namespace ${PREFIX}-boot): serve, then power every node and wait for its hostagent"
 $BOOT bin/appliance bootstrap --config "$CONFIG"
+echo
+bin/appliance status --config "$CONFIG"
+for h in boot cp1 cp2 cp3; do
+	ip -n "${PREFIX}-$h" -o addr show | grep -q ' 10.100.0.100/' && echo "API VIP 10.100.0.100 is on $h"
+done
 
 CA=$LABDIR/state/pki/ca.crt
 CERTDIR=$(mktemp -d); trap 'rm -rf "$CERTDIR"' EXIT
@@ -31,11 +40,13 @@ echo "== from node cp1: its Ignition config (spec negotiated from Accept)"
 # The token goes in a header file, never on a command line (other users could read it in ps).
 (umask 077; printf 'Authorization: Bearer %s\n' "$(cat "$LABDIR/state/pki/tokens/cp1")" > "$CERTDIR/auth")
 $NODE curl -sSf --cacert "$CA" -H @"$CERTDIR/auth" -H 'Accept: application/vnd.coreos.ignition+json;version=3.5.0' \
-	"$URL/ignition/cp1" | head -c 300; echo " ..."
+	-o "$CERTDIR/cp1.ign" "$URL/ignition/cp1"
+head -c 300 "$CERTDIR/cp1.ign"; echo " ..."
 echo "== without the token"
 $NODE curl -s -o /dev/null -w '%{http_code}\n' --cacert "$CA" "$URL/ignition/cp1"
 echo
 echo "== second run: nothing to do"
 $BOOT bin/appliance bootstrap --config "$CONFIG"
 echo
-echo "The appliance keeps serving in ${PREFIX}-boot; \`make lab-down\` stops it and removes the lab."
+echo "The appliance keeps serving in ${PREFIX}-boot and the nodes keep running; \`make lab-down\` stops"
+echo "everything and removes the lab."
