@@ -311,6 +311,51 @@ func TestNodesConverge(t *testing.T) {
 		}
 	})
 
+	t.Run("on a systemd host the appliance runs as appliance.service", func(t *testing.T) {
+		// The appliance itself on cp2 (a Debian host booted with systemd): binary, bundle and a
+		// one-node configuration copied into its root; the serve phase must install and start the unit.
+		root := filepath.Join(n.labDir, "nodes", "cp2", "root")
+		copyFile(t, filepath.Join(binDir, "appliance"), filepath.Join(root, "usr/local/bin/appliance"))
+		if err := os.Chmod(filepath.Join(root, "usr/local/bin/appliance"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, "srv/bundle"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", "-a", bundlePath+"/.", filepath.Join(root, "srv/bundle")).CombinedOutput(); err != nil {
+			t.Fatalf("copy bundle: %v %s", err, out)
+		}
+		pub, _ := os.ReadFile(filepath.Join(n.labDir, "ssh", "host_ed25519.pub"))
+		mustWriteMode(t, filepath.Join(root, "root/sd.yaml"), `apiVersion: appliance.airgap.dev/v1alpha1
+kind: BootstrapConfiguration
+clusterName: sd
+networks: {controlPlane: {cidrs: [10.100.0.0/24]}, services: 10.96.0.0/16}
+apiServer: {keepalived: {enabled: false}}
+bundle: {path: /srv/bundle}
+stateDir: /var/lib/appliance
+nodes:
+- name: n1
+  roles: [control-plane]
+  addresses: [10.100.0.50]
+  power: {kind: ssh, privateKeyFile: /etc/ssh/ssh_host_ed25519_key, hostKey: "`+strings.Join(strings.Fields(string(pub))[:2], " ")+`"}
+`, 0o600)
+		run := "appliance bootstrap --config /root/sd.yaml --skip-phases firewall,power,converge --hostagent-binary /usr/local/bin/appliance 2>&1"
+		out := n.script(t, "nodes.sh", "ssh", "cp2", run)
+		if !strings.Contains(out, "serve: started appliance.service") {
+			t.Fatalf("serve phase did not use systemd:\n%s", out)
+		}
+		if st := strings.TrimSpace(n.script(t, "nodes.sh", "ssh", "cp2", "systemctl is-active appliance")); st != "active" {
+			t.Fatalf("appliance.service: %s", st)
+		}
+		if out := n.script(t, "nodes.sh", "ssh", "cp2", run); !strings.Contains(out, "serve: already serving") || !strings.Contains(out, "nothing changed") {
+			t.Fatalf("second run on the systemd host:\n%s", out)
+		}
+		n.script(t, "nodes.sh", "ssh", "cp2", "appliance stop --config /root/sd.yaml")
+		if st := strings.TrimSpace(n.script(t, "nodes.sh", "ssh", "cp2", "systemctl is-active appliance || true")); st == "active" {
+			t.Fatalf("appliance.service still active after appliance stop")
+		}
+	})
+
 	t.Run("a restarted appliance converges again", func(t *testing.T) {
 		out, err := exec.Command(filepath.Join(binDir, "appliance"), "stop", "--config", n.config).CombinedOutput()
 		if err != nil {
