@@ -87,7 +87,10 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if len(failed) > 0 {
 		// The others proceed: converge waits for them and then reports these as failed.
 		sort.Strings(failed)
-		detail += fmt.Sprintf("; %d FAILED: %s", len(failed), strings.Join(failed, "; "))
+		if detail != "" {
+			detail += "; "
+		}
+		detail += fmt.Sprintf("%d FAILED: %s", len(failed), strings.Join(failed, "; "))
 	}
 	return Result{Changed: changed, Detail: detail}, nil
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 
 	"github.com/airgap-appliance/appliance/pkg/ignition"
 )
@@ -24,6 +26,7 @@ type IgnitionStore struct {
 	Dir string
 
 	tokens tokenSet
+	files  fileCache
 }
 
 // NewIgnitionStore returns a store for dir that accepts the given node tokens (node name → token).
@@ -59,7 +62,7 @@ func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not acceptable: this appliance serves Ignition spec "+strings.Join(ignition.SupportedVersions, ", "), http.StatusNotAcceptable)
 		return
 	}
-	data, err := os.ReadFile(filepath.Join(s.Dir, node, "ignition", version+".json"))
+	data, err := s.files.read(filepath.Join(s.Dir, node, "ignition", version+".json"))
 	if errors.Is(err, fs.ErrNotExist) {
 		// Authorized but not rendered (yet, or the node's snippets need a newer spec version).
 		http.Error(w, "no Ignition config rendered for this node in spec "+version+"; rerun `appliance bootstrap` (render phase)", http.StatusNotFound)
@@ -71,4 +74,48 @@ func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ignition.ContentType(version))
 	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(data)
+}
+
+// fileCache keeps rendered files in memory, revalidated on every read by one stat (size, mtime,
+// inode): the render phase replaces files atomically (rename), so a changed file always has a new
+// inode, and the handler neither re-reads nor re-allocates unchanged ones.
+type fileCache struct {
+	mu    sync.RWMutex
+	files map[string]cachedFile
+}
+
+type cachedFile struct {
+	size  int64
+	mtime int64
+	ino   uint64
+	data  []byte
+}
+
+func (c *fileCache) read(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	key := cachedFile{size: st.Size(), mtime: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		key.ino = sys.Ino
+	}
+	c.mu.RLock()
+	f, ok := c.files[path]
+	c.mu.RUnlock()
+	if ok && f.size == key.size && f.mtime == key.mtime && f.ino == key.ino {
+		return f.data, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	key.data = data
+	c.mu.Lock()
+	if c.files == nil {
+		c.files = map[string]cachedFile{}
+	}
+	c.files[path] = key
+	c.mu.Unlock()
+	return data, nil
 }

@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-func selfSigned(t *testing.T) tls.Certificate {
+func selfSigned(t testing.TB) tls.Certificate {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
@@ -30,7 +30,7 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-func newTestServer(t *testing.T) (*Server, string) {
+func newTestServer(t testing.TB) (*Server, string) {
 	t.Helper()
 	dir := t.TempDir()
 	for path, data := range map[string]string{
@@ -155,5 +155,42 @@ func TestTLSMinimumVersion(t *testing.T) {
 	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS11}} //nolint:gosec // probing the server's floor
 	if _, err := (&http.Client{Transport: tr}).Get(ts.URL + "/healthz"); err == nil {
 		t.Fatal("a TLS 1.1 client was served")
+	}
+}
+
+// TestIgnitionCacheFollowsRender: a re-rendered (atomically replaced) file is served at once.
+func TestIgnitionCacheFollowsRender(t *testing.T) {
+	s, dir := newTestServer(t)
+	h := s.Handler()
+	accept := map[string]string{"Accept": "application/vnd.coreos.ignition+json;version=3.3.0"}
+	if _, body, _ := do(t, h, "GET", "/ignition/cp1?token=tok-cp1", accept); !strings.Contains(body, "3.3.0") {
+		t.Fatalf("first read: %s", body)
+	}
+	p := filepath.Join(dir, "rendered/cp1/ignition/3.3.0.json")
+	tmp := p + ".new"
+	if err := os.WriteFile(tmp, []byte(`{"ignition":{"version":"3.3.0"},"changed":true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, body, _ := do(t, h, "GET", "/ignition/cp1?token=tok-cp1", accept); !strings.Contains(body, `"changed":true`) {
+		t.Fatalf("stale content after re-render: %s", body)
+	}
+}
+
+func BenchmarkIgnitionServe(b *testing.B) {
+	s, _ := newTestServer(b)
+	h := s.Handler()
+	req := httptest.NewRequest("GET", "/ignition/cp1", nil)
+	req.Header.Set("Authorization", "Bearer tok-cp1")
+	req.Header.Set("Accept", "application/vnd.coreos.ignition+json;version=3.3.0")
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 {
+			b.Fatal(rec.Code)
+		}
 	}
 }

@@ -25,7 +25,7 @@ trap cleanup EXIT
 
 test/lab/lab.sh up >/dev/null
 test/lab/creds.sh >/dev/null
-$BOOT bin/appliance bootstrap --config test/lab/bootstrap.yaml --state-dir "$STATE" 2>"$WORK/bootstrap.log" ||
+$BOOT bin/appliance bootstrap --config test/lab/bootstrap.yaml --state-dir "$STATE" --skip-phases power,converge 2>"$WORK/bootstrap.log" ||
 	{ cat "$WORK/bootstrap.log"; exit 1; }
 
 # The token travels in a 0600 Lua file, never on a command line.
