@@ -42,7 +42,10 @@ fixtures: deps ## build (or reuse) the demo/test bundle under $(APPLIANCE_CACHE)
 
 .PHONY: test
 test: deps build fixtures ## run every test (unit, real-peer, privileged; CI runs this as root)
-	$(GO) test -race -count=1 -timeout 30m ./...
+	@# Compile every test binary in parallel first, then run the packages one at a time: the lab
+	@# tests share host-wide resources (the /run/systemd/nspawn tmpfs, fixture caches, CPU for VMs).
+	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
+	$(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check
