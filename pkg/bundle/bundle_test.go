@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/airgap-appliance/appliance/test/labns"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -151,10 +152,7 @@ func TestCreateVerifyOK(t *testing.T) {
 
 // TestSumsAcceptedBySha256sum checks our SHA256SUMS against the real sha256sum(1).
 func TestSumsAcceptedBySha256sum(t *testing.T) {
-	bin, err := exec.LookPath("sha256sum")
-	if err != nil {
-		t.Skipf("SKIPPED: sha256sum (coreutils) not installed")
-	}
+	bin := labns.RequireTool(t, "sha256sum")
 	b := newBundle(t)
 	cmd := exec.Command(bin, "--check", "--strict", "--quiet", SumsFile)
 	cmd.Dir = b.Dir
