@@ -33,6 +33,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -203,6 +204,11 @@ func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	unlock, err := s.lockNode(node)
+	if err != nil {
+		return agentapi.NodeStatus{}, err
+	}
+	defer unlock()
 	st, err := s.read(node)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, err
@@ -226,6 +232,11 @@ func (s *Store) ConfigFetched(node, bootID string) (agentapi.NodeStatus, error) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	unlock, err := s.lockNode(node)
+	if err != nil {
+		return agentapi.NodeStatus{}, err
+	}
+	defer unlock()
 	st, err := s.read(node)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, err
@@ -263,6 +274,11 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	unlock, err := s.lockNode(node)
+	if err != nil {
+		return agentapi.NodeStatus{}, false, err
+	}
+	defer unlock()
 	st, err := s.read(node)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, false, err
@@ -394,4 +410,23 @@ func (s *Store) Events(node string) ([]Event, error) {
 		out = append(out, ev)
 	}
 	return out, nil
+}
+
+// lockNode takes an exclusive flock on DIR/<node>/.lock for one read-modify-write of the node's
+// record: `appliance bootstrap` (power phase) and `appliance serve` (agent reports) are separate
+// processes writing the same records. The kernel drops the lock if the process dies.
+func (s *Store) lockNode(node string) (func(), error) {
+	dir := filepath.Join(s.dir, node)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the record of node %s: %w", node, err)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }

@@ -2,6 +2,7 @@ package nodestate
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -202,5 +203,42 @@ func TestList(t *testing.T) {
 	l, err := s.List()
 	if err != nil || len(l) != 2 || l[0].Node != "a" || l[1].State != agentapi.StateBooting {
 		t.Fatalf("List = %+v, %v", l, err)
+	}
+}
+
+// TestTwoWritersLoseNothing: `appliance bootstrap` and `appliance serve` write the same records
+// from two processes; two Stores (two open file descriptions, like two processes) hammering one
+// node must not lose each other's updates.
+func TestTwoWritersLoseNothing(t *testing.T) {
+	dir := t.TempDir()
+	a, b := Open(dir), Open(dir)
+	steps := []string{StepConfig, StepFirewall, StepContainerd, StepReady}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200; i++ {
+			if _, err := b.Set("n1", agentapi.StateAgentConnected, fmt.Sprint("pass ", i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := 0; i < 50; i++ {
+		for _, step := range steps[:3] {
+			r := agentapi.Report{BootID: "boot-1", Step: step, Status: StatusDone, Detail: fmt.Sprint(i), Time: time.Now()}
+			if _, _, err := a.Record("n1", nil, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	<-done
+	st, err := Open(dir).Get("n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range steps[:3] {
+		if r, ok := st.Steps[step]; !ok || r.Detail != "49" {
+			t.Errorf("step %s: %+v (ok=%v): an update was lost", step, r, ok)
+		}
 	}
 }
