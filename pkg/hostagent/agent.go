@@ -137,7 +137,8 @@ func (a *Agent) backoff() backoff.BackOff {
 }
 
 // Run configures the node and keeps it configured until ctx ends: it obtains the CA, runs every
-// step (reporting each), notifies systemd READY=1 once configured, then re-checks every Resync,
+// step (reporting each), notifies systemd READY=1 once configured, then re-checks every Resync
+// (after a failed step sooner: with exponential backoff from RetryInitial to RetryMax),
 // reporting only what changed, and restarts keepalived when it dies. On return it stops the
 // children it started (keepalived, the API stand-in) and flushes pending reports for a moment.
 // Errors: a refused token (ErrUnauthorized) or a bad pin; otherwise only ctx's error.
@@ -157,18 +158,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.rep.drain(5 * time.Second)
 
 	notified := false
+	var failWait time.Duration // backoff between attempts while a step fails
 	for {
+		wait := a.opts.Resync
 		if err := a.converge(ctx); err != nil {
 			if errors.Is(err, ErrUnauthorized) || ctx.Err() != nil {
 				return err
 			}
-		} else if !notified {
-			if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-				a.log.Warn("sd_notify failed", "error", err)
-			} else if ok {
-				a.log.Info("notified systemd: ready")
+			// A failed step is retried with exponential backoff (RetryInitial doubling up to
+			// RetryMax), not only at the next resync.
+			failWait = min(max(2*failWait, a.opts.RetryInitial), a.opts.RetryMax)
+			wait = min(failWait, a.opts.Resync)
+		} else {
+			failWait = 0
+			if !notified {
+				if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+					a.log.Warn("sd_notify failed", "error", err)
+				} else if ok {
+					a.log.Info("notified systemd: ready")
+				}
+				notified = true
 			}
-			notified = true
 		}
 		var died <-chan struct{}
 		if a.keep != nil {
@@ -177,7 +187,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(a.opts.Resync):
+		case <-time.After(wait):
 		case <-died:
 			a.log.Warn("keepalived exited; restarting it")
 		}
