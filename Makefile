@@ -47,6 +47,11 @@ test: deps build fixtures ## run every test (unit, real-peer, privileged; CI run
 	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
 	$(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
+.PHONY: e2e
+e2e: deps build fixtures ## slow suites outside `make test`: the Kubernetes v1.34 binaries fixture (~7 min cold, cached)
+	test/fixtures/build-kubernetes.sh >/dev/null
+	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
