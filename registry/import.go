@@ -148,7 +148,7 @@ func apply(ctx context.Context, p *plan, root string, dryRun bool) (ImportResult
 	}
 	sort.Strings(repos)
 	link := func(path string, h v1.Hash) error {
-		changed, err := writeLink(path, h, dryRun)
+		changed, err := writeLink(path, h, dryRun, false)
 		res.Changed = res.Changed || changed
 		return err
 	}
@@ -191,7 +191,7 @@ func apply(ctx context.Context, p *plan, root string, dryRun bool) (ImportResult
 	for _, r := range repos {
 		rp := p.repos[r]
 		for _, t := range sortedTags(rp) {
-			changed, err := writeTagLink(tagCurrentLinkPath(root, r, t), rp.tags[t], dryRun)
+			changed, err := writeLink(tagCurrentLinkPath(root, r, t), rp.tags[t], dryRun, true)
 			res.Changed = res.Changed || changed
 			if err != nil {
 				return res, err
@@ -210,11 +210,13 @@ func sortedTags(rp *repoPlan) []string {
 	return tags
 }
 
-// writeLink makes path hold the digest string, as distribution's blobStore.link writes it: written
-// under a temporary name and renamed into place, so a kill leaves the old link or the new one, never a
-// torn file. It does not fsync (one syncfs barrier in apply covers all such links before any tag link
-// is written; per-file fsyncs made Import ten times slower).
-func writeLink(path string, h v1.Hash, dryRun bool) (bool, error) {
+// writeLink makes path hold the digest string, as distribution's blobStore.link writes it, so that a
+// kill leaves the old link or the new one, never a torn file. Ordinary links (durable=false) are
+// written under a temporary name and renamed into place without fsync: one syncfs barrier in apply
+// covers them all before any tag link is written (per-file fsyncs made Import ten times slower). A
+// tag's current/link, the last step that makes an image pullable by tag, is durable: pkg/atomicfile
+// (fsync of file and directory).
+func writeLink(path string, h v1.Hash, dryRun, durable bool) (bool, error) {
 	want := []byte(h.String())
 	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, want) {
 		return false, nil
@@ -229,6 +231,9 @@ func writeLink(path string, h v1.Hash, dryRun bool) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("create link directory: %w", err)
 	}
+	if durable {
+		return atomicfile.Write(path, want, 0o644)
+	}
 	tmp := filepath.Join(dir, ".link.tmp-"+randHex())
 	if err := os.WriteFile(tmp, want, 0o644); err != nil {
 		_ = os.Remove(tmp)
@@ -239,25 +244,6 @@ func writeLink(path string, h v1.Hash, dryRun bool) (bool, error) {
 		return false, fmt.Errorf("write link: %w", err)
 	}
 	return true, nil
-}
-
-// writeTagLink writes a tag's current/link with pkg/atomicfile (fsync of file and directory): the
-// last step that makes an image pullable by tag.
-func writeTagLink(path string, h v1.Hash, dryRun bool) (bool, error) {
-	want := []byte(h.String())
-	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, want) {
-		return false, nil
-	}
-	if dryRun {
-		return true, nil
-	}
-	if err := beforeWrite(); err != nil {
-		return false, err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return false, fmt.Errorf("create tag directory: %w", err)
-	}
-	return atomicfile.Write(path, want, 0o644)
 }
 
 // syncFS flushes the filesystem holding root (syncfs(2)).
