@@ -202,18 +202,12 @@ func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
 	if !slices.Contains(knownStates, state) {
 		return agentapi.NodeStatus{}, fmt.Errorf("%w: %q (want one of %s)", ErrInvalidState, state, strings.Join(knownStates, ", "))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockNode(node)
+	st, found, unlock, err := s.lockRead(node)
 	if err != nil {
-		return agentapi.NodeStatus{}, err
-	}
-	defer unlock()
-	st, err := s.read(node)
-	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, err
 	}
-	if err == nil && st.State == state && st.Reason == reason {
+	defer unlock()
+	if found && st.State == state && st.Reason == reason {
 		return st, nil
 	}
 	st.Node, st.State, st.Reason, st.Updated = node, state, reason, s.now()
@@ -230,17 +224,11 @@ func (s *Store) ConfigFetched(node, bootID string) (agentapi.NodeStatus, error) 
 	if err := checkNode(node); err != nil {
 		return agentapi.NodeStatus{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockNode(node)
+	st, _, unlock, err := s.lockRead(node)
 	if err != nil {
-		return agentapi.NodeStatus{}, err
-	}
-	defer unlock()
-	st, err := s.read(node)
-	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, err
 	}
+	defer unlock()
 	newBoot := bootID != "" && bootID != st.BootID
 	switch st.State {
 	case "", agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting:
@@ -272,17 +260,11 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 	if plan == nil {
 		plan = []string{StepConfig, StepFirewall, StepContainerd, StepReady}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockNode(node)
+	st, _, unlock, err := s.lockRead(node)
 	if err != nil {
-		return agentapi.NodeStatus{}, false, err
-	}
-	defer unlock()
-	st, err := s.read(node)
-	if err != nil && !errors.Is(err, ErrNotFound) {
 		return st, false, err
 	}
+	defer unlock()
 	st.Node = node
 	if r.BootID != st.BootID {
 		st.BootID, st.Steps = r.BootID, nil
@@ -410,6 +392,25 @@ func (s *Store) Events(node string) ([]Event, error) {
 		out = append(out, ev)
 	}
 	return out, nil
+}
+
+// lockRead locks node's record against this process (mu) and other processes (lockNode) and reads
+// it; found is false for a node without a record (st is then its pending default). The caller must
+// call unlock once it has committed.
+func (s *Store) lockRead(node string) (st agentapi.NodeStatus, found bool, unlock func(), err error) {
+	s.mu.Lock()
+	release, err := s.lockNode(node)
+	if err != nil {
+		s.mu.Unlock()
+		return agentapi.NodeStatus{}, false, nil, err
+	}
+	unlock = func() { release(); s.mu.Unlock() }
+	st, err = s.read(node)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		unlock()
+		return st, false, nil, err
+	}
+	return st, err == nil, unlock, nil
 }
 
 // lockNode takes an exclusive flock on DIR/<node>/.lock for one read-modify-write of the node's
