@@ -1,19 +1,11 @@
 package bootstrap
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
-	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
@@ -43,7 +35,7 @@ func (pkiPhase) Run(_ context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	vrrp, vrrpChanged, err := vrrpAuth(st, dir)
+	vrrp, vrrpChanged, err := vrrpAuth(st.Config, st.StateDir, true)
 	if err != nil {
 		return Result{}, err
 	}
@@ -70,30 +62,4 @@ func ServingSANs(st *State) ([]netip.Addr, []string) {
 	ips = append(ips, netip.MustParseAddr("127.0.0.1"))
 	names := append([]string{"localhost"}, st.Config.Server.Names...)
 	return ips, names
-}
-
-// vrrpAuth returns the VRRP PASS secret (RFC 2338 simple text auth, 8 bytes at most): the file
-// apiServer.keepalived.authPasswordFile names, else STATE/pki/vrrp-auth, created once (0600) with 8
-// random URL-safe characters and reused afterwards.
-func vrrpAuth(st *State, dir string) (string, bool, error) {
-	if f := st.Config.APIServer.Keepalived.AuthPasswordFile; f != "" {
-		b, err := config.ReadSecretFile(f)
-		if err != nil {
-			return "", false, fmt.Errorf("apiServer.keepalived.authPasswordFile: %w", err)
-		}
-		return string(b), false, nil
-	}
-	path := filepath.Join(dir, "vrrp-auth")
-	if b, err := os.ReadFile(path); err == nil && len(bytes.TrimSpace(b)) > 0 && len(bytes.TrimSpace(b)) <= 8 {
-		return string(bytes.TrimSpace(b)), false, nil
-	}
-	raw := make([]byte, 6)
-	if _, err := rand.Read(raw); err != nil {
-		return "", false, err
-	}
-	secret := base64.RawURLEncoding.EncodeToString(raw) // 8 characters
-	if _, err := atomicfile.Write(path, []byte(secret+"\n"), 0o600); err != nil {
-		return "", false, err
-	}
-	return secret, true, nil
 }

@@ -2,8 +2,11 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -127,7 +130,7 @@ func applianceKeepalived(cfg *config.BootstrapConfiguration, stateDir string) (k
 			}
 		}
 	}
-	auth, err := readVRRPAuth(cfg, stateDir)
+	auth, _, err := vrrpAuth(cfg, stateDir, false)
 	if err != nil {
 		return keepalived.Config{}, err
 	}
@@ -146,22 +149,38 @@ func applianceKeepalived(cfg *config.BootstrapConfiguration, stateDir string) (k
 	}, nil
 }
 
-// readVRRPAuth reads the VRRP secret the pki phase settled on.
-func readVRRPAuth(cfg *config.BootstrapConfiguration, stateDir string) (string, error) {
+// vrrpAuth returns the VRRP PASS secret shared by the VIP's speakers (RFC 2338 simple text auth,
+// 1..8 bytes): the file apiServer.keepalived.authPasswordFile names, else STATE/pki/vrrp-auth. When
+// create is true and that file is missing, it is created (0600) with 8 random URL-safe characters
+// and created=true. An existing file of the wrong length is refused, never replaced: every node
+// already holds the secret.
+func vrrpAuth(cfg *config.BootstrapConfiguration, stateDir string, create bool) (secret string, created bool, err error) {
 	if f := cfg.APIServer.Keepalived.AuthPasswordFile; f != "" {
 		b, err := config.ReadSecretFile(f)
-		return string(b), err
+		if err != nil {
+			return "", false, fmt.Errorf("apiServer.keepalived.authPasswordFile: %w", err)
+		}
+		return string(b), false, nil
 	}
-	b, err := os.ReadFile(filepath.Join(PKIDir(stateDir), "vrrp-auth"))
-	if err != nil {
-		return "", fmt.Errorf("VRRP auth secret (run `appliance bootstrap`): %w", err)
+	path := filepath.Join(PKIDir(stateDir), "vrrp-auth")
+	b, err := config.ReadSecretFile(path)
+	switch {
+	case err == nil && len(b) >= 1 && len(b) <= 8:
+		return string(b), false, nil
+	case err == nil:
+		return "", false, fmt.Errorf("%s holds %d bytes, want 1 to 8 (VRRP PASS auth): restore it, or delete it and rerun bootstrap so that every node gets a new one", path, len(b))
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", false, fmt.Errorf("VRRP auth secret: %w", err)
+	case !create:
+		return "", false, fmt.Errorf("VRRP auth secret %s is missing: run `appliance bootstrap`", path)
 	}
-	return string(trimNL(b)), nil
-}
-
-func trimNL(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
+	raw := make([]byte, 6)
+	if _, err := rand.Read(raw); err != nil {
+		return "", false, err
 	}
-	return b
+	secret = base64.RawURLEncoding.EncodeToString(raw) // 8 characters
+	if _, err := atomicfile.Write(path, []byte(secret+"\n"), 0o600); err != nil {
+		return "", false, err
+	}
+	return secret, true, nil
 }
