@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -63,9 +62,6 @@ func defaultHostagent(flag string) string {
 func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	jsonOut := g.output == "json"
 	progress := cmd.ErrOrStderr()
 	if jsonOut {

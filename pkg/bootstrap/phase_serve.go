@@ -6,9 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -227,7 +225,7 @@ func stopProcess(pid int) error {
 // alive reports whether pid exists and is not a zombie.
 func alive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if errors.Is(err, fs.ErrNotExist) || err != nil {
+	if err != nil { // gone (fs.ErrNotExist) or unreadable
 		return false
 	}
 	// Field 3 (after "pid (comm) ") is the state; Z = zombie.

@@ -175,7 +175,6 @@ func (n *nodeLab) singleHolder(t *testing.T, d time.Duration) string {
 func TestNodesConverge(t *testing.T) {
 	n := newNodeLab(t, "in")
 	ctx := context.Background()
-	caFile := filepath.Join(n.state, "pki", "ca.crt")
 
 	start := time.Now()
 	r := n.bootstrap(ctx, "", 0, "--converge-timeout", "150s")
@@ -370,6 +369,5 @@ nodes:
 		if h := n.vipHolders(); len(h) != 1 || h[0] == "boot" {
 			t.Errorf("VIP holders after the appliance restart: %v", h)
 		}
-		_ = caFile
 	})
 }
