@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cenkalti/backoff/v5"
+	"golang.org/x/sync/errgroup"
 	"os"
 	"path/filepath"
 	"sort"
@@ -47,9 +49,9 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 		lines   []string
 		failed  []string
 		changed bool
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, powerConcurrency)
 	)
+	var g errgroup.Group // errors are per node (note), never the group's
+	g.SetLimit(powerConcurrency)
 	note := func(node, what string, ch bool, err error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -66,22 +68,20 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 			note(n.Name, "up", false, nil)
 			continue
 		}
-		wg.Add(1)
-		go func(n config.Node) {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			switch n.Power.Kind {
-			case config.PowerSSH:
-				what, ch, err := provisionSSH(ctx, st, store, n, hostagentBin)
-				note(n.Name, what, ch, err)
-			default:
-				what, ch, err := powerBMC(ctx, st, store, n)
-				note(n.Name, what, ch, err)
+		g.Go(func() error {
+			var what string
+			var ch bool
+			var err error
+			if n.Power.Kind == config.PowerSSH {
+				what, ch, err = provisionSSHRetried(ctx, st, store, n, hostagentBin)
+			} else {
+				what, ch, err = powerBMC(ctx, st, store, n)
 			}
-		}(n)
+			note(n.Name, what, ch, err)
+			return nil
+		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	sort.Strings(lines)
 	detail := strings.Join(lines, ", ")
 	if len(failed) > 0 {
@@ -93,6 +93,24 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 		detail += fmt.Sprintf("%d FAILED: %s", len(failed), strings.Join(failed, "; "))
 	}
 	return Result{Changed: changed, Detail: detail}, nil
+}
+
+// provisionSSHRetried retries provisionSSH with backoff (3 attempts within about 10 s: a host whose
+// sshd is still starting), except for errors a retry cannot fix: a host key that is unknown or
+// changed, refused credentials.
+func provisionSSHRetried(ctx context.Context, st *State, store *nodestate.Store, n config.Node, bin []byte) (string, bool, error) {
+	type out struct {
+		what    string
+		changed bool
+	}
+	o, err := backoff.Retry(ctx, func() (out, error) {
+		what, ch, err := provisionSSH(ctx, st, store, n, bin)
+		if errors.Is(err, power.ErrHostKeyMismatch) || errors.Is(err, power.ErrHostKeyUnknown) || errors.Is(err, power.ErrAuth) {
+			return out{}, backoff.Permanent(err)
+		}
+		return out{what, ch}, err
+	}, backoff.WithMaxTries(3), backoff.WithBackOff(backoff.NewExponentialBackOff()))
+	return o.what, o.changed, err
 }
 
 // provisionSSH installs hostagent on a pre-installed host.
