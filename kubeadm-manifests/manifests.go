@@ -1,0 +1,278 @@
+// Package kubeadmmanifests renders the kubeadm configuration the appliance hands to each node:
+// the multi-document file for `kubeadm init --config` on the first control plane (InitConfiguration,
+// ClusterConfiguration, KubeletConfiguration, KubeProxyConfiguration) and the JoinConfiguration for
+// `kubeadm join --config` on every other node.
+//
+// The output targets kubeadm v1.34 (API kubeadm.k8s.io/v1beta4). It is built from typed structs and
+// serialised with go.yaml.in/yaml/v3, so the same input always gives the same bytes. The tests feed
+// every rendered file to the real `kubeadm config validate` (strict decoding) and
+// `kubeadm config images list`.
+//
+// The rendered files contain secrets (the bootstrap token and, for control planes, the certificate
+// key): write them with mode 0600 and delete them after kubeadm has run.
+package kubeadmmanifests
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Fixed choices of the appliance, written into every configuration.
+const (
+	// CRISocket is containerd's CRI endpoint, used for nodeRegistration.criSocket and the kubelet's
+	// containerRuntimeEndpoint.
+	CRISocket = "unix:///run/containerd/containerd.sock"
+	// DefaultDNSDomain is used when Cluster.DNSDomain is empty (kubeadm's own default).
+	DefaultDNSDomain = "cluster.local"
+	// DiscoveryTimeout is JoinConfiguration timeouts.discovery: how long `kubeadm join` keeps trying to
+	// fetch and verify the cluster-info ConfigMap from Cluster.ControlPlaneEndpoint.
+	DiscoveryTimeout = 5 * time.Minute
+	// EtcdDataDir is the local etcd member's data directory (kubeadm's default).
+	EtcdDataDir = "/var/lib/etcd"
+	// BootstrapTokenGroup is the group kubeadm's RBAC rules grant node bootstrap (CSR creation and
+	// auto-approval, kubeadm-certs download for control planes).
+	BootstrapTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
+)
+
+// Cluster is what every node's kubeadm configuration shares. Both InitConfig and JoinConfig validate
+// all of it (a caller always holds the whole Cluster), except CACertHashes, which only JoinConfig
+// requires.
+type Cluster struct {
+	// Name is ClusterConfiguration.clusterName (names the cluster in the kubeconfig files kubeadm
+	// writes). Required; an RFC 1123 subdomain ("lab").
+	Name string
+	// KubernetesVersion is ClusterConfiguration.kubernetesVersion, an exact version with a leading "v"
+	// ("v1.34.4"). kubeadm's labels ("stable", "latest") are refused: resolving them needs the internet.
+	// It selects the control-plane image tags.
+	KubernetesVersion string
+	// ControlPlaneEndpoint is ClusterConfiguration.controlPlaneEndpoint and the join discovery
+	// apiServerEndpoint: "host:port" of the API server VIP, IPv6 in brackets ("10.100.0.100:6443",
+	// "[fd00::100]:6443"). Its port is also each control plane's localAPIEndpoint.bindPort (the VIP
+	// moves between control planes, it does not translate ports). Required.
+	ControlPlaneEndpoint string
+	// ImageRepository is ClusterConfiguration.imageRepository: the registry (and optional path) every
+	// control-plane, CoreDNS, pause and etcd image is pulled from ("registry.k8s.io",
+	// "10.100.0.1:5000/k8s"). Required: kubeadm's default is on the internet.
+	ImageRepository string
+	// PodSubnet is networking.podSubnet and kube-proxy's clusterCIDR ("10.233.0.0/16"). Required;
+	// masked; same address family as ServiceSubnet and not overlapping it.
+	PodSubnet netip.Prefix
+	// ServiceSubnet is networking.serviceSubnet ("10.96.0.0/16"); kubeadm derives the API server's
+	// service IP (.1) and CoreDNS's (.10) from it. Required; masked.
+	ServiceSubnet netip.Prefix
+	// DNSDomain is networking.dnsDomain, the cluster DNS suffix; "" means DefaultDNSDomain.
+	DNSDomain string
+	// APIServerCertSANs are extra subject alternative names for the API server's serving certificate
+	// (apiServer.certSANs): the VIP and every control plane's address; IP addresses or DNS names
+	// (wildcards allowed, as kubeadm allows). Rendered deduplicated and sorted. kubeadm adds the
+	// node's advertise address, the ControlPlaneEndpoint host and the in-cluster names itself.
+	APIServerCertSANs []string
+	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}" (id.secret) that init
+	// creates and joining nodes authenticate with. SECRET. Required.
+	BootstrapToken string
+	// BootstrapTokenTTL is how long the bootstrap token lives after init (bootstrapTokens[0].ttl).
+	// Must be positive: kubeadm reads 0 as "never expires".
+	BootstrapTokenTTL time.Duration
+	// CertificateKey is the AES-256 key, 64 hex characters, that `kubeadm init` encrypts the
+	// kubeadm-certs Secret with (uploaded because InitConfiguration carries it) and joining control
+	// planes decrypt it with. kubeadm deletes that Secret after 2 hours. SECRET. Required.
+	CertificateKey string
+	// CACertHashes pin the cluster CA for join discovery: "sha256:" + 64 hex characters, the SHA-256
+	// of the CA certificate's SubjectPublicKeyInfo (what `kubeadm token create --print-join-command`
+	// prints). Rendered deduplicated and sorted. Required by JoinConfig; unused by InitConfig.
+	CACertHashes []string
+}
+
+// Node is one node's part of the configuration.
+type Node struct {
+	// Name is nodeRegistration.name, the Kubernetes Node name. Required; an RFC 1123 subdomain.
+	Name string
+	// Address is the node's cluster address: the kubelet's --node-ip (nodeRegistration.kubeletExtraArgs)
+	// and, on control planes, localAPIEndpoint.advertiseAddress. Required; no zone.
+	Address netip.Addr
+	// ControlPlane selects a control-plane node. InitConfig requires it (init makes the first control
+	// plane); JoinConfig adds the controlPlane section when it is set.
+	ControlPlane bool
+	// IgnorePreflightErrors is nodeRegistration.ignorePreflightErrors: preflight check names whose
+	// errors kubeadm downgrades to warnings ("Swap", "SystemVerification"), or "all" alone. kubeadm
+	// compares them case-insensitively; rendered lowercased, deduplicated and sorted.
+	IgnorePreflightErrors []string
+}
+
+// InitConfig renders the multi-document YAML for `kubeadm init --config` on the first control plane:
+// InitConfiguration, ClusterConfiguration, KubeletConfiguration and KubeProxyConfiguration, in that
+// order. The KubeletConfiguration and KubeProxyConfiguration are cluster-wide: kubeadm stores them in
+// the kubelet-config and kube-proxy ConfigMaps, and joining nodes take them from there.
+//
+// Invalid input returns an error listing every invalid field by its path ("Cluster.BootstrapToken: ...");
+// secret values never appear in errors. The output contains secrets (see the package doc).
+func InitConfig(c Cluster, n Node) ([]byte, error) {
+	v, err := validate(c, n, false)
+	if err != nil {
+		return nil, err
+	}
+	if !n.ControlPlane {
+		return nil, joinErrors([]error{fieldErr("Node.ControlPlane", "must be true: kubeadm init makes the first control plane")})
+	}
+	docs := []any{
+		initConfiguration{
+			APIVersion: kubeadmAPIVersion,
+			Kind:       "InitConfiguration",
+			BootstrapTokens: []bootstrapToken{{
+				Token:  c.BootstrapToken,
+				TTL:    c.BootstrapTokenTTL.String(),
+				Usages: []string{"signing", "authentication"},
+				Groups: []string{BootstrapTokenGroup},
+			}},
+			NodeRegistration: v.nodeRegistration,
+			LocalAPIEndpoint: v.localAPIEndpoint,
+			CertificateKey:   c.CertificateKey,
+		},
+		clusterConfiguration{
+			APIVersion:           kubeadmAPIVersion,
+			Kind:                 "ClusterConfiguration",
+			ClusterName:          c.Name,
+			KubernetesVersion:    c.KubernetesVersion,
+			ControlPlaneEndpoint: c.ControlPlaneEndpoint,
+			ImageRepository:      c.ImageRepository,
+			Networking: networking{
+				PodSubnet:     c.PodSubnet.String(),
+				ServiceSubnet: c.ServiceSubnet.String(),
+				DNSDomain:     v.dnsDomain,
+			},
+			APIServer: apiServer{CertSANs: v.certSANs},
+			// The appliance assigns each node's pod /24 itself (bridge CNI with host-local IPAM), so
+			// the node IPAM controller must not.
+			ControllerManager: controlPlaneProcess{ExtraArgs: []arg{{Name: "allocate-node-cidrs", Value: "false"}}},
+			Etcd:              etcd{Local: localEtcd{DataDir: EtcdDataDir}},
+		},
+		kubeletConfiguration{
+			APIVersion:               kubeletAPIVersion,
+			Kind:                     "KubeletConfiguration",
+			CgroupDriver:             "systemd",
+			ContainerRuntimeEndpoint: CRISocket,
+			FailSwapOn:               false,
+			// kubelet 1.34 refuses to start on a cgroup v1 host unless told otherwise; the lab host is v1.
+			FailCgroupV1: false,
+		},
+		kubeProxyConfiguration{
+			APIVersion:  kubeProxyAPIVersion,
+			Kind:        "KubeProxyConfiguration",
+			Mode:        "nftables",
+			ClusterCIDR: c.PodSubnet.String(),
+			Conntrack: conntrack{
+				MaxPerCore:            0,
+				Min:                   0,
+				TCPEstablishedTimeout: "0s",
+				TCPCloseWaitTimeout:   "0s",
+				TCPBeLiberal:          false,
+				UDPTimeout:            "0s",
+				UDPStreamTimeout:      "0s",
+			},
+		},
+	}
+	return encode(docs)
+}
+
+// JoinConfig renders the JoinConfiguration for `kubeadm join --config`: bootstrap-token discovery
+// against Cluster.ControlPlaneEndpoint pinned by Cluster.CACertHashes, with timeouts.discovery =
+// DiscoveryTimeout. For a control-plane node it adds controlPlane {localAPIEndpoint (Node.Address and
+// the endpoint's port), certificateKey}, which makes kubeadm download the shared certificates from the
+// kubeadm-certs Secret and start a control plane and etcd member on the node.
+//
+// Invalid input returns an error listing every invalid field by its path; secret values never appear
+// in errors. The output contains secrets (see the package doc).
+func JoinConfig(c Cluster, n Node) ([]byte, error) {
+	v, err := validate(c, n, true)
+	if err != nil {
+		return nil, err
+	}
+	jc := joinConfiguration{
+		APIVersion:       kubeadmAPIVersion,
+		Kind:             "JoinConfiguration",
+		NodeRegistration: v.nodeRegistration,
+		Discovery: discovery{BootstrapToken: bootstrapTokenDiscovery{
+			Token:             c.BootstrapToken,
+			APIServerEndpoint: c.ControlPlaneEndpoint,
+			CACertHashes:      v.caCertHashes,
+		}},
+		Timeouts: timeouts{Discovery: DiscoveryTimeout.String()},
+	}
+	if n.ControlPlane {
+		jc.ControlPlane = &joinControlPlane{
+			LocalAPIEndpoint: v.localAPIEndpoint,
+			CertificateKey:   c.CertificateKey,
+		}
+	}
+	return encode([]any{jc})
+}
+
+// Images returns the image references `kubeadm config images list --config` prints for the
+// configuration InitConfig renders from c, in kubeadm's order: kube-apiserver, kube-controller-manager,
+// kube-scheduler, kube-proxy (tag = KubernetesVersion), CoreDNS, pause, etcd. The CoreDNS, pause and
+// etcd tags are constants of kubeadm v1.34 (cmd/kubeadm/app/constants), so only Kubernetes v1.34.x is
+// supported; another minor version returns an error naming Cluster.KubernetesVersion.
+func Images(c Cluster) ([]string, error) {
+	var errs []error
+	checkVersion(c.KubernetesVersion, &errs)
+	checkImageRepository(c.ImageRepository, &errs)
+	if len(errs) > 0 {
+		return nil, joinErrors(errs)
+	}
+	if !strings.HasPrefix(c.KubernetesVersion, "v1.34.") {
+		return nil, joinErrors([]error{fieldErr("Cluster.KubernetesVersion",
+			fmt.Sprintf("%q: image tags are known only for v1.34.x (kubeadm v1.34's CoreDNS, pause and etcd versions)", c.KubernetesVersion))})
+	}
+	repo := c.ImageRepository
+	// kubeadm: the official CoreDNS image lives one level down, only in the default repository.
+	dnsRepo := repo
+	if repo == "registry.k8s.io" {
+		dnsRepo = repo + "/coredns"
+	}
+	tag := strings.ReplaceAll(c.KubernetesVersion, "+", "_") // kubeadm's KubernetesVersionToImageTag
+	return []string{
+		repo + "/kube-apiserver:" + tag,
+		repo + "/kube-controller-manager:" + tag,
+		repo + "/kube-scheduler:" + tag,
+		repo + "/kube-proxy:" + tag,
+		dnsRepo + "/coredns:v1.12.1",
+		repo + "/pause:3.10.1",
+		repo + "/etcd:3.6.5-0",
+	}, nil
+}
+
+// encode serialises docs as one YAML stream, "---" between documents, two-space indent.
+func encode(docs []any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	for _, d := range docs {
+		if err := enc.Encode(d); err != nil {
+			return nil, fmt.Errorf("encoding kubeadm configuration: %w", err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encoding kubeadm configuration: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// endpointPort returns the port of a "host:port" endpoint.
+func endpointPort(endpoint string) (host string, port int32, err error) {
+	h, p, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return "", 0, fmt.Errorf("port %q is not a number in 1-65535", p)
+	}
+	return h, int32(n), nil
+}
