@@ -12,6 +12,11 @@
 #   P-cpI      control-plane node I (1..9): eth0 10.100.0.(10+I), eth1 10.200.0.(10+I)
 #   P-wI       worker I (1..79): eth0 10.100.0.(20+I), eth1 10.200.0.(20+I)
 #
+# LAB_WORKER_KIND (vm, the default, or nspawn) is the kind of host test/lab/nodes.sh makes of P-wI. A
+# VM worker's namespace is turned into two bridges by nodes.sh (the VM owns the addresses) and lab.sh
+# leaves it so; with LAB_WORKER_KIND=nspawn, `up` turns such a namespace back into a plain one that
+# holds the worker's addresses itself, as nspawn nodes need.
+#
 # Safety (LAB.md): nothing is created in the root network namespace. Each veth pair is created with both
 # ends directly inside lab namespaces; no namespace gets a default route (air gap); loopback is up
 # everywhere. `down` deletes only namespaces whose names match this lab's exact pattern. Processes
@@ -20,6 +25,8 @@ set -euo pipefail
 
 P=${LAB_PREFIX:-lab}
 [[ $P =~ ^[a-z][a-z0-9]{0,5}$ ]] || { echo "lab.sh: LAB_PREFIX '$P' must be 1-6 characters of [a-z0-9] starting with a letter" >&2; exit 2; }
+WORKER_KIND=${LAB_WORKER_KIND:-vm}
+[[ $WORKER_KIND == vm || $WORKER_KIND == nspawn ]] || { echo "lab.sh: LAB_WORKER_KIND '$WORKER_KIND' must be vm or nspawn" >&2; exit 2; }
 FABRIC=$P-fabric
 BOOT=$P-boot
 CP_NET=10.100.0
@@ -54,10 +61,26 @@ port() {
 	nsip "$node" link set "$ifname" up
 }
 
+# unbridge NS: undo what nodes.sh does to a VM worker's namespace (eth0/eth1 in bridges br0/br1 with
+# tap0/tap1), so the namespace can hold the addresses itself. Only while no VM runs in it.
+unbridge() {
+	local ns=$1 n
+	nsip "$ns" link show br0 >/dev/null 2>&1 || nsip "$ns" link show br1 >/dev/null 2>&1 || return 0
+	local node=${ns#"$P"-}
+	[[ ! -e /run/netns/$P-bmc${node#w} && -z $(ip netns pids "$ns" 2>/dev/null) ]] ||
+		die "$node is a VM worker (its BMC or VM runs): stop it first (LAB_PREFIX=$P test/lab/nodes.sh down $node)"
+	for n in 0 1; do
+		nsip "$ns" link set "eth$n" nomaster 2>/dev/null || true
+		nsip "$ns" link del "tap$n" 2>/dev/null || true
+		nsip "$ns" link del "br$n" 2>/dev/null || true
+	done
+}
+
 node_up() {
 	local ns=$1 short=$2 host=$3
 	ns_add "$ns"
 	nsip "$ns" link set lo up
+	[[ $short != w* || $WORKER_KIND != nspawn ]] || unbridge "$ns"
 	port "$ns" eth0 br-cp "$short-c" "$CP_NET.$host/24"
 	port "$ns" eth1 br-wl "$short-w" "$WL_NET.$host/24"
 	# Air gap: no default route, even if something added one.
@@ -110,5 +133,5 @@ case ${1:-} in
 up) shift; up "$@" ;;
 down) down ;;
 status) status ;;
-*) echo "usage: lab.sh up [CONTROL_PLANES [WORKERS]] | down | status   (LAB_PREFIX=$P)" >&2; exit 2 ;;
+*) echo "usage: lab.sh up [CONTROL_PLANES [WORKERS]] | down | status   (LAB_PREFIX=$P LAB_WORKER_KIND=$WORKER_KIND)" >&2; exit 2 ;;
 esac

@@ -7,21 +7,42 @@
 #   nodes.sh reboot NODE      reboot a pre-installed node (its systemd reboots; nspawn starts it again)
 #   nodes.sh ssh NODE CMD...  run CMD on a pre-installed node as root, over SSH from P-boot, host key pinned
 #
-# Two kinds of node (P = ${LAB_PREFIX:-lab}, LAB_DIR = ${LAB_DIR:-/var/lib/appliance-lab}):
+# Environment: P = LAB_PREFIX (default lab); LAB_DIR (default /var/lib/appliance-lab for the prefix
+# "lab", /var/lib/appliance-lab-P for any other, so labs never share node directories; a LAB_DIR that
+# already holds running nodes of another prefix is refused); LAB_WORKER_KIND = vm (default) or nspawn,
+# the kind wI nodes are started as. Each node's state lives in LAB_DIR/nodes/<node>, its kind in
+# LAB_DIR/nodes/<node>/kind.
 #
-#   cpI — pre-installed host (the appliance reaches it over SSH): a Debian bookworm systemd-nspawn
-#         container booted with systemd inside namespace P-cpI, using that namespace's interfaces and
-#         addresses as they are (10.100.0.1I, 10.200.0.1I). Its root is an overlayfs: lower = the
-#         cached tree of test/fixtures/build-rootfs.sh, upper/work = LAB_DIR/nodes/cpI/{upper,work},
-#         mounted at LAB_DIR/nodes/cpI/root. nodes.sh injects /etc/hostname, the lab SSH host key
-#         (LAB_DIR/ssh/host_ed25519) and root's authorized_keys (LAB_DIR/ssh/id_ed25519.pub). A small
-#         supervisor (`nodes.sh _run`, setsid, PID in supervisor.pid, log in console.log) runs
-#         systemd-nspawn again when the container reboots (exit status 133) and stops when it powers off.
-#         Ready = `ssh root@10.100.0.1I systemctl is-system-running` from P-boot, with the lab key and
+# Two kinds of node:
+#
+#   nspawn — pre-installed host (the appliance reaches it over SSH): every cpI, and wI when
+#         LAB_WORKER_KIND=nspawn. A Debian bookworm systemd-nspawn container booted with systemd inside
+#         namespace P-<node>, using that namespace's interfaces and addresses as they are
+#         (cpI: 10.100.0.1I, 10.200.0.1I; wI: 10.100.0.(20+I), 10.200.0.(20+I)). Its root is an
+#         overlayfs: lower = the cached tree of test/fixtures/build-rootfs.sh, upper/work =
+#         LAB_DIR/nodes/<node>/{upper,work}, mounted at LAB_DIR/nodes/<node>/root. nodes.sh injects
+#         /etc/hostname, /etc/hosts (the node's name -> its control-plane address), a static
+#         /etc/resolv.conf (nameserver 10.100.0.2, the bootstrap host), the lab SSH host key
+#         (LAB_DIR/ssh/host_ed25519), root's authorized_keys (LAB_DIR/ssh/id_ed25519.pub) and
+#         test/lab/node-init.sh as /usr/local/sbin/lab-node-init, masks systemd-modules-load (a node
+#         never loads kernel modules into the host) and sets DefaultTimeoutStopSec=10s (pods that ignore
+#         SIGTERM would hold a power-off for 90 s). A small supervisor (`nodes.sh _run`, setsid,
+#         PID in supervisor.pid, log in console.log) runs systemd-nspawn again when the container
+#         reboots (exit status 133) and stops when it powers off.
+#         What Kubernetes needs (LAB.md): nspawn runs with SYSTEMD_NSPAWN_API_VFS_WRITABLE=network,
+#         --capability=all, --bind=/dev/kmsg (kubelet), --system-call-filter=@keyring (runc),
+#         --kill-signal=SIGRTMIN+3, LAB_DIR/nodes/<node>/containerd bound on /var/lib/containerd
+#         (containerd's overlayfs snapshotter cannot put its upper directories on the node's overlayfs
+#         root: "not supported as upperdir"), and lab-node-init as PID 1 (cgroups read-write, / rshared,
+#         per-netns sysctls, private copies of the global sysctls kubelet writes; see node-init.sh),
+#         which execs systemd. Before it starts, systemd-nspawn moves into a cgroup of its own,
+#         lab-P-<node>, below the supervisor's cgroup in every hierarchy (listed in
+#         LAB_DIR/nodes/<node>/cgroups; `down` removes them).
+#         Ready = `ssh root@<address> systemctl is-system-running` from P-boot, with the lab key and
 #         a strict known_hosts, answers running or degraded.
 #
-#   wI  — bare metal behind a BMC (the appliance powers it on over IPMI): namespace P-bmcI holds the
-#         BMC address 10.100.0.(120+I) on a veth into the fabric's br-cp, and an OpenIPMI ipmi_sim
+#   vm  — wI (the default LAB_WORKER_KIND): bare metal behind a BMC (the appliance powers it on over
+#         IPMI): namespace P-bmcI holds the BMC address 10.100.0.(120+I) on a veth into the fabric's br-cp, and an OpenIPMI ipmi_sim
 #         serving IPMI-over-LAN (RMCP+, cipher suite 3) with user admin / LAB_DIR/bmc/wI.password.
 #         Its chassis_control program is test/lab/vm/chassis.sh, which starts a QEMU VM (TCG) inside
 #         P-wI on power-on and kills it on power-off. Inside P-wI, bridges br0 (eth0 + tap0) and br1
@@ -36,12 +57,14 @@
 # checking that each PID still runs the program recorded for it.
 #
 # Needs: systemd-container, debootstrap, openssh-client, openipmi, ipmitool, qemu-system-x86,
-# busybox-static, cpio, ignition, iproute2, util-linux (setsid, nsenter, flock).
+# busybox-static, cpio, ignition, iproute2, util-linux (setsid, nsenter, flock, findmnt).
 set -euo pipefail
 
 P=${LAB_PREFIX:-lab}
 [[ $P =~ ^[a-z][a-z0-9]{0,5}$ ]] || { echo "nodes.sh: LAB_PREFIX '$P' must be 1-6 characters of [a-z0-9] starting with a letter" >&2; exit 2; }
-LABDIR=${LAB_DIR:-/var/lib/appliance-lab}
+if [[ $P == lab ]]; then LABDIR=${LAB_DIR:-/var/lib/appliance-lab}; else LABDIR=${LAB_DIR:-/var/lib/appliance-lab-$P}; fi
+WORKER_KIND=${LAB_WORKER_KIND:-vm}
+[[ $WORKER_KIND == vm || $WORKER_KIND == nspawn ]] || { echo "nodes.sh: LAB_WORKER_KIND '$WORKER_KIND' must be vm or nspawn" >&2; exit 2; }
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 NSPAWN_RUN=/run/systemd/nspawn
@@ -57,7 +80,31 @@ die() { log "$*"; exit 1; }
 nodedir() { echo "$LABDIR/nodes/$1"; }
 ns_of() { echo "$P-$1"; }
 node_index() { echo "${1##*[a-z]}"; } # cp3 -> 3, w12 -> 12
-cp_ip() { echo "10.100.0.$((10 + $(node_index "$1")))"; }
+# node_ip NODE [NET]: the node's address on the control plane (10.100.0) or NET; lab.sh's numbering.
+node_ip() {
+	case $1 in
+	cp*) echo "${2:-10.100.0}.$((10 + $(node_index "$1")))" ;;
+	*) echo "${2:-10.100.0}.$((20 + $(node_index "$1")))" ;;
+	esac
+}
+
+# kind_of NODE: nspawn or vm. cpI is always nspawn; wI is what it was started as (LAB_DIR/nodes/wI/kind),
+# or what a leftover directory shows, or LAB_WORKER_KIND for a node never started.
+kind_of() {
+	local d
+	[[ $1 == cp* ]] && { echo nspawn; return; }
+	d=$(nodedir "$1")
+	if [[ -s $d/kind ]]; then cat "$d/kind"
+	elif [[ -e $d/chassis.env || -e $d/ipmi_sim.pid ]]; then echo vm
+	elif [[ -e $d/root ]]; then echo nspawn
+	else echo "$WORKER_KIND"; fi
+}
+# active NODE: the node's supervisor (nspawn) or BMC (vm) runs.
+active() {
+	local d
+	d=$(nodedir "$1")
+	alive "$d/supervisor.pid" "_run $1" || alive "$d/ipmi_sim.pid" ipmi_sim
+}
 
 # alive PIDFILE WORD: the PID in PIDFILE runs and its command line contains WORD (guards against reuse).
 alive() {
@@ -107,38 +154,109 @@ release_nspawn_run() {
 	umount "$NSPAWN_RUN" && log "unmounted the tmpfs on $NSPAWN_RUN"
 }
 
-cp_mounted() { mountpoint -q "$(nodedir "$1")/root"; }
+ct_mounted() { mountpoint -q "$(nodedir "$1")/root"; }
 
-cp_prepare() {
+# ct_plain_net NODE: the node's namespace must carry its addresses itself (lab.sh puts them there;
+# a namespace a VM worker used is bridged instead: LAB_WORKER_KIND=nspawn lab.sh up undoes that).
+ct_plain_net() {
+	local node=$1 ns
+	ns=$(ns_of "$node")
+	ip -n "$ns" -br addr show dev eth0 2>/dev/null | grep -qF " $(node_ip "$node")/24" || die \
+		"$node: $ns has no $(node_ip "$node") on eth0 (bridged for a VM before?): run LAB_WORKER_KIND=nspawn LAB_PREFIX=$P test/lab/lab.sh up first"
+}
+
+ct_prepare() {
 	local node=$1 d rootfs
 	d=$(nodedir "$node")
 	[[ -n ${ROOTFS:-} ]] || ROOTFS=$("$REPO/test/fixtures/build-rootfs.sh") || die "cannot build the node root filesystem"
 	rootfs=$ROOTFS
-	mkdir -p "$d/upper" "$d/work" "$d/root"
-	if ! cp_mounted "$node"; then
+	mkdir -p "$d/upper" "$d/work" "$d/root" "$d/containerd"
+	if ! ct_mounted "$node"; then
 		mount -t overlay "overlay-$P-$node" -o "lowerdir=$rootfs,upperdir=$d/upper,workdir=$d/work" "$d/root"
 	fi
 	local r=$d/root
 	echo "$node" >"$r/etc/hostname"
+	printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n' "$(node_ip "$node")" "$node" >"$r/etc/hosts"
+	rm -f "$r/etc/resolv.conf" # a symlink in some trees: never write through it
+	printf 'nameserver 10.100.0.2\n' >"$r/etc/resolv.conf"
 	install -m 0600 "$SSH_DIR/host_ed25519" "$r/etc/ssh/ssh_host_ed25519_key"
 	install -m 0644 "$SSH_DIR/host_ed25519.pub" "$r/etc/ssh/ssh_host_ed25519_key.pub"
 	install -d -m 0700 "$r/root/.ssh"
 	install -m 0600 "$SSH_DIR/id_ed25519.pub" "$r/root/.ssh/authorized_keys"
 	ln -sfn /lib/systemd/system/ssh.service "$r/etc/systemd/system/multi-user.target.wants/ssh.service"
+	ln -sfn /dev/null "$r/etc/systemd/system/systemd-modules-load.service"
+	# Pod containers whose PID 1 ignores SIGTERM would hold a power-off for systemd's default 90 s.
+	install -d "$r/etc/systemd/system.conf.d"
+	printf '[Manager]\nDefaultTimeoutStopSec=10s\n' >"$r/etc/systemd/system.conf.d/lab-node.conf"
+	install -D -m 0755 "$HERE/node-init.sh" "$r/usr/local/sbin/lab-node-init"
+}
+
+# ct_cgroups NODE: one line per cgroup hierarchy this process is in: the directory of the node's own
+# cgroup, lab-P-NODE, right below this process's cgroup there (mount point + path from /proc/self/cgroup).
+ct_cgroups() {
+	local node=$1 id ctrls path target fs opts found
+	while IFS=: read -r id ctrls path; do
+		found=
+		while read -r target fs opts; do
+			if [[ -z $ctrls && $fs == cgroup2 ]] || [[ -n $ctrls && $fs == cgroup && ,$opts, == *,$ctrls,* ]]; then
+				found=$target
+				break
+			fi
+		done < <(findmnt -rn -t cgroup,cgroup2 -o TARGET,FSTYPE,OPTIONS)
+		[[ -n $found ]] && echo "$found${path%/}/lab-$P-$node"
+	done </proc/self/cgroup
+}
+
+# ct_join_cgroups NODE: move this process into the node's own cgroup in every hierarchy (created as
+# needed; a v1 cpuset gets its parent's cpus and mems first, or no task may join it); list them in
+# LAB_DIR/nodes/NODE/cgroups for `down`.
+ct_join_cgroups() {
+	local node=$1 dir f dirs
+	dirs=$(ct_cgroups "$node")
+	echo "$dirs" >"$(nodedir "$node")/cgroups"
+	for dir in $dirs; do
+		mkdir -p "$dir"
+		for f in cpuset.cpus cpuset.mems; do
+			[[ -e $dir/$f && -z $(<"$dir/$f") ]] && cat "$(dirname "$dir")/$f" >"$dir/$f"
+		done
+		echo "$BASHPID" >"$dir/cgroup.procs"
+	done
+}
+
+# ct_remove_cgroups NODE: remove the node's cgroups, as listed when it started (depth first; busy ones
+# are reported and kept, and the list with them). Only directories named lab-P-NODE under
+# /sys/fs/cgroup are touched.
+ct_remove_cgroups() {
+	local node=$1 dir list busy=0
+	list=$(nodedir "$node")/cgroups
+	[[ -s $list ]] || return 0
+	for dir in $(<"$list"); do
+		[[ $dir == /sys/fs/cgroup/* && $dir == */lab-$P-$node && -d $dir ]] || continue
+		find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+		[[ ! -d $dir ]] || { busy=1; log "$node: cgroup $dir still in use (not removed)"; }
+	done
+	((busy)) || rm -f "$list"
 }
 
 # _run NODE: the supervisor (runs detached): systemd-nspawn in the foreground, again after a reboot.
-cp_run() {
+ct_run() {
 	local node=$1 d rc pid
 	d=$(nodedir "$node")
 	stop=0
-	trap 'stop=1; [[ -n ${pid:-} ]] && kill -TERM "$pid" 2>/dev/null' TERM INT
+	# Forward only the first SIGTERM: a second one makes systemd-nspawn kill the container at once.
+	trap '((stop)) || { stop=1; [[ -n ${pid:-} ]] && kill -TERM "$pid" 2>/dev/null; }' TERM INT
 	while :; do
 		rm -f "$d/nspawn.pid"
-		systemd-nspawn --boot --directory="$d/root" --machine="$P-$node" --hostname="$node" \
-			--register=no --keep-unit --console=pipe --link-journal=no --resolv-conf=off \
-			--timezone=off --capability=CAP_NET_ADMIN,CAP_NET_RAW \
-			--network-namespace-path="/run/netns/$(ns_of "$node")" </dev/null &
+		(
+			ct_join_cgroups "$node"
+			SYSTEMD_NSPAWN_API_VFS_WRITABLE=network exec systemd-nspawn --directory="$d/root" \
+				--machine="$P-$node" --hostname="$node" \
+				--register=no --keep-unit --console=pipe --link-journal=no --resolv-conf=off \
+				--timezone=off --capability=all --system-call-filter=@keyring --bind=/dev/kmsg \
+				--bind="$d/containerd:/var/lib/containerd" \
+				--kill-signal=SIGRTMIN+3 --network-namespace-path="/run/netns/$(ns_of "$node")" \
+				/usr/local/sbin/lab-node-init
+		) </dev/null &
 		pid=$!
 		echo "$pid" >"$d/nspawn.pid"
 		rc=0
@@ -154,30 +272,33 @@ cp_run() {
 	done
 }
 
-cp_up() {
+ct_up() {
 	local node=$1 d
 	d=$(nodedir "$node")
 	if alive "$d/supervisor.pid" "_run $node"; then
 		return 0
 	fi
+	ct_plain_net "$node"
 	ensure_nspawn_run
-	cp_prepare "$node"
+	ct_prepare "$node"
+	echo nspawn >"$d/kind"
 	: >"$d/console.log"
 	LAB_PREFIX=$P LAB_DIR=$LABDIR setsid "$HERE/nodes.sh" _run "$node" >>"$d/console.log" 2>&1 </dev/null 8>&- &
 	echo $! >"$d/supervisor.pid"
 	date +%s%N >"$d/started"
 }
 
-# cp_ready NODE: answers once sshd on the node runs commands with the lab key and the pinned host key.
+# ssh_node NODE CMD...: CMD as root on the node, from P-boot, with the lab key and the pinned host key.
 ssh_node() {
 	local node=$1
 	shift
 	ip netns exec "$(ns_of boot)" ssh -o BatchMode=yes -o StrictHostKeyChecking=yes \
 		-o UserKnownHostsFile="$SSH_DIR/known_hosts" -o GlobalKnownHostsFile=/dev/null \
-		-o ConnectTimeout=3 -o LogLevel=ERROR -i "$SSH_DIR/id_ed25519" "root@$(cp_ip "$node")" "$@"
+		-o ConnectTimeout=3 -o LogLevel=ERROR -i "$SSH_DIR/id_ed25519" "root@$(node_ip "$node")" "$@"
 }
 
-cp_wait_ready() {
+# ct_wait_ready NODE: returns once sshd on the node runs commands with the lab key and the pinned host key.
+ct_wait_ready() {
 	local node=$1 d state deadline=$((SECONDS + READY_TIMEOUT))
 	d=$(nodedir "$node")
 	while ((SECONDS < deadline)); do
@@ -195,7 +316,7 @@ cp_wait_ready() {
 	die "$node: no SSH answer within ${READY_TIMEOUT}s (last state '${state:-none}'); see $d/console.log"
 }
 
-cp_down() {
+ct_down() {
 	local node=$1 d spid npid
 	d=$(nodedir "$node")
 	if alive "$d/supervisor.pid" "_run $node"; then
@@ -207,12 +328,15 @@ cp_down() {
 			alive "$d/nspawn.pid" systemd-nspawn && npid=$(pid_of "$d/nspawn.pid") && kill_tree "$npid"
 			kill -KILL "$spid" 2>/dev/null || true
 			wait_gone "$spid" 5 || log "$node: supervisor $spid survived SIGKILL"
+			# A killed systemd-nspawn leaves its per-machine directories behind (named after the machine).
+			rm -rf "${NSPAWN_RUN:?}/propagate/$P-$node" "${NSPAWN_RUN:?}/unix-export/$P-$node"
 		fi
 	fi
 	rm -f "$d/supervisor.pid" "$d/nspawn.pid"
-	if cp_mounted "$node"; then
+	if ct_mounted "$node"; then
 		umount "$d/root" || die "$node: cannot unmount $d/root (still busy?)"
 	fi
+	ct_remove_cgroups "$node"
 }
 
 # kill_tree PID: SIGKILL PID and its descendants (the container's processes are nspawn's descendants).
@@ -222,7 +346,7 @@ kill_tree() {
 	kill -KILL "$1" 2>/dev/null || true
 }
 
-cp_reboot() {
+ct_reboot() {
 	local node=$1 d npid init
 	d=$(nodedir "$node")
 	alive "$d/nspawn.pid" systemd-nspawn || die "$node is not running"
@@ -233,16 +357,16 @@ cp_reboot() {
 	# SIGRTMIN+5 to systemd (PID 1 of the container) starts reboot.target, like `systemctl reboot`.
 	kill -s RTMIN+5 "$init"
 	wait_gone "$init" "$STOP_TIMEOUT" || die "$node: did not go down within ${STOP_TIMEOUT}s"
-	cp_wait_ready "$node"
+	ct_wait_ready "$node"
 }
 
-cp_status() {
+ct_status() {
 	local node=$1 d
 	d=$(nodedir "$node")
 	if alive "$d/supervisor.pid" "_run $node"; then
-		echo "$node: running (nspawn pid $(cat "$d/nspawn.pid" 2>/dev/null || echo -), ssh root@$(cp_ip "$node"))"
+		echo "$node: running (nspawn pid $(cat "$d/nspawn.pid" 2>/dev/null || echo -), ssh root@$(node_ip "$node"))"
 	else
-		echo "$node: stopped$(cp_mounted "$node" && echo ' (overlay still mounted)')"
+		echo "$node: stopped$(ct_mounted "$node" && echo ' (overlay still mounted)')"
 	fi
 }
 
@@ -374,42 +498,76 @@ bmc_status() {
 nodes_or_all() {
 	if (($#)); then printf '%s\n' "$@"; else all_nodes; fi
 }
+dir_nodes() { ls "$LABDIR/nodes" 2>/dev/null | grep -E '^(cp[1-9]|w[1-9][0-9]?)$' | sort -V || true; }
+
+# owner_ok: LAB_DIR/nodes belongs to this lab prefix (recorded in LAB_DIR/nodes/.prefix; a directory
+# without the record, or whose nodes all stopped, is claimed by `up`). Two labs sharing one LAB_DIR
+# would share node directories: `up` refuses, `down` and `status` leave the other lab's nodes alone.
+owner() { cat "$LABDIR/nodes/.prefix" 2>/dev/null || echo "$P"; }
+claim_labdir() {
+	local o node
+	o=$(owner)
+	if [[ $o != "$P" ]]; then
+		for node in $(dir_nodes); do
+			active "$node" && die "$LABDIR holds running nodes of lab '$o' ($node): use another LAB_DIR (default for prefix $P: /var/lib/appliance-lab-$P) or stop them (LAB_PREFIX=$o nodes.sh down)"
+		done
+		log "$LABDIR/nodes: taking over from lab '$o' (none of its nodes runs)"
+	fi
+	mkdir -p "$LABDIR/nodes"
+	echo "$P" >"$LABDIR/nodes/.prefix"
+}
 
 up() {
-	local node cps=()
+	local node cts=() nw
 	[[ -e /run/netns/$P-boot && -e /run/netns/$P-fabric ]] || die "lab $P not up: run test/lab/lab.sh up first (LAB_PREFIX=$P)"
-	LAB_DIR=$LABDIR "$HERE/creds.sh"
+	mkdir -p "$LABDIR"
 	exec 8>"$LABDIR/nodes.lock"
 	flock 8
+	claim_labdir
+	# BMC passwords for every worker namespace (at least w1, as before); host key pins for nspawn workers.
+	nw=$(all_nodes | grep -c '^w' || true)
+	LAB_DIR=$LABDIR LAB_WORKERS=${LAB_WORKERS:-$((nw > 1 ? nw : 1))} LAB_WORKER_KIND=$WORKER_KIND "$HERE/creds.sh"
 	for node in $(nodes_or_all "$@"); do
 		check_node "$node"
 		mkdir -p "$(nodedir "$node")"
-		case $node in
-		cp*) cp_up "$node" && cps+=("$node") ;;
-		w*) bmc_up "$node" ;;
+		local kind
+		kind=$(kind_of "$node")
+		if [[ $node == w* && $kind != "$WORKER_KIND" ]]; then
+			active "$node" && die "$node runs as a $kind node: stop it first (LAB_PREFIX=$P nodes.sh down $node), then start it with LAB_WORKER_KIND=$WORKER_KIND"
+			rm -f "$(nodedir "$node")/kind" "$(nodedir "$node")/chassis.env"
+			kind=$WORKER_KIND
+		fi
+		case $kind in
+		nspawn) ct_up "$node" && cts+=("$node") ;;
+		vm) echo vm >"$(nodedir "$node")/kind"; bmc_up "$node" ;;
 		esac
 	done
-	for node in "${cps[@]}"; do cp_wait_ready "$node"; done
+	for node in "${cts[@]}"; do ct_wait_ready "$node"; done
 }
 
 down() {
 	local node
 	[[ -d $LABDIR/nodes ]] || { release_nspawn_run; return 0; }
+	if [[ $(owner) != "$P" ]]; then
+		log "$LABDIR/nodes belongs to lab '$(owner)', not '$P': nothing of lab $P to stop there"
+		release_nspawn_run
+		return 0
+	fi
 	mkdir -p "$LABDIR"
 	exec 8>"$LABDIR/nodes.lock"
 	flock 8
 	local list
-	if (($#)); then list=("$@"); else mapfile -t list < <(ls "$LABDIR/nodes" | grep -E '^(cp[1-9]|w[1-9][0-9]?)$' | sort -V); fi
-	# Ask every container to power off first, so they shut down in parallel; cp_down then waits.
+	if (($#)); then list=("$@"); else mapfile -t list < <(dir_nodes); fi
+	# Ask every container to power off first, so they shut down in parallel; ct_down then waits.
 	for node in "${list[@]}"; do
-		[[ $node == cp* ]] && alive "$(nodedir "$node")/supervisor.pid" "_run $node" &&
+		[[ $(kind_of "$node") == nspawn ]] && alive "$(nodedir "$node")/supervisor.pid" "_run $node" &&
 			kill -TERM "$(pid_of "$(nodedir "$node")/supervisor.pid")" 2>/dev/null
 	done
 	for node in "${list[@]}"; do
-		case $node in
-		cp*) cp_down "$node" ;;
-		w*) bmc_down "$node" ;;
-		*) die "unknown node '$node'" ;;
+		[[ $node =~ ^(cp[1-9]|w[1-9][0-9]?)$ ]] || die "unknown node '$node'"
+		case $(kind_of "$node") in
+		nspawn) ct_down "$node" ;;
+		vm) bmc_down "$node" ;;
 		esac
 		echo "stopped $node"
 	done
@@ -419,19 +577,26 @@ down() {
 status() {
 	local node any=0
 	[[ -d $LABDIR/nodes ]] || { echo "no lab nodes under $LABDIR/nodes"; return 0; }
-	for node in $(ls "$LABDIR/nodes" | grep -E '^(cp[1-9]|w[1-9][0-9]?)$' | sort -V); do
+	[[ $(owner) == "$P" ]] || { echo "no nodes of lab '$P' under $LABDIR/nodes (it holds lab '$(owner)')"; return 0; }
+	for node in $(dir_nodes); do
 		any=1
-		case $node in cp*) cp_status "$node" ;; w*) bmc_status "$node" ;; esac
+		case $(kind_of "$node") in nspawn) ct_status "$node" ;; vm) bmc_status "$node" ;; esac
 	done
 	((any)) || echo "no lab nodes under $LABDIR/nodes"
+}
+
+# need_nspawn VERB NODE: VERB works on pre-installed (nspawn) nodes only.
+need_nspawn() {
+	[[ $2 =~ ^(cp[1-9]|w[1-9][0-9]?)$ ]] || die "$1: unknown node '$2' (want cp1..cp9 or w1..w79)"
+	[[ $(kind_of "$2") == nspawn ]] || die "$1: $2 is not a pre-installed node (a VM worker: use its BMC)"
 }
 
 case ${1:-} in
 up) shift; up "$@" ;;
 down) shift; down "$@" ;;
 status) status ;;
-reboot) (($# == 2)) || die "usage: nodes.sh reboot NODE"; [[ $2 == cp* ]] || die "reboot: $2 is not a pre-installed node (use its BMC)"; cp_reboot "$2" ;;
-ssh) (($# >= 3)) || die "usage: nodes.sh ssh NODE CMD..."; node=$2; shift 2; [[ $node == cp* ]] || die "ssh: $node is not a pre-installed node"; ssh_node "$node" "$@" ;;
-_run) cp_run "$2" ;;
-*) echo "usage: nodes.sh up [NODE...] | down [NODE...] | status | reboot NODE | ssh NODE CMD...   (LAB_PREFIX=$P LAB_DIR=$LABDIR)" >&2; exit 2 ;;
+reboot) (($# == 2)) || die "usage: nodes.sh reboot NODE"; need_nspawn reboot "$2"; ct_reboot "$2" ;;
+ssh) (($# >= 3)) || die "usage: nodes.sh ssh NODE CMD..."; node=$2; shift 2; need_nspawn ssh "$node"; ssh_node "$node" "$@" ;;
+_run) ct_run "$2" ;;
+*) echo "usage: nodes.sh up [NODE...] | down [NODE...] | status | reboot NODE | ssh NODE CMD...   (LAB_PREFIX=$P LAB_DIR=$LABDIR LAB_WORKER_KIND=$WORKER_KIND)" >&2; exit 2 ;;
 esac
