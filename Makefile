@@ -14,7 +14,8 @@ LAB_STATE  := /var/lib/appliance-lab/state
 # Debian packages the tests and the lab drive as real peers.
 DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
-	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc
+	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
+	containernetworking-plugins libc-bin
 
 .PHONY: help
 help: ## list the targets
@@ -37,20 +38,26 @@ build: ## build bin/appliance and bin/hostagent
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/hostagent ./cmd/hostagent
 
 .PHONY: fixtures
-fixtures: deps ## build (or reuse) the demo/test bundle under $(APPLIANCE_CACHE)
+fixtures: deps ## build (or reuse) the Kubernetes binaries, node rootfs and bundle under $(APPLIANCE_CACHE)
+	test/fixtures/build-kubernetes.sh >/dev/null
+	test/fixtures/build-rootfs.sh >/dev/null
 	test/fixtures/build-bundle.sh
 
+.PHONY: check
+check: test e2e ## everything CI runs: `make test`, then `make e2e`
+
 .PHONY: test
-test: deps build fixtures ## run every test (unit, real-peer, privileged; CI runs this as root)
+test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes cluster; ~5 min warm)
 	@# Compile every test binary in parallel first, then run the packages one at a time: the lab
 	@# tests share host-wide resources (the /run/systemd/nspawn tmpfs, fixture caches, CPU for VMs).
 	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
 	$(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: e2e
-e2e: deps build fixtures ## slow suites outside `make test`: the Kubernetes v1.34 binaries fixture (~7 min cold, cached)
-	test/fixtures/build-kubernetes.sh >/dev/null
+e2e: deps build fixtures ## the Kubernetes end to end: lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
 	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+	set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | \
+		grep -vE '^=== (RUN|PAUSE|CONT)' 
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check
@@ -59,8 +66,8 @@ lint: ## gofmt, go vet, go mod tidy check
 	$(GO) mod tidy -diff
 
 .PHONY: lab-up
-lab-up: deps ## create the namespace lab (fabric, bootstrap host, nodes)
-	test/lab/lab.sh up
+lab-up: deps ## create the namespace lab (fabric, bootstrap host, 3 control planes, 1 worker)
+	LAB_WORKER_KIND=nspawn test/lab/lab.sh up 3 1
 
 .PHONY: lab-down
 lab-down: ## stop the lab's appliance and delete the lab namespaces

@@ -1,5 +1,5 @@
 // Command hostagent runs on every node: it fetches its configuration from the appliance, configures
-// the node (firewall, containerd mirrors, keepalived, an API health stand-in) and reports each step.
+// the node (firewall, packages, containerd, CNI, keepalived, kubeadm) and reports each step.
 // The logic lives in pkg/hostagent; this is the command line.
 package main
 

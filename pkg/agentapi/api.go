@@ -36,6 +36,78 @@ type NodeConfig struct {
 	Mirrors []Mirror `json:"mirrors"`
 	// CAPEM is the appliance CA certificate (PEM).
 	CAPEM string `json:"caPEM"`
+	// Kubernetes is set when the node joins a Kubernetes cluster (bootstrap.yaml kubernetes.enabled).
+	// It holds secrets (bootstrap token, certificate key, on the first control plane the cluster CA
+	// key): it travels only over the token-authenticated agent API and is cached 0600.
+	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+}
+
+// kubeadm actions, in the order a cluster is built (kubeadm init, then joins).
+const (
+	// ActionInit: `kubeadm init` on the first control plane of the inventory.
+	ActionInit = "init"
+	// ActionJoinControlPlane: `kubeadm join --control-plane` on the other control planes, one at a time.
+	ActionJoinControlPlane = "join-control-plane"
+	// ActionJoin: `kubeadm join` on workers, after the first control plane is initialized.
+	ActionJoin = "join"
+)
+
+// KubernetesConfig is what a node's hostagent needs to install Kubernetes and run kubeadm.
+type KubernetesConfig struct {
+	// Version is the Kubernetes version, "v1.34.4".
+	Version string `json:"version"`
+	// Action is ActionInit, ActionJoinControlPlane or ActionJoin.
+	Action string `json:"action"`
+	// Packages are the Debian packages to install from the appliance's repo (apt), e.g. containerd,
+	// runc, containernetworking-plugins, kubelet, kubeadm, kubectl.
+	Packages []string `json:"packages"`
+	// SandboxImage is containerd's CRI sandbox (pause) image, the one kubeadm expects for Version.
+	SandboxImage string `json:"sandboxImage"`
+	// ControlPlaneEndpoint is "VIP:port", kubeadm's controlPlaneEndpoint and join discovery endpoint.
+	ControlPlaneEndpoint string `json:"controlPlaneEndpoint"`
+	// ImageRepository is kubeadm's imageRepository ("registry.k8s.io"; pulled through the mirror).
+	ImageRepository string `json:"imageRepository"`
+	// PodSubnet and ServiceSubnet are kubeadm's networking.podSubnet and serviceSubnet.
+	PodSubnet     netip.Prefix `json:"podSubnet"`
+	ServiceSubnet netip.Prefix `json:"serviceSubnet"`
+	// APIServerCertSANs are extra API server certificate SANs: the VIP and every control plane's
+	// static addresses.
+	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
+	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}". Secret.
+	BootstrapToken string `json:"bootstrapToken"`
+	// BootstrapTokenExpires is when the token (and the certificate key's uploaded certificates)
+	// expire; kubeadm gets the remaining time as the token's ttl.
+	BootstrapTokenExpires time.Time `json:"bootstrapTokenExpires"`
+	// CertificateKey is the 64-hex-character key of kubeadm's kubeadm-certs Secret (control planes
+	// only). Secret.
+	CertificateKey string `json:"certificateKey,omitempty"`
+	// CACertHashes pin the cluster CA for join discovery: "sha256:<hex of the SPKI>".
+	CACertHashes []string `json:"caCertHashes"`
+	// CACertPEM is the cluster CA certificate; CAKeyPEM its key, sent to the first control plane only
+	// (kubeadm init uses an existing /etc/kubernetes/pki/ca.{crt,key}). CAKeyPEM is secret.
+	CACertPEM string `json:"caCertPEM"`
+	CAKeyPEM  string `json:"caKeyPEM,omitempty"`
+	// PodCIDR is this node's pod range (a /24 of PodSubnet) for the bridge CNI; PodRoutes are the other
+	// nodes' ranges, each routed via that node's workload-plane address.
+	PodCIDR   netip.Prefix `json:"podCIDR"`
+	PodRoutes []PodRoute   `json:"podRoutes,omitempty"`
+	// IgnorePreflightErrors are passed to kubeadm (nodeRegistration.ignorePreflightErrors).
+	IgnorePreflightErrors []string `json:"ignorePreflightErrors,omitempty"`
+	// Proceed is set by the appliance when the node is served its config: false while the node must
+	// wait for another (a joining control plane for the one before it, a worker for the first control
+	// plane); WaitingFor then names that node. A node that has already run kubeadm ignores it.
+	Proceed    bool   `json:"proceed"`
+	WaitingFor string `json:"waitingFor,omitempty"`
+	// After is the node whose kubeadm step must be done before this one runs kubeadm ("" for the
+	// first control plane); the appliance derives Proceed and WaitingFor from it.
+	After string `json:"after,omitempty"`
+}
+
+// PodRoute routes another node's pod range via its workload-plane address.
+type PodRoute struct {
+	Node   string       `json:"node"`
+	Prefix netip.Prefix `json:"prefix"`
+	Via    netip.Addr   `json:"via"`
 }
 
 // KeepalivedConfig is the node's VRRP instance for the API VIP (RFC 5798, keepalived unicast).
@@ -61,7 +133,8 @@ type Mirror struct {
 type Report struct {
 	// BootID identifies the node boot (/proc/sys/kernel/random/boot_id): a reboot starts anew.
 	BootID string `json:"bootID"`
-	// Step is the hostagent step, e.g. "config", "firewall", "containerd", "keepalived", "api".
+	// Step is the hostagent step, e.g. "config", "firewall", "packages", "containerd", "cni",
+	// "keepalived", "kubeadm", "api", "ready".
 	Step   string    `json:"step"`
 	Status string    `json:"status"` // running, done, failed
 	Detail string    `json:"detail,omitempty"`

@@ -30,7 +30,10 @@ func NodesDir(stateDir string) string { return filepath.Join(stateDir, "nodes") 
 // CIDR; a control plane without one cannot be named and is left out) plus applianceAddr.
 //
 // The result holds secrets (VRRP auth): write it 0600 (STATE/rendered/<node>/nodeconfig.json).
-func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, vrrpAuthPass string, mirrors []agentapi.Mirror) agentapi.NodeConfig {
+//
+// With c.Kubernetes enabled, cluster (the cluster CA and kubeadm join secrets) must be set and the
+// node also gets its agentapi.KubernetesConfig (see kubernetesFor).
+func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, vrrpAuthPass string, mirrors []agentapi.Mirror, cluster *ClusterSecrets) (agentapi.NodeConfig, error) {
 	roles := make([]string, 0, len(n.Roles))
 	for _, r := range n.Roles {
 		roles = append(roles, string(r))
@@ -57,8 +60,15 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 	if nc.Mirrors == nil {
 		nc.Mirrors = []agentapi.Mirror{}
 	}
+	if c.Kubernetes.IsEnabled() {
+		k, err := kubernetesFor(c, n, cluster)
+		if err != nil {
+			return nc, err
+		}
+		nc.Kubernetes = k
+	}
 	if !n.HasRole(config.RoleControlPlane) || !c.APIServer.Keepalived.IsEnabled() {
-		return nc
+		return nc, nil
 	}
 	prio := ControlPlaneBasePriority
 	var peers []netip.Addr
@@ -80,7 +90,7 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		Priority:        uint8(prio),
 		Peers:           peers,
 	}
-	return nc
+	return nc, nil
 }
 
 // controlPlaneAddr is n's first static address inside a control-plane CIDR (CIDRs in order).

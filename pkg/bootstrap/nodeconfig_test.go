@@ -1,12 +1,15 @@
 package bootstrap
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
 func TestNodeConfigFor(t *testing.T) {
@@ -14,6 +17,7 @@ func TestNodeConfigFor(t *testing.T) {
 	a := netip.MustParseAddr
 	c := &config.BootstrapConfiguration{
 		ClusterName: "lab",
+		Kubernetes:  config.Kubernetes{Enabled: new(false)},
 		Networks: config.Networks{
 			ControlPlane:  config.NetworkPlane{CIDRs: []netip.Prefix{p("10.0.0.0/24")}},
 			WorkloadPlane: config.NetworkPlane{CIDRs: []netip.Prefix{p("10.0.0.0/24"), p("10.1.0.0/24")}},
@@ -29,7 +33,10 @@ func TestNodeConfigFor(t *testing.T) {
 	}
 	mirrors := []agentapi.Mirror{{Registry: "docker.io", Endpoint: "https://10.0.0.1:8443/v2/docker.io"}}
 	app := a("10.0.0.1")
-	cp2 := NodeConfigFor(c, c.Nodes[1], app, []byte("PEM"), "pw", mirrors)
+	cp2, err := NodeConfigFor(c, c.Nodes[1], app, []byte("PEM"), "pw", mirrors, nil)
+	if err != nil || cp2.Kubernetes != nil {
+		t.Fatalf("NodeConfigFor(cp2), kubernetes disabled: %v, kubernetes %+v", err, cp2.Kubernetes)
+	}
 	wantNets := []netip.Prefix{p("10.0.0.0/24"), p("10.1.0.0/24"), p("10.244.0.0/16")}
 	if !slices.Equal(cp2.NodeNetworks, wantNets) || cp2.CAPEM != "PEM" || cp2.APIServerVIP != a("10.0.0.100") || len(cp2.Mirrors) != 1 {
 		t.Errorf("cp2: %+v", cp2)
@@ -39,12 +46,114 @@ func TestNodeConfigFor(t *testing.T) {
 		!slices.Equal(k.Peers, []netip.Addr{a("10.0.0.11"), app}) {
 		t.Errorf("cp2 keepalived: %+v (want priority %d, peers cp1's control-plane address and the appliance)", k, ControlPlaneBasePriority-1)
 	}
-	if w := NodeConfigFor(c, c.Nodes[3], app, nil, "pw", nil); w.Keepalived != nil || w.Mirrors == nil {
+	if w, _ := NodeConfigFor(c, c.Nodes[3], app, nil, "pw", nil, nil); w.Keepalived != nil || w.Mirrors == nil {
 		t.Errorf("worker: %+v", w)
 	}
 	off := false
 	c.APIServer.Keepalived.Enabled = &off
-	if cp := NodeConfigFor(c, c.Nodes[0], app, nil, "pw", nil); cp.Keepalived != nil {
+	if cp, _ := NodeConfigFor(c, c.Nodes[0], app, nil, "pw", nil, nil); cp.Keepalived != nil {
 		t.Errorf("keepalived disabled, yet cp1 got %+v", cp.Keepalived)
+	}
+}
+
+// TestNodeConfigForKubernetes: kubeadm actions and their order, secrets only where kubeadm needs them,
+// one pod range per node and routes to the others via their workload-plane addresses.
+func TestNodeConfigForKubernetes(t *testing.T) {
+	p := netip.MustParsePrefix
+	a := netip.MustParseAddr
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	dir := t.TempDir()
+	ca, _, err := pki.EnsureCA(dir, "kubernetes", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets, _, err := pki.EnsureKubeadmSecrets(dir, BootstrapTokenTTL, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &config.BootstrapConfiguration{
+		ClusterName:       "lab",
+		KubernetesVersion: "v1.34.4",
+		Kubernetes:        config.Kubernetes{IgnorePreflightErrors: []string{"SystemVerification"}},
+		Networks: config.Networks{
+			ControlPlane:  config.NetworkPlane{CIDRs: []netip.Prefix{p("10.100.0.0/24")}},
+			WorkloadPlane: config.NetworkPlane{CIDRs: []netip.Prefix{p("10.200.0.0/24")}},
+			Pods:          p("10.233.0.0/16"),
+			Services:      p("10.96.0.0/16"),
+		},
+		APIServer: config.APIServer{VIP: a("10.100.0.100"), Port: 6443},
+	}
+	for i, name := range []string{"cp1", "cp2", "cp3", "w1"} {
+		role := config.RoleControlPlane
+		if name == "w1" {
+			role = config.RoleWorker
+		}
+		c.Nodes = append(c.Nodes, config.Node{Name: name, Roles: []config.Role{role},
+			Addresses: []netip.Addr{a(fmt.Sprintf("10.100.0.%d", 11+i)), a(fmt.Sprintf("10.200.0.%d", 11+i))}})
+	}
+	cluster := &ClusterSecrets{CA: ca, Kubeadm: secrets}
+	want := []struct{ action, after, podCIDR string }{
+		{agentapi.ActionInit, "", "10.233.0.0/24"},
+		{agentapi.ActionJoinControlPlane, "cp1", "10.233.1.0/24"},
+		{agentapi.ActionJoinControlPlane, "cp2", "10.233.2.0/24"},
+		{agentapi.ActionJoin, "cp1", "10.233.3.0/24"},
+	}
+	for i, n := range c.Nodes {
+		nc, err := NodeConfigFor(c, n, a("10.100.0.2"), ca.CertPEM, "pw", nil, cluster)
+		if err != nil {
+			t.Fatalf("%s: %v", n.Name, err)
+		}
+		k := nc.Kubernetes
+		if k == nil {
+			t.Fatalf("%s: no kubernetes config", n.Name)
+		}
+		if k.Action != want[i].action || k.After != want[i].after || k.PodCIDR != p(want[i].podCIDR) {
+			t.Errorf("%s: action %q after %q pod CIDR %s, want %+v", n.Name, k.Action, k.After, k.PodCIDR, want[i])
+		}
+		if k.ControlPlaneEndpoint != "10.100.0.100:6443" || k.BootstrapToken != secrets.BootstrapToken ||
+			!k.BootstrapTokenExpires.Equal(now.Add(BootstrapTokenTTL)) || len(k.CACertHashes) != 1 || k.CACertHashes[0] != pki.PinHash(ca.Cert) {
+			t.Errorf("%s: endpoint %q token/expiry/hashes wrong: %+v", n.Name, k.ControlPlaneEndpoint, k)
+		}
+		if (k.CAKeyPEM != "") != (i == 0) {
+			t.Errorf("%s: CA key handed out = %v, want only to the first control plane", n.Name, k.CAKeyPEM != "")
+		}
+		if (k.CertificateKey != "") != (i < 3) {
+			t.Errorf("%s: certificate key handed out = %v, want control planes only", n.Name, k.CertificateKey != "")
+		}
+		if len(k.PodRoutes) != 3 || slices.ContainsFunc(k.PodRoutes, func(r agentapi.PodRoute) bool { return r.Node == n.Name }) {
+			t.Errorf("%s: pod routes %+v, want the 3 other nodes", n.Name, k.PodRoutes)
+		}
+		for _, r := range k.PodRoutes {
+			if !p("10.200.0.0/24").Contains(r.Via) {
+				t.Errorf("%s: route %+v not via a workload-plane address", n.Name, r)
+			}
+		}
+		if !slices.Equal(k.APIServerCertSANs, []string{"10.100.0.100", "10.100.0.11", "10.200.0.11", "10.100.0.12", "10.200.0.12", "10.100.0.13", "10.200.0.13"}) {
+			t.Errorf("%s: SANs %v", n.Name, k.APIServerCertSANs)
+		}
+	}
+	if _, err := NodeConfigFor(c, c.Nodes[0], a("10.100.0.2"), ca.CertPEM, "pw", nil, nil); err == nil {
+		t.Error("kubernetes enabled without cluster secrets: no error")
+	}
+}
+
+func TestNthSubnet(t *testing.T) {
+	for _, tc := range []struct {
+		pods string
+		i    int
+		want string
+	}{
+		{"10.233.0.0/16", 0, "10.233.0.0/24"},
+		{"10.233.0.0/16", 255, "10.233.255.0/24"},
+		{"10.232.0.0/14", 256, "10.233.0.0/24"},
+		{"fd00:10::/48", 3, "fd00:10:0:3::/64"},
+	} {
+		got, err := nthSubnet(netip.MustParsePrefix(tc.pods), tc.i)
+		if err != nil || got != netip.MustParsePrefix(tc.want) {
+			t.Errorf("nthSubnet(%s, %d) = %s, %v; want %s", tc.pods, tc.i, got, err, tc.want)
+		}
+	}
+	if _, err := nthSubnet(netip.MustParsePrefix("10.233.0.0/16"), 256); err == nil {
+		t.Error("nthSubnet past the end: no error")
 	}
 }

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -44,8 +45,30 @@ func (pkiPhase) Run(_ context.Context, st *State) (Result, error) {
 	if vrrpChanged {
 		parts = append(parts, "created VRRP auth secret")
 	}
+	k8sChanged := false
+	if st.Config.Kubernetes.IsEnabled() {
+		kdir := ClusterPKIDir(st.StateDir)
+		cca, ccaOut, err := pki.EnsureCA(kdir, "kubernetes", now)
+		if err != nil {
+			return Result{}, fmt.Errorf("cluster CA: %w", err)
+		}
+		secrets, secOut, err := pki.EnsureKubeadmSecrets(kdir, BootstrapTokenTTL, now)
+		if err != nil {
+			return Result{}, err
+		}
+		adminChanged, err := ensureAdminKubeconfig(st, cca, now)
+		if err != nil {
+			return Result{}, err
+		}
+		st.ClusterCA, st.Kubeadm = cca, secrets
+		parts = append(parts, "cluster "+ccaOut.Detail, secOut.Detail)
+		if adminChanged {
+			parts = append(parts, "wrote "+AdminKubeconfigPath(st.StateDir))
+		}
+		k8sChanged = ccaOut.Changed || secOut.Changed || adminChanged
+	}
 	return Result{
-		Changed: caOut.Changed || certOut.Changed || tokOut.Changed || vrrpChanged,
+		Changed: caOut.Changed || certOut.Changed || tokOut.Changed || vrrpChanged || k8sChanged,
 		Detail:  strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), ", "),
 	}, nil
 }

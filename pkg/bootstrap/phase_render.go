@@ -83,7 +83,15 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 		for _, m := range mirrors {
 			agentMirrors = append(agentMirrors, agentapi.Mirror{Registry: m.Registry, Endpoint: m.Endpoint})
 		}
-		nc, err := json.MarshalIndent(NodeConfigFor(st.Config, n, st.ControlPlane.Prefix.Addr(), st.CA.CertPEM, st.VRRPAuth, agentMirrors), "", "  ")
+		var cluster *ClusterSecrets
+		if st.ClusterCA != nil {
+			cluster = &ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm}
+		}
+		ncv, err := NodeConfigFor(st.Config, n, st.ControlPlane.Prefix.Addr(), st.CA.CertPEM, st.VRRPAuth, agentMirrors, cluster)
+		if err != nil {
+			return Result{}, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		nc, err := json.MarshalIndent(ncv, "", "  ")
 		if err != nil {
 			return Result{}, err
 		}

@@ -84,13 +84,15 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		return fmt.Errorf("load CA certificate (run `appliance bootstrap` first): %w", err)
 	}
 	store := nodestate.Open(NodesDir(stateDir))
+	agent := server.NewAgentAPI(RenderedDir(stateDir), tokens, store, log.With("component", "agent"))
+	agent.Gate = kubeadmGate(store)
 	srv, err := server.New(server.Options{
 		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
 		Certificate: cert,
 		Registry:    reg,
 		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
 		Ignition:    server.NewIgnitionStore(RenderedDir(stateDir), tokens),
-		Agent:       server.NewAgentAPI(RenderedDir(stateDir), tokens, store, log.With("component", "agent")),
+		Agent:       agent,
 		CAPEM:       caPEM,
 		Artifacts:   artifacts,
 		Generation:  o.Generation,

@@ -28,6 +28,10 @@ type State struct {
 	Tokens map[string]string
 	// VRRPAuth is the keepalived PASS secret shared by the VIP's VRRP speakers (secret).
 	VRRPAuth string
+	// ClusterCA is the Kubernetes cluster CA (kubeadm's /etc/kubernetes/pki/ca.{crt,key}) and
+	// Kubeadm the join secrets; both nil/zero when kubernetes is disabled.
+	ClusterCA *pki.CA
+	Kubeadm   pki.KubeadmSecrets
 
 	// Images is what the registry serves (bundle phase).
 	Images registry.ImportResult
@@ -48,6 +52,15 @@ const (
 
 func (st *State) path(elem ...string) string {
 	return filepath.Join(append([]string{st.StateDir}, elem...)...)
+}
+
+// ClusterPKIDir is STATE/pki/kubernetes: the Kubernetes cluster CA and the kubeadm join secrets.
+func ClusterPKIDir(stateDir string) string { return filepath.Join(stateDir, pkiDirName, "kubernetes") }
+
+// AdminKubeconfigPath is STATE/kubernetes/admin.conf: a cluster-admin kubeconfig (0600) for the
+// operator, server https://VIP:port.
+func AdminKubeconfigPath(stateDir string) string {
+	return filepath.Join(stateDir, "kubernetes", "admin.conf")
 }
 
 // PKIDir is STATE/pki: CA, serving certificate and node tokens.

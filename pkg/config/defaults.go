@@ -49,7 +49,7 @@ func DefaultVirtualRouterID(clusterName string) uint8 {
 // fields alone (except normalising: MACs are lowercased, ssh/ipmi power addresses get their default
 // port), and leaves malformed values untouched so Validate reports them as written. A nil c is a no-op.
 //
-// Defaults: apiVersion/kind; kubernetesVersion DefaultKubernetesVersion; networks.workloadPlane.cidrs
+// Defaults: apiVersion/kind; kubernetesVersion DefaultKubernetesVersion; kubernetes.enabled true; networks.workloadPlane.cidrs
 // a copy of networks.controlPlane.cidrs; networks.pods DefaultPodsCIDR; networks.services
 // DefaultServicesCIDR; apiServer.port DefaultAPIServerPort; apiServer.keepalived.enabled true;
 // apiServer.keepalived.virtualRouterID DefaultVirtualRouterID(clusterName); server.listenAddress
@@ -67,6 +67,10 @@ func SetDefaults(c *BootstrapConfiguration) {
 	}
 	if c.KubernetesVersion == "" {
 		c.KubernetesVersion = DefaultKubernetesVersion
+	}
+	if c.Kubernetes.Enabled == nil {
+		enabled := true
+		c.Kubernetes.Enabled = &enabled
 	}
 	n := &c.Networks
 	if len(n.WorkloadPlane.CIDRs) == 0 && len(n.ControlPlane.CIDRs) > 0 {

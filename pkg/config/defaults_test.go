@@ -41,6 +41,7 @@ nodes:
 		Kind:              Kind,
 		ClusterName:       "lab",
 		KubernetesVersion: "v1.34.4",
+		Kubernetes:        Kubernetes{Enabled: &enabled},
 		Networks: Networks{
 			ControlPlane:  NetworkPlane{CIDRs: pfx("10.100.0.0/24", "10.101.0.0/24")},
 			WorkloadPlane: NetworkPlane{CIDRs: pfx("10.100.0.0/24", "10.101.0.0/24")},

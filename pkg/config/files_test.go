@@ -61,7 +61,7 @@ func newFileFixture(t *testing.T) *fileFixture {
 		c.Nodes[i].Power.PrivateKeyFile, c.Nodes[i].Power.KnownHostsFile = key, knownHosts
 	}
 	c.Nodes[3].Power.PasswordFile = pw
-	c.Nodes = append(c.Nodes, Node{Name: "w2", Roles: []Role{RoleWorker}, Addresses: []netip.Addr{addr("10.100.0.22")},
+	c.Nodes = append(c.Nodes, Node{Name: "w2", Roles: []Role{RoleWorker}, Addresses: []netip.Addr{addr("10.100.0.22"), addr("10.200.0.22")},
 		Power: Power{Kind: PowerRedfish, Address: "https://10.100.0.122", Username: "admin", PasswordFile: pw, CAFile: ca, BootDevice: BootPXE}})
 	return &fileFixture{dir: dir, c: c}
 }

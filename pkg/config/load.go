@@ -94,11 +94,11 @@ func Example() *BootstrapConfiguration {
 			KnownHostsFile: "/etc/appliance/ssh/known_hosts",
 		}
 	}
-	cp := func(name, addr, mac string) Node {
+	cp := func(name, addr, wlAddr, mac string) Node {
 		return Node{
 			Name:      name,
 			Roles:     []Role{RoleControlPlane},
-			Addresses: []netip.Addr{netip.MustParseAddr(addr)},
+			Addresses: []netip.Addr{netip.MustParseAddr(addr), netip.MustParseAddr(wlAddr)},
 			MAC:       mac,
 			Power:     sshPower(),
 		}
@@ -116,13 +116,13 @@ func Example() *BootstrapConfiguration {
 		Bundle:    Bundle{Path: "/var/cache/appliance/bundle"},
 		Server:    Server{Names: []string{"appliance.lab"}},
 		Nodes: []Node{
-			cp("cp1", "10.100.0.11", "52:54:00:00:00:11"),
-			cp("cp2", "10.100.0.12", "52:54:00:00:00:12"),
-			cp("cp3", "10.100.0.13", "52:54:00:00:00:13"),
+			cp("cp1", "10.100.0.11", "10.200.0.11", "52:54:00:00:00:11"),
+			cp("cp2", "10.100.0.12", "10.200.0.12", "52:54:00:00:00:12"),
+			cp("cp3", "10.100.0.13", "10.200.0.13", "52:54:00:00:00:13"),
 			{
 				Name:      "w1",
 				Roles:     []Role{RoleWorker},
-				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.21")},
+				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.21"), netip.MustParseAddr("10.200.0.21")},
 				MAC:       "52:54:00:00:00:21",
 				Power: Power{
 					Kind:         PowerIPMI,
@@ -134,7 +134,7 @@ func Example() *BootstrapConfiguration {
 			{
 				Name:      "w2",
 				Roles:     []Role{RoleWorker},
-				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.22")},
+				Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.22"), netip.MustParseAddr("10.200.0.22")},
 				MAC:       "52:54:00:00:00:22",
 				Power: Power{
 					Kind:         PowerRedfish,

@@ -37,6 +37,8 @@ type BootstrapConfiguration struct {
 	// KubernetesVersion is the version kubeadm installs, "vMAJOR.MINOR.PATCH". Default
 	// DefaultKubernetesVersion.
 	KubernetesVersion string `yaml:"kubernetesVersion"`
+	// Kubernetes says whether the nodes get a Kubernetes cluster (kubeadm) or are only prepared.
+	Kubernetes Kubernetes `yaml:"kubernetes"`
 	// Networks are the node, pod and service networks.
 	Networks Networks `yaml:"networks"`
 	// APIServer is the Kubernetes API endpoint and the keepalived VIP that carries it.
@@ -56,6 +58,24 @@ type BootstrapConfiguration struct {
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
 	lines map[string]int
 }
+
+// Kubernetes configures the cluster hostagent builds with kubeadm on the nodes.
+type Kubernetes struct {
+	// Enabled: nil means true (see IsEnabled). When true, every node installs containerd, runc, the
+	// CNI plugins, kubelet, kubeadm and kubectl from the appliance's package repo and joins the cluster
+	// (the first control plane runs kubeadm init), and every node needs a static address inside
+	// networks.workloadPlane.cidrs (the bridge CNI routes each node's pod range via it). When false
+	// the nodes are only prepared (firewall, containerd mirrors, keepalived) and nothing answers on the
+	// API port, so the VIP stays with the bootstrap host.
+	Enabled *bool `yaml:"enabled"`
+	// IgnorePreflightErrors are kubeadm preflight checks to downgrade to warnings on every node
+	// (kubeadm nodeRegistration.ignorePreflightErrors, e.g. SystemVerification where the kernel
+	// config cannot be read, as in containers). Empty by default.
+	IgnorePreflightErrors []string `yaml:"ignorePreflightErrors,omitempty"`
+}
+
+// IsEnabled reports whether the nodes get Kubernetes: true unless Enabled is explicitly false.
+func (k Kubernetes) IsEnabled() bool { return k.Enabled == nil || *k.Enabled }
 
 // Networks lists the networks of the cluster. Node networks are tried in order when the appliance and
 // the nodes look for their local address (first CIDR that matches a local interface wins).

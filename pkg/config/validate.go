@@ -294,6 +294,8 @@ func (v *validator) apiServer() {
 		}
 	} else if a.VIP.IsValid() {
 		v.hostAddr("apiServer.vip", a.VIP)
+	} else if v.c.Kubernetes.IsEnabled() {
+		v.errorf("apiServer.vip", "is required when kubernetes.enabled is true: it is the cluster's controlPlaneEndpoint (kubeadm), so give your load balancer's address, or enable apiServer.keepalived")
 	}
 	if k.AuthPasswordFile != "" && v.opts.CheckFiles {
 		path := "apiServer.keepalived.authPasswordFile"
@@ -537,6 +539,14 @@ func (v *validator) nodes() {
 					macs[hw.String()] = path + ".mac"
 				}
 			}
+		}
+		// A node whose addresses are already refused above (unparsable, outside the node networks) or a
+		// document without node networks gets no second, consequential error here.
+		addrsOK := len(v.c.Networks.ControlPlane.CIDRs) > 0 && len(nets) > 0 && !slices.ContainsFunc(n.Addresses, func(a netip.Addr) bool { return !a.IsValid() || !containedIn(a, nets) })
+		if v.c.Kubernetes.IsEnabled() && addrsOK && !slices.ContainsFunc(n.Addresses, func(a netip.Addr) bool {
+			return slices.ContainsFunc(v.c.Networks.WorkloadPlane.CIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+		}) {
+			v.errorf(path+".addresses", "has no address inside networks.workloadPlane.cidrs: with kubernetes.enabled the bridge CNI routes this node's pod range via that address, so list the node's static workload-plane address (or set kubernetes.enabled: false)")
 		}
 		v.snippets(path+".ignition", n.Ignition)
 		v.power(path+".power", n)

@@ -166,6 +166,7 @@ func TestValidateErrors(t *testing.T) {
 		{"ssh without address", func(c *BootstrapConfiguration) {
 			c.Nodes[0].Power.Address = ""
 			c.Nodes[0].Addresses = nil
+			c.Kubernetes.Enabled = new(false) // else the missing workload-plane address is refused too
 		}, []string{"nodes[0].power.address"}, "or give the node an address in nodes[0].addresses"},
 		{"ssh bad address", func(c *BootstrapConfiguration) { c.Nodes[0].Power.Address = "cp 1:22" },
 			[]string{"nodes[0].power.address"}, "is not host or host:port"},
@@ -225,7 +226,7 @@ func TestValidateErrors(t *testing.T) {
 func TestValidateWarnings(t *testing.T) {
 	cpNode := func(name, ip string) Node {
 		n := labConfig(t).Nodes[0]
-		n.Name, n.Addresses, n.Power.Address = name, []netip.Addr{addr(ip)}, ip+":22"
+		n.Name, n.Addresses, n.Power.Address = name, []netip.Addr{addr(ip), addr(strings.Replace(ip, "10.100.", "10.200.", 1))}, ip+":22"
 		return n
 	}
 	tests := []struct {

@@ -181,3 +181,53 @@ func SetConfigPath(data []byte, certsDir string) ([]byte, bool, error) {
 	fmt.Fprintf(&b, "\n[%s]\n  %s\n", table, want)
 	return b.Bytes(), true, nil
 }
+
+// CNIBinDir is where Debian's containernetworking-plugins installs the CNI plugins (upstream
+// containerd looks in /opt/cni/bin).
+const CNIBinDir = "/usr/lib/cni"
+
+// CNIConfDir is where containerd's CRI plugin reads CNI network configurations.
+const CNIConfDir = "/etc/cni/net.d"
+
+// criTemplate is a complete containerd 1.6/1.7 config (version 2) for a kubeadm node, following the
+// Kubernetes container-runtime docs: the CRI plugin with the sandbox image kubeadm expects, the runc
+// v2 shim with the systemd cgroup driver (kubelet's cgroupDriver: systemd), restrict_oom_score_adj
+// (containerd clamps the negative OOM scores static pods ask for to what it may set — needed where
+// the runtime lacks CAP_SYS_RESOURCE, as in containers), the CNI directories, and hosts.toml mirrors
+// under config_path.
+var criTemplate = template.Must(template.New("config.toml").Funcs(template.FuncMap{"toml": TOMLString}).Parse(
+	`# Written by the air-gap appliance's hostagent for kubeadm (containerd config version 2).
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = {{toml .SandboxImage}}
+  restrict_oom_score_adj = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = {{toml .CNIBinDir}}
+    conf_dir = {{toml .CNIConfDir}}
+
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = {{toml .CertsDir}}
+`))
+
+// CRIConfig renders ConfigPath for a Kubernetes node: sandboxImage is the pause image reference
+// (e.g. "registry.k8s.io/pause:3.10.1", pulled through the mirror like every other image). The
+// output is deterministic.
+func CRIConfig(sandboxImage string) []byte {
+	var b bytes.Buffer
+	err := criTemplate.Execute(&b, struct{ SandboxImage, CNIBinDir, CNIConfDir, CertsDir string }{sandboxImage, CNIBinDir, CNIConfDir, CertsDir})
+	if err != nil {
+		panic(err) // the template and its inputs are fixed: a failure is a programming error
+	}
+	return b.Bytes()
+}

@@ -44,12 +44,11 @@ type Options struct {
 	// NoFirewall skips the firewall step (reported done, "skipped: --no-firewall").
 	NoFirewall bool
 	// NetNS is a network namespace name (/run/netns/NAME) to act in: addresses, nftables, keepalived and
-	// the API stand-in's listener. "" = the agent's own namespace (production).
+	// the API probe. "" = the agent's own namespace (production). The Kubernetes steps refuse to run
+	// with a NetNS or Root set: they act on the host itself.
 	NetNS string
 	// BootID identifies this boot; "" reads /proc/sys/kernel/random/boot_id.
 	BootID string
-	// APIListen overrides the API stand-in's listen address (default ":<apiServerPort>").
-	APIListen string
 	// TrackScript overrides the keepalived track-script command (default: this binary's `check-api`).
 	TrackScript []string
 	// ScriptUser runs the track script (default "nobody").
@@ -75,7 +74,6 @@ type Agent struct {
 	nc     agentapi.NodeConfig
 	cp, wl netresolve.Address
 	keep   *keepalivedSupervisor
-	api    *apiStandIn
 	last   map[string]agentapi.Report // last report per step, to report changes only
 }
 
@@ -140,7 +138,7 @@ func (a *Agent) backoff() backoff.BackOff {
 // step (reporting each), notifies systemd READY=1 once configured, then re-checks every Resync
 // (after a failed step sooner: with exponential backoff from RetryInitial to RetryMax),
 // reporting only what changed, and restarts keepalived when it dies. On return it stops the
-// children it started (keepalived, the API stand-in) and flushes pending reports for a moment.
+// children it started (keepalived) and flushes pending reports for a moment.
 // Errors: a refused token (ErrUnauthorized) or a bad pin; otherwise only ctx's error.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown()
@@ -161,7 +159,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	var failWait time.Duration // backoff between attempts while a step fails
 	for {
 		wait := a.opts.Resync
-		if err := a.converge(ctx); err != nil {
+		var waiting *waitError
+		if err := a.converge(ctx); errors.As(err, &waiting) {
+			wait = min(2*time.Second, a.opts.Resync) // another node goes first: look again soon
+		} else if err != nil {
 			if errors.Is(err, ErrUnauthorized) || ctx.Err() != nil {
 				return err
 			}
@@ -236,8 +237,14 @@ func (a *Agent) converge(ctx context.Context) error {
 		switch name {
 		case nodestate.StepFirewall:
 			steps = append(steps, step{name, a.stepFirewall})
+		case nodestate.StepPackages:
+			steps = append(steps, step{name, a.stepPackages})
 		case nodestate.StepContainerd:
 			steps = append(steps, step{name, a.stepContainerd})
+		case nodestate.StepCNI:
+			steps = append(steps, step{name, a.stepCNI})
+		case nodestate.StepKubeadm:
+			steps = append(steps, step{name, a.stepKubeadm})
 		case nodestate.StepKeepalived:
 			steps = append(steps, step{name, a.stepKeepalived})
 		case nodestate.StepAPI:
@@ -265,7 +272,17 @@ func (a *Agent) report(ctx context.Context, step string, run func(context.Contex
 	}
 	detail, err := run(ctx)
 	r := agentapi.Report{Step: step, Status: nodestate.StatusDone, Detail: detail}
-	if err != nil {
+	var waiting *waitError
+	switch {
+	case errors.As(err, &waiting):
+		r.Status, r.Detail = nodestate.StatusRunning, err.Error()
+		if seen && last.Status == r.Status && last.Detail == r.Detail {
+			return err
+		}
+		a.log.Info("step waiting", "step", step, "detail", r.Detail)
+		a.send(r)
+		return err
+	case err != nil:
 		r.Status, r.Detail = nodestate.StatusFailed, err.Error()
 	}
 	if !seen || last.Status != r.Status || (r.Detail != last.Detail && (err != nil || changed(detail))) {
@@ -356,9 +373,6 @@ func (a *Agent) shutdown() {
 	defer cancel()
 	if a.keep != nil {
 		a.keep.stop(ctx)
-	}
-	if a.api != nil {
-		a.api.close()
 	}
 }
 

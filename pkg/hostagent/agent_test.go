@@ -242,7 +242,8 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 }
 
 // TestAgentControlPlaneKeepalived: a control plane whose only VRRP peer is absent starts keepalived
-// (in its namespace), takes the VIP, serves the API stand-in, and restarts keepalived when it dies.
+// (in its namespace), takes the VIP, and restarts keepalived when it dies. Without Kubernetes nothing
+// answers on the API port, so the track script fails and the plan has no kubeadm or api step.
 func TestAgentControlPlaneKeepalived(t *testing.T) {
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "keepalived")
@@ -264,7 +265,7 @@ func TestAgentControlPlaneKeepalived(t *testing.T) {
 	cfg.Roles = []string{"control-plane"}
 	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
-		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/healthz"}})
+		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"}})
 
 	waitFor(t, "cp1 ready", func() bool { st, _ := app.store.Get("cp1"); return st.State == agentapi.StateReady })
 	waitFor(t, "VIP on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
@@ -275,11 +276,8 @@ func TestAgentControlPlaneKeepalived(t *testing.T) {
 	if b, _ := os.ReadFile(conf); !strings.Contains(string(b), "unicast_src_ip 10.78.0.2") || !strings.Contains(string(b), "10.78.0.100/24 dev "+ifc) {
 		t.Errorf("keepalived.conf:\n%s", b)
 	}
-	if out, err := ns.Run(curl, "-sfk", "https://127.0.0.1:6443/healthz"); err != nil || out != "ok" {
-		t.Errorf("API stand-in in the namespace: %v %q", err, out)
-	}
 	evs, _ := app.store.Events("cp1")
-	want := "config:running config:done firewall:running firewall:done containerd:running containerd:done keepalived:running keepalived:done api:running api:done ready:running ready:done"
+	want := "config:running config:done firewall:running firewall:done containerd:running containerd:done keepalived:running keepalived:done ready:running ready:done"
 	if got := strings.Join(steps(evs, "b1"), " "); got != want {
 		t.Errorf("reports:\n got %s\nwant %s", got, want)
 	}

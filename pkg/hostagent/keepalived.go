@@ -89,7 +89,7 @@ func (a *Agent) trackCommand(port uint16) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find the hostagent binary for the keepalived track script: %w", err)
 	}
-	return []string{exe, "check-api", "https://127.0.0.1:" + strconv.Itoa(int(port)) + "/healthz"}, nil
+	return []string{exe, "check-api", "https://127.0.0.1:" + strconv.Itoa(int(port)) + "/readyz"}, nil
 }
 
 // stepKeepalived renders and checks keepalived.conf and makes keepalived run with it: unchanged when

@@ -68,7 +68,10 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 // ROOT/etc/containerd/certs.d, and sets the CRI registry config_path in ROOT/etc/containerd/config.toml
 // when that file exists (it never creates a containerd install). containerd reads hosts.toml on every
 // pull; a changed config_path takes effect when containerd restarts (the detail says so).
-func (a *Agent) stepContainerd(_ context.Context) (string, error) {
+//
+// On a Kubernetes node (nc.Kubernetes set) it writes the whole config.toml instead (CRIConfig: CRI
+// for kubelet) and restarts containerd until it runs with it.
+func (a *Agent) stepContainerd(ctx context.Context) (string, error) {
 	a.mu.Lock()
 	nc := a.nc
 	a.mu.Unlock()
@@ -95,6 +98,17 @@ func (a *Agent) stepContainerd(_ context.Context) (string, error) {
 		}
 	}
 	detail := fmt.Sprintf("%d mirrors in %s", len(nc.Mirrors), containerd.CertsDir)
+	if nc.Kubernetes != nil {
+		// A Kubernetes node: the whole config.toml is ours (CRI for kubelet), applied by a restart.
+		d, err := a.criConfig(ctx, nc.Kubernetes.SandboxImage)
+		if err != nil {
+			return "", err
+		}
+		if changed == 0 && strings.HasPrefix(d, "unchanged") {
+			return "unchanged: " + detail + "; " + d, nil
+		}
+		return fmt.Sprintf("wrote %d mirror files: %s; %s", changed, detail, d), nil
+	}
 	cfgPath := a.path(containerd.ConfigPath)
 	data, err := os.ReadFile(cfgPath)
 	switch {

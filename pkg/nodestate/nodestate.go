@@ -44,8 +44,11 @@ import (
 const (
 	StepConfig     = "config"
 	StepFirewall   = "firewall"
+	StepPackages   = "packages"
 	StepContainerd = "containerd"
+	StepCNI        = "cni"
 	StepKeepalived = "keepalived"
+	StepKubeadm    = "kubeadm"
 	StepAPI        = "api"
 	StepReady      = "ready"
 )
@@ -78,30 +81,47 @@ var (
 	ErrNotFound = errors.New("no record for node")
 )
 
-// Plan returns the steps the hostagent runs for nc, in order: config, firewall, containerd, then
-// for control planes keepalived (when nc.Keepalived is set) and api, and finally ready. Every step
+// Plan returns the steps the hostagent runs for nc, in order: config, firewall; with Kubernetes
+// (nc.Kubernetes set) packages; containerd; with Kubernetes cni; on control planes keepalived (when
+// nc.Keepalived is set: the VIP must move before kubeadm init talks to it); with Kubernetes kubeadm
+// and, on control planes, api (the local kube-apiserver answers /readyz); finally ready. Every step
 // but ready is a configuration step: the node is configured when all of them are done.
 func Plan(nc agentapi.NodeConfig) []string {
-	steps := []string{StepConfig, StepFirewall, StepContainerd}
-	if slices.Contains(nc.Roles, "control-plane") {
-		if nc.Keepalived != nil {
-			steps = append(steps, StepKeepalived)
+	k8s := nc.Kubernetes != nil
+	cp := slices.Contains(nc.Roles, "control-plane")
+	steps := []string{StepConfig, StepFirewall}
+	if k8s {
+		steps = append(steps, StepPackages)
+	}
+	steps = append(steps, StepContainerd)
+	if k8s {
+		steps = append(steps, StepCNI)
+	}
+	if cp && nc.Keepalived != nil {
+		steps = append(steps, StepKeepalived)
+	}
+	if k8s {
+		steps = append(steps, StepKubeadm)
+		if cp {
+			steps = append(steps, StepAPI)
 		}
-		steps = append(steps, StepAPI)
 	}
 	return append(steps, StepReady)
 }
 
-var knownSteps = []string{StepConfig, StepFirewall, StepContainerd, StepKeepalived, StepAPI, StepReady}
+var knownSteps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepKubeadm, StepAPI, StepReady}
 
 var knownStates = []string{agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting,
 	agentapi.StateAgentConnected, agentapi.StateConfigured, agentapi.StateReady, agentapi.StateFailed}
 
 // Event is one line of events.jsonl: what was recorded and the state that followed.
 type Event struct {
-	Time   time.Time `json:"time"`
-	Node   string    `json:"node"`
-	BootID string    `json:"bootID,omitempty"`
+	Time time.Time `json:"time"`
+	// Reported is the node's own clock reading when it made the report (agentapi.Report.Time):
+	// reports may arrive late (retried), so timelines use this. Zero for Set and config fetches.
+	Reported time.Time `json:"reported,omitzero"`
+	Node     string    `json:"node"`
+	BootID   string    `json:"bootID,omitempty"`
 	// Step, Status and Detail are the report's; empty for Set and config fetches.
 	Step   string `json:"step,omitempty"`
 	Status string `json:"status,omitempty"`
@@ -279,7 +299,7 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 	st.Steps[r.Step] = r
 	st.State, st.Reason = derive(st, plan, prev, r)
 	st.Updated = s.now()
-	ev := Event{Time: st.Updated, Node: node, BootID: r.BootID, Step: r.Step, Status: r.Status,
+	ev := Event{Time: st.Updated, Reported: r.Time, Node: node, BootID: r.BootID, Step: r.Step, Status: r.Status,
 		Detail: r.Detail, State: st.State, Reason: st.Reason}
 	return st, true, s.commit(st, ev)
 }

@@ -15,7 +15,7 @@ func rep(boot, step, status, detail string) agentapi.Report {
 	return agentapi.Report{BootID: boot, Step: step, Status: status, Detail: detail, Time: time.Unix(1, 0)}
 }
 
-var cpPlan = Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}})
+var cpPlan = Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}, Kubernetes: &agentapi.KubernetesConfig{}})
 
 func TestPlan(t *testing.T) {
 	for _, tc := range []struct {
@@ -23,9 +23,13 @@ func TestPlan(t *testing.T) {
 		want []string
 	}{
 		{agentapi.NodeConfig{Roles: []string{"worker"}}, []string{"config", "firewall", "containerd", "ready"}},
-		{agentapi.NodeConfig{Roles: []string{"control-plane"}}, []string{"config", "firewall", "containerd", "api", "ready"}},
+		{agentapi.NodeConfig{Roles: []string{"control-plane"}}, []string{"config", "firewall", "containerd", "ready"}},
 		{agentapi.NodeConfig{Roles: []string{"control-plane", "worker"}, Keepalived: &agentapi.KeepalivedConfig{}},
-			[]string{"config", "firewall", "containerd", "keepalived", "api", "ready"}},
+			[]string{"config", "firewall", "containerd", "keepalived", "ready"}},
+		{agentapi.NodeConfig{Roles: []string{"worker"}, Kubernetes: &agentapi.KubernetesConfig{}},
+			[]string{"config", "firewall", "packages", "containerd", "cni", "kubeadm", "ready"}},
+		{agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}, Kubernetes: &agentapi.KubernetesConfig{}},
+			[]string{"config", "firewall", "packages", "containerd", "cni", "keepalived", "kubeadm", "api", "ready"}},
 	} {
 		if got := Plan(tc.nc); !equal(got, tc.want) {
 			t.Errorf("Plan(%v) = %v, want %v", tc.nc.Roles, got, tc.want)
@@ -69,12 +73,15 @@ func TestTransitions(t *testing.T) {
 			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateConfigured},
 			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
 		}},
-		{"control plane waits for keepalived and api", cpPlan, []step{
+		{"control plane waits for every step of its plan", cpPlan, []step{
 			{fetch: "b1", state: agentapi.StateAgentConnected},
 			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "packages", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "cni", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "keepalived", "done", ""), state: agentapi.StateAgentConnected},
+			{report: rep("b1", "kubeadm", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "api", "done", ""), state: agentapi.StateConfigured},
 			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
 		}},

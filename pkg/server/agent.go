@@ -75,8 +75,8 @@ func unauthorized(w http.ResponseWriter) {
 // AgentAPI serves the hostagent API (pkg/agentapi) under /agent/v1/:
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
-//	                            rendered; the first fetch of a boot (nodestate.BootIDHeader) moves
-//	                            the node to agent-connected
+//	                            rendered (passed through Gate when set); the first fetch of a boot
+//	                            (nodestate.BootIDHeader) moves the node to agent-connected
 //	POST agentapi.ReportPathV1  one agentapi.Report (JSON, at most MaxReportBytes, unknown fields
 //	                            refused) recorded by the node store → 204; a bad report → 400
 //
@@ -90,6 +90,9 @@ type AgentAPI struct {
 	Nodes *nodestate.Store
 	// Log receives store failures; nil discards. Tokens and configs are never logged.
 	Log *slog.Logger
+	// Gate, when set, adjusts a node's config as it is served (the kubeadm join order: it sets
+	// Kubernetes.Proceed and WaitingFor from the other nodes' progress).
+	Gate func(node string, nc *agentapi.NodeConfig)
 
 	tokens tokenSet
 }
@@ -159,7 +162,12 @@ func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, er
 }
 
 func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
-	data, _, err := a.readNodeConfig(node)
+	data, nc, err := a.readNodeConfig(node)
+	if err == nil && a.Gate != nil && nc.Kubernetes != nil {
+		a.Gate(node, nc)
+		data, err = json.MarshalIndent(nc, "", "  ")
+		data = append(data, '\n')
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		http.Error(w, "no node config rendered for this node; rerun `appliance bootstrap` (render phase)", http.StatusNotFound)
 		return

@@ -87,6 +87,10 @@ func (n *nodeLab) writeConfig(t *testing.T, withBadNode bool) {
 var nodeConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: appliance.airgap.dev/v1alpha1
 kind: BootstrapConfiguration
 clusterName: {{.Name}}
+# Hosts only: the BMC-booted VM worker runs hostagent from an initramfs and cannot run kubelet; the
+# Kubernetes cluster, the VIP hand-off to a real kube-apiserver and its failover are the e2e's
+# (test/e2e, make e2e).
+kubernetes: {enabled: false}
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
   workloadPlane: {cidrs: [10.200.0.0/24]}
@@ -169,7 +173,8 @@ func (n *nodeLab) singleHolder(t *testing.T, d time.Duration) string {
 }
 
 // TestNodesConverge powers every node on (SSH for the pre-installed hosts, IPMI for the VM), waits
-// for every hostagent to report ready, checks the VIP hand-off and failover, a node with wrong BMC
+// for every hostagent to report ready (hosts only: kubernetes.enabled false), checks the VIP stays on
+// the bootstrap host while no API answers, a node with wrong BMC
 // credentials failing alone, and that hostagent restarts, appliance restarts and node reboots all
 // converge again without manual steps.
 func TestNodesConverge(t *testing.T) {
@@ -222,50 +227,14 @@ func TestNodesConverge(t *testing.T) {
 		}
 	})
 
-	t.Run("the VIP moved to a control plane and the bootstrap host left the group", func(t *testing.T) {
-		var holder string
-		if err := waitFor(20*time.Second, func() error {
-			h := n.vipHolders()
-			if len(h) == 1 && h[0] != "boot" {
-				holder = h[0]
-				return nil
-			}
-			return fmt.Errorf("VIP holders %v", h)
-		}); err != nil {
-			t.Fatal(err)
+	t.Run("without Kubernetes the VIP stays with the bootstrap host", func(t *testing.T) {
+		// Nothing answers on a control plane's API port, so their track scripts keep them below the
+		// appliance's priority and no hand-off is recorded.
+		if got := n.singleHolder(t, 2*time.Second); got != "boot" {
+			t.Errorf("VIP holder %q, want the bootstrap host", got)
 		}
-		if got := n.singleHolder(t, 2*time.Second); got != holder {
-			t.Fatalf("VIP moved from %s to %s without a failure", holder, got)
-		}
-		if _, err := os.Stat(filepath.Join(n.state, "keepalived", "handed-off")); err != nil {
-			t.Errorf("no hand-off recorded: %v", err)
-		}
-		out := n.mustRun(t, "boot", "curl", "-sk", "--max-time", "2", "https://10.100.0.100:6443/healthz")
-		if strings.TrimSpace(out) != "ok" {
-			t.Errorf("API through the VIP: %q", out)
-		}
-	})
-
-	t.Run("the VIP fails over when its holder drops off the network", func(t *testing.T) {
-		holder := n.singleHolder(t, 500*time.Millisecond)
-		down := time.Now()
-		n.mustRun(t, holder, "ip", "link", "set", "eth0", "down")
-		defer n.mustRun(t, holder, "ip", "link", "set", "eth0", "up")
-		var next string
-		if err := waitFor(15*time.Second, func() error {
-			for _, h := range n.vipHolders() {
-				if h != holder {
-					next = h
-					return nil
-				}
-			}
-			return fmt.Errorf("no other holder yet")
-		}); err != nil {
-			t.Fatalf("VIP did not move off %s: %v", holder, err)
-		}
-		t.Logf("VIP moved from %s to %s in %.2fs after its link went down", holder, next, time.Since(down).Seconds())
-		if next == "boot" {
-			t.Errorf("the bootstrap host took the VIP back after leaving the group")
+		if _, err := os.Stat(filepath.Join(n.state, "keepalived", "handed-off")); err == nil {
+			t.Errorf("a hand-off was recorded although no control plane runs an API")
 		}
 	})
 
@@ -366,8 +335,13 @@ nodes:
 				t.Errorf("%s: %s after the appliance restarted", node, s.State)
 			}
 		}
-		if h := n.vipHolders(); len(h) != 1 || h[0] == "boot" {
-			t.Errorf("VIP holders after the appliance restart: %v", h)
+		if err := waitFor(15*time.Second, func() error {
+			if h := n.vipHolders(); len(h) != 1 || h[0] != "boot" {
+				return fmt.Errorf("VIP holders %v", h)
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("after the appliance restart: %v, want the bootstrap host alone", err)
 		}
 	})
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: bootstrap the appliance inside the lab's bootstrap namespace, then use it from a node
-# namespace the way a node does: pull an image with skopeo, fetch the package index, fetch the
-# node's Ignition config. Assumes `make build fixtures lab-up` ran (the Makefile does that).
+# `make demo`: bootstrap the appliance inside the lab's bootstrap namespace: it installs Kubernetes on
+# three control planes and a worker (systemd-nspawn hosts reached over SSH) from its own package repo
+# and registry and drives kubeadm to an HA cluster behind the keepalived VIP; then show the cluster
+# through the VIP and use the appliance from a node the way a node does. Assumes `make build fixtures
+# lab-up` ran (the Makefile does that, with LAB_WORKER_KIND=nspawn).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PREFIX=${LAB_PREFIX:-lab}
@@ -12,19 +14,28 @@ NODE="ip netns exec ${PREFIX}-cp1"
 URL=https://10.100.0.2:8443
 
 # Lab credentials the configuration references (test/lab/creds.sh; the SSH and BMC paths use them).
+export LAB_WORKER_KIND=nspawn
 LAB_DIR=$LABDIR test/lab/creds.sh
 
-echo "== lab nodes: cp1..cp3 pre-installed Debian hosts (systemd-nspawn, sshd), w1 a VM behind an IPMI BMC (off)"
+echo "== lab nodes: cp1..cp3 and w1, pre-installed Debian hosts (systemd-nspawn, sshd), no route out of the lab"
 LAB_DIR=$LABDIR LAB_HOSTAGENT=bin/hostagent test/lab/nodes.sh up
 
 echo
-echo "== appliance bootstrap (in namespace ${PREFIX}-boot): serve, then power every node and wait for its hostagent"
+echo "== appliance bootstrap (in namespace ${PREFIX}-boot): serve, install every node, kubeadm init/join"
+start=$(date +%s)
 $BOOT bin/appliance bootstrap --config "$CONFIG"
+echo "racked -> Ready: $(($(date +%s) - start)) s"
 echo
 bin/appliance status --config "$CONFIG"
 for h in boot cp1 cp2 cp3; do
 	ip -n "${PREFIX}-$h" -o addr show | grep -q ' 10.100.0.100/' && echo "API VIP 10.100.0.100 is on $h"
 done
+KUBECTL="$BOOT ${APPLIANCE_CACHE:-/var/cache/appliance}/kubernetes-v1.34.4/bin/kubectl --kubeconfig $LABDIR/state/kubernetes/admin.conf"
+echo
+echo "== the cluster through the VIP (admin kubeconfig: $LABDIR/state/kubernetes/admin.conf)"
+$KUBECTL get nodes -o wide
+$KUBECTL get pods -n kube-system -o wide
+$KUBECTL get --raw /readyz; echo
 
 CA=$LABDIR/state/pki/ca.crt
 CERTDIR=$(mktemp -d); trap 'rm -rf "$CERTDIR"' EXIT
@@ -33,7 +44,7 @@ cp "$CA" "$CERTDIR/ca.crt"
 echo
 echo "== from node cp1 (namespace ${PREFIX}-cp1): skopeo inspect through the registry mirror"
 $NODE skopeo inspect --cert-dir "$CERTDIR" --format '{{.Name}} {{.Digest}} {{.Architecture}}' \
-	docker://10.100.0.2:8443/registry.k8s.io/pause:3.10
+	docker://10.100.0.2:8443/registry.k8s.io/pause:3.10.1
 echo "== from node cp1: the package index served as-is"
 $NODE curl -sSf --cacert "$CA" "$URL/repo/debian/dists/stable/main/binary-amd64/Packages" | grep -E '^(Package|Version):' | paste - - | head
 echo "== from node cp1: its Ignition config (spec negotiated from Accept)"

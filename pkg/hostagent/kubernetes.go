@@ -1,0 +1,498 @@
+package hostagent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/dbus"
+	"github.com/vishvananda/netlink"
+
+	kubeadmmanifests "github.com/airgap-appliance/appliance/kubeadm-manifests"
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/containerd"
+)
+
+// Paths of the Kubernetes steps on the node.
+const (
+	// AptSourcePath is the appliance's apt source (written at provisioning); the packages step uses
+	// it as the only source, so nothing is fetched from anywhere else.
+	AptSourcePath = "/etc/apt/sources.list.d/appliance.list"
+	// ContainerdAppliedPath records the SHA-256 of the config.toml containerd was last restarted
+	// with, so a crash between writing the file and the restart still ends in a restart.
+	ContainerdAppliedPath = "/var/lib/hostagent/containerd-applied"
+	// CNIConfigPath is the bridge CNI network (0644).
+	CNIConfigPath = containerd.CNIConfDir + "/10-appliance-bridge.conflist"
+	// KubeadmConfigPath is the kubeadm configuration hostagent renders (0600: bootstrap token,
+	// certificate key).
+	KubeadmConfigPath = "/etc/kubernetes/appliance/kubeadm.yaml"
+	// KubeadmStatePath records a finished kubeadm init/join (JSON, 0600): its presence is what makes
+	// the kubeadm step idempotent.
+	KubeadmStatePath = "/var/lib/hostagent/kubeadm.json"
+	// KubeadmLogPath collects the output of every kubeadm run (0600).
+	KubeadmLogPath = "/var/log/hostagent/kubeadm.log"
+)
+
+// Timeouts of the commands the Kubernetes steps run.
+const (
+	aptTimeout     = 10 * time.Minute
+	kubeadmTimeout = 8 * time.Minute // kubeadm itself waits up to 4 min for a control plane
+	resetTimeout   = 3 * time.Minute
+)
+
+// waitError is a step that cannot run yet (another node must go first): reported as running, retried
+// soon, never a failure.
+type waitError struct{ reason string }
+
+func (e *waitError) Error() string { return e.reason }
+
+// onHost refuses the Kubernetes steps when the agent acts on another root or namespace (tests,
+// initramfs): they install packages and run kubeadm on the host itself.
+func (a *Agent) onHost(step string) error {
+	if a.opts.Root != "" || a.opts.NetNS != "" {
+		return fmt.Errorf("%s: Kubernetes steps run on the node itself; this agent runs with --root %q --netns %q (set kubernetes.enabled: false for nodes that cannot run kubelet)", step, a.opts.Root, a.opts.NetNS)
+	}
+	return nil
+}
+
+func (a *Agent) kube() (agentapi.NodeConfig, *agentapi.KubernetesConfig) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nc, a.nc.Kubernetes
+}
+
+// run runs a command with a timeout, appending its output to logPath when set; on failure the error
+// carries the last lines of output.
+func run(ctx context.Context, timeout time.Duration, logPath string, env []string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	if logPath != "" {
+		if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err == nil {
+			if f, ferr := os.OpenFile(logPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); ferr == nil {
+				fmt.Fprintf(f, "==> %s %s %s (%.1fs, %v)\n", start.UTC().Format(time.RFC3339), name, strings.Join(args, " "), time.Since(start).Seconds(), err)
+				_, _ = f.Write(out.Bytes())
+				_ = f.Close()
+			}
+		}
+	}
+	if err != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("timed out after %s", timeout)
+		}
+		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, tail(out.String(), 6))
+	}
+	return out.String(), nil
+}
+
+// tail is the last n non-empty lines of s, joined with " | ".
+func tail(s string, n int) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// stepPackages installs the node's Kubernetes packages (containerd, runc, CNI plugins, kubelet,
+// kubeadm, kubectl and their dependencies) with apt from the appliance's repo only
+// (Dir::Etc::SourceList = AptSourcePath, no sources.list.d parts). Installed packages are left alone.
+func (a *Agent) stepPackages(ctx context.Context) (string, error) {
+	if err := a.onHost("packages"); err != nil {
+		return "", err
+	}
+	_, k := a.kube()
+	missing, err := notInstalled(ctx, k.Packages)
+	if err != nil {
+		return "", err
+	}
+	if len(missing) == 0 {
+		return fmt.Sprintf("unchanged: %d packages installed (%s)", len(k.Packages), strings.Join(k.Packages, ", ")), nil
+	}
+	if _, err := os.Stat(AptSourcePath); err != nil {
+		return "", fmt.Errorf("no apt source for the appliance's repo (%w): the node was not provisioned by the appliance", err)
+	}
+	opts := []string{"-q", "-o", "Dir::Etc::SourceList=" + AptSourcePath, "-o", "Dir::Etc::SourceParts=-", "-o", "APT::Get::List-Cleanup=0"}
+	env := []string{"DEBIAN_FRONTEND=noninteractive"}
+	start := time.Now()
+	if _, err := run(ctx, aptTimeout, "", env, "apt-get", append(opts, "update")...); err != nil {
+		return "", err
+	}
+	args := append(opts, "install", "-y", "--no-install-recommends", "-o", "Dpkg::Options::=--force-confold")
+	if _, err := run(ctx, aptTimeout, "", env, "apt-get", append(args, missing...)...); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("installed %s from the appliance's repo in %.1fs", strings.Join(missing, ", "), time.Since(start).Seconds()), nil
+}
+
+// notInstalled lists the packages dpkg does not have installed.
+func notInstalled(ctx context.Context, pkgs []string) ([]string, error) {
+	if len(pkgs) == 0 {
+		return nil, nil
+	}
+	// dpkg-query exits 1 when a package is unknown; its output still lists the others.
+	out, _ := run(ctx, time.Minute, "", nil, "dpkg-query", append([]string{"-W", "-f", "${Package} ${db:Status-Status}\n"}, pkgs...)...)
+	installed := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[1] == "installed" {
+			installed[f[0]] = true
+		}
+	}
+	var missing []string
+	for _, p := range pkgs {
+		if !installed[p] {
+			missing = append(missing, p)
+		}
+	}
+	return missing, nil
+}
+
+// criConfig writes the complete containerd config for kubeadm (containerd.CRIConfig) and restarts
+// containerd (systemd, over D-Bus) when the running one has not been restarted with it yet.
+func (a *Agent) criConfig(ctx context.Context, sandboxImage string) (string, error) {
+	if err := a.onHost("containerd"); err != nil {
+		return "", err
+	}
+	data := containerd.CRIConfig(sandboxImage)
+	changed, err := atomicfile.Write(containerd.ConfigPath, data, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("write %s: %w", containerd.ConfigPath, err)
+	}
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	if b, err := os.ReadFile(ContainerdAppliedPath); err == nil && strings.TrimSpace(string(b)) == want && !changed {
+		return "unchanged: " + containerd.ConfigPath, nil
+	}
+	if err := restartUnit(ctx, "containerd.service"); err != nil {
+		return "", err
+	}
+	if _, err := atomicfile.Write(ContainerdAppliedPath, []byte(want+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return "wrote " + containerd.ConfigPath + " (CRI: systemd cgroups, sandbox " + sandboxImage + ") and restarted containerd", nil
+}
+
+// restartUnit restarts a systemd unit and waits for the job (go-systemd D-Bus).
+func restartUnit(ctx context.Context, unit string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	conn, err := dbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to systemd: %w", err)
+	}
+	defer conn.Close()
+	done := make(chan string, 1) // buffered: an unread job channel deadlocks the connection
+	if _, err := conn.RestartUnitContext(ctx, unit, "replace", done); err != nil {
+		return fmt.Errorf("restart %s: %w", unit, err)
+	}
+	select {
+	case r := <-done:
+		if r != "done" {
+			return fmt.Errorf("restart %s: job %s (see journalctl -u %s)", unit, r, unit)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("restart %s: %w", unit, ctx.Err())
+	}
+}
+
+// cniConfig is the bridge network: a node-local bridge cni0 with host-local addresses from the node's
+// pod range (containernetworking-plugins bridge + host-local, plus portmap for hostPort).
+type cniConfig struct {
+	CNIVersion string      `json:"cniVersion"`
+	Name       string      `json:"name"`
+	Plugins    []cniPlugin `json:"plugins"`
+}
+
+type cniPlugin struct {
+	Type         string          `json:"type"`
+	Bridge       string          `json:"bridge,omitempty"`
+	IsGateway    bool            `json:"isGateway,omitempty"`
+	HairpinMode  bool            `json:"hairpinMode,omitempty"`
+	IPAM         *cniIPAM        `json:"ipam,omitempty"`
+	Capabilities map[string]bool `json:"capabilities,omitempty"`
+}
+
+type cniIPAM struct {
+	Type   string                `json:"type"`
+	Ranges [][]map[string]string `json:"ranges"`
+	Routes []map[string]string   `json:"routes"`
+}
+
+// CNIConfig renders the node's bridge network for podCIDR (JSON, deterministic). Pod traffic leaves
+// unmasqueraded: every node routes every other node's pod range via its workload-plane address.
+func CNIConfig(podCIDR netip.Prefix) ([]byte, error) {
+	def := "0.0.0.0/0"
+	if podCIDR.Addr().Is6() {
+		def = "::/0"
+	}
+	c := cniConfig{CNIVersion: "1.0.0", Name: "appliance", Plugins: []cniPlugin{
+		{Type: "bridge", Bridge: "cni0", IsGateway: true, HairpinMode: true, IPAM: &cniIPAM{
+			Type:   "host-local",
+			Ranges: [][]map[string]string{{{"subnet": podCIDR.String()}}},
+			Routes: []map[string]string{{"dst": def}},
+		}},
+		{Type: "portmap", Capabilities: map[string]bool{"portMappings": true}},
+	}}
+	b, err := json.MarshalIndent(c, "", "  ")
+	return append(b, '\n'), err
+}
+
+// stepCNI enables IP forwarding, writes the bridge CNI network for the node's pod range and routes
+// every other node's pod range via that node's workload-plane address (netlink, replace).
+func (a *Agent) stepCNI(_ context.Context) (string, error) {
+	if err := a.onHost("cni"); err != nil {
+		return "", err
+	}
+	_, k := a.kube()
+	var did []string
+	const fwd = "/proc/sys/net/ipv4/ip_forward"
+	if b, err := os.ReadFile(fwd); err != nil || strings.TrimSpace(string(b)) != "1" {
+		if err := os.WriteFile(fwd, []byte("1\n"), 0o644); err != nil {
+			return "", fmt.Errorf("enable IP forwarding (kubeadm preflight requires it): %w", err)
+		}
+		did = append(did, "enabled IP forwarding")
+	}
+	conf, err := CNIConfig(k.PodCIDR)
+	if err != nil {
+		return "", err
+	}
+	if c, err := atomicfile.Write(CNIConfigPath, conf, 0o644); err != nil {
+		return "", fmt.Errorf("write %s: %w", CNIConfigPath, err)
+	} else if c {
+		did = append(did, "wrote "+CNIConfigPath)
+	}
+	n, err := routePods(k.PodRoutes)
+	if err != nil {
+		return "", err
+	}
+	if n > 0 {
+		did = append(did, fmt.Sprintf("set %d pod routes", n))
+	}
+	detail := fmt.Sprintf("bridge cni0 with pods %s, %d peer pod ranges routed", k.PodCIDR, len(k.PodRoutes))
+	if len(did) == 0 {
+		return "unchanged: " + detail, nil
+	}
+	return strings.Join(did, ", ") + ": " + detail, nil
+}
+
+// routePods makes each route present (RouteReplace) and returns how many it changed.
+func routePods(routes []agentapi.PodRoute) (int, error) {
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	changed := 0
+	for _, r := range routes {
+		dst := &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), r.Prefix.Addr().BitLen())}
+		gw := net.IP(r.Via.AsSlice())
+		have, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return changed, fmt.Errorf("list routes to %s: %w", r.Prefix, err)
+		}
+		if len(have) == 1 && have[0].Gw.Equal(gw) {
+			continue
+		}
+		if err := h.RouteReplace(&netlink.Route{Dst: dst, Gw: gw}); err != nil {
+			return changed, fmt.Errorf("route %s (node %s) via %s: %w", r.Prefix, r.Node, r.Via, err)
+		}
+		changed++
+	}
+	return changed, nil
+}
+
+// kubeadmState is KubeadmStatePath.
+type kubeadmState struct {
+	Action string    `json:"action"`
+	Done   time.Time `json:"done"`
+	// TokenID is the ID part of the bootstrap token the cluster got from this node (init only).
+	TokenID string `json:"tokenID,omitempty"`
+}
+
+func tokenID(token string) string { id, _, _ := strings.Cut(token, "."); return id }
+
+// leftovers lists what an interrupted kubeadm run leaves behind.
+func leftovers() []string {
+	var found []string
+	for _, p := range []string{"/etc/kubernetes/kubelet.conf", "/etc/kubernetes/admin.conf", "/etc/kubernetes/manifests/kube-apiserver.yaml", "/etc/kubernetes/manifests/etcd.yaml", "/var/lib/etcd/member"} {
+		if _, err := os.Stat(p); err == nil {
+			found = append(found, p)
+		}
+	}
+	return found
+}
+
+// stepKubeadm runs kubeadm once: init on the first control plane (with the appliance's cluster CA
+// in /etc/kubernetes/pki and --upload-certs under the appliance's certificate key), join
+// --control-plane on the others, join on workers; each only when the appliance says the node before
+// it is done (Proceed). A finished run is recorded in KubeadmStatePath, so reruns do nothing; a run
+// interrupted before that is undone with `kubeadm reset -f` and repeated. On the first control plane
+// a renewed bootstrap token (a rerun after it expired) is created in the cluster with `kubeadm init
+// phase bootstrap-token` and the certificates re-uploaded.
+func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
+	if err := a.onHost("kubeadm"); err != nil {
+		return "", err
+	}
+	nc, k := a.kube()
+	a.mu.Lock()
+	addr := a.cp.Prefix.Addr()
+	a.mu.Unlock()
+	var st kubeadmState
+	if b, err := os.ReadFile(KubeadmStatePath); err == nil {
+		if err := json.Unmarshal(b, &st); err != nil {
+			return "", fmt.Errorf("%s: %w (remove it and run `kubeadm reset -f` to join again)", KubeadmStatePath, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	if st.Action != "" {
+		if st.Action == agentapi.ActionInit && st.TokenID != tokenID(k.BootstrapToken) {
+			return a.renewJoinSecrets(ctx, nc, k, addr, st)
+		}
+		return fmt.Sprintf("unchanged: kubeadm %s done %s", st.Action, st.Done.UTC().Format(time.RFC3339)), nil
+	}
+	if !k.Proceed {
+		return "", &waitError{"waiting for " + k.WaitingFor + " to finish kubeadm"}
+	}
+	if time.Until(k.BootstrapTokenExpires) < time.Minute {
+		return "", fmt.Errorf("the bootstrap token expired at %s: run `appliance bootstrap` again to renew it", k.BootstrapTokenExpires.UTC().Format(time.RFC3339))
+	}
+	start := time.Now()
+	var reset string
+	if left := leftovers(); len(left) > 0 {
+		// An interrupted init/join: start over, as kubeadm's docs say (reset also removes this
+		// node's etcd member from the cluster).
+		if _, err := run(ctx, resetTimeout, KubeadmLogPath, nil, "kubeadm", "reset", "-f"); err != nil {
+			return "", err
+		}
+		reset = fmt.Sprintf(" (after kubeadm reset of an interrupted run: %s)", strings.Join(left, ", "))
+	}
+	cfg, err := renderKubeadm(nc, k, addr)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(KubeadmConfigPath), 0o700); err != nil {
+		return "", err
+	}
+	if _, err := atomicfile.Write(KubeadmConfigPath, cfg, 0o600); err != nil {
+		return "", err
+	}
+	var args []string
+	switch k.Action {
+	case agentapi.ActionInit:
+		if _, err := atomicfile.Write("/etc/kubernetes/pki/ca.crt", []byte(k.CACertPEM), 0o644); err != nil {
+			return "", err
+		}
+		if _, err := atomicfile.Write("/etc/kubernetes/pki/ca.key", []byte(k.CAKeyPEM), 0o600); err != nil {
+			return "", err
+		}
+		args = []string{"init", "--config", KubeadmConfigPath, "--upload-certs", "--skip-token-print", "--skip-certificate-key-print"}
+	case agentapi.ActionJoinControlPlane, agentapi.ActionJoin:
+		args = []string{"join", "--config", KubeadmConfigPath}
+	default:
+		return "", fmt.Errorf("unknown kubeadm action %q in the node config", k.Action)
+	}
+	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", args...); err != nil {
+		return "", err
+	}
+	st = kubeadmState{Action: k.Action, Done: time.Now().UTC()}
+	if k.Action == agentapi.ActionInit {
+		st.TokenID = tokenID(k.BootstrapToken)
+	}
+	b, _ := json.Marshal(st)
+	if _, err := atomicfile.Write(KubeadmStatePath, b, 0o600); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("kubeadm %s done in %.1fs%s", k.Action, time.Since(start).Seconds(), reset), nil
+}
+
+// renewJoinSecrets creates the appliance's current bootstrap token in the cluster and uploads the
+// control-plane certificates under its current certificate key (kubeadm init phases, admin.conf).
+func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr netip.Addr, st kubeadmState) (string, error) {
+	cfg, err := renderKubeadm(nc, k, addr)
+	if err != nil {
+		return "", err
+	}
+	if _, err := atomicfile.Write(KubeadmConfigPath, cfg, 0o600); err != nil {
+		return "", err
+	}
+	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "bootstrap-token", "--config", KubeadmConfigPath, "--skip-token-print"); err != nil {
+		return "", err
+	}
+	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "upload-certs", "--upload-certs", "--config", KubeadmConfigPath, "--skip-certificate-key-print"); err != nil {
+		return "", err
+	}
+	st.TokenID = tokenID(k.BootstrapToken)
+	b, _ := json.Marshal(st)
+	if _, err := atomicfile.Write(KubeadmStatePath, b, 0o600); err != nil {
+		return "", err
+	}
+	return "renewed the bootstrap token and re-uploaded the control-plane certificates", nil
+}
+
+// renderKubeadm renders the node's kubeadm configuration (kubeadm-manifests) for addr, its
+// control-plane address.
+func renderKubeadm(nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr netip.Addr) ([]byte, error) {
+	c := kubeadmmanifests.Cluster{
+		Name:                 nc.ClusterName,
+		KubernetesVersion:    k.Version,
+		ControlPlaneEndpoint: k.ControlPlaneEndpoint,
+		ImageRepository:      k.ImageRepository,
+		PodSubnet:            k.PodSubnet,
+		ServiceSubnet:        k.ServiceSubnet,
+		APIServerCertSANs:    k.APIServerCertSANs,
+		BootstrapToken:       k.BootstrapToken,
+		BootstrapTokenTTL:    time.Until(k.BootstrapTokenExpires).Truncate(time.Second),
+		CertificateKey:       k.CertificateKey,
+		CACertHashes:         k.CACertHashes,
+	}
+	n := kubeadmmanifests.Node{
+		Name:                  nc.Node,
+		Address:               addr,
+		ControlPlane:          k.Action != agentapi.ActionJoin,
+		IgnorePreflightErrors: k.IgnorePreflightErrors,
+	}
+	if k.Action == agentapi.ActionInit {
+		return kubeadmmanifests.InitConfig(c, n)
+	}
+	return kubeadmmanifests.JoinConfig(c, n)
+}
+
+// stepAPI checks that this control plane's kube-apiserver answers /readyz on the API port (the
+// same probe keepalived's track script runs).
+func (a *Agent) stepAPI(ctx context.Context) (string, error) {
+	a.mu.Lock()
+	port := a.nc.APIServerPort
+	a.mu.Unlock()
+	url := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))) + "/readyz"
+	if err := a.checkInNS(ctx, url); err != nil {
+		return "", fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	return "kube-apiserver ready at " + url, nil
+}

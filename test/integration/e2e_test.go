@@ -1,0 +1,524 @@
+//go:build e2e
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// The end-to-end suite (`make e2e`): a lab of three control planes and one worker, all
+// systemd-nspawn Debian hosts reached over SSH, no route out of the lab; `appliance bootstrap`
+// installs Kubernetes on them from its own package repo and registry and drives kubeadm to an HA
+// cluster behind the keepalived VIP. Build tag e2e: it needs the Kubernetes fixtures
+// (test/fixtures/build-kubernetes.sh, build-bundle.sh) and takes minutes.
+
+const (
+	vip        = "10.100.0.100"
+	apiVIPURL  = "https://" + vip + ":6443"
+	k8sVersion = "v1.34.4"
+)
+
+var k8sNodes = []string{"cp1", "cp2", "cp3", "w1"}
+
+// fixtureBin is a binary of the Kubernetes fixture (test/fixtures/build-kubernetes.sh).
+func fixtureBin(t *testing.T, name string) string {
+	t.Helper()
+	cache := os.Getenv("APPLIANCE_CACHE")
+	if cache == "" {
+		cache = "/var/cache/appliance"
+	}
+	p := filepath.Join(cache, "kubernetes-"+k8sVersion, "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s missing (%v): `make e2e` builds it with test/fixtures/build-kubernetes.sh", p, err)
+	}
+	return p
+}
+
+type k8sLab struct {
+	*nodeLab
+	kubectl, etcdctl string
+}
+
+func newK8sLab(t *testing.T, prefix string) *k8sLab {
+	t.Helper()
+	l := newLab(t, prefix)
+	l.skip = nil
+	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
+	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=1", "LAB_WORKER_KIND=nspawn")
+	n.script(t, "lab.sh", "up", "3", "1")
+	n.script(t, "creds.sh")
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, node := range k8sNodes {
+				cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "ssh", node,
+					"tail -n 40 /var/log/hostagent/kubeadm.log; journalctl -u hostagent --no-pager -n 30")
+				cmd.Env = n.env
+				out, _ := cmd.CombinedOutput()
+				t.Logf("%s: kubeadm log and hostagent journal (tail):\n%s", node, out)
+			}
+		}
+		if os.Getenv("E2E_KEEP") != "" {
+			t.Logf("E2E_KEEP set: leaving lab %s up (LAB_DIR %s)", prefix, n.labDir)
+			return
+		}
+		cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "down")
+		cmd.Env = n.env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("nodes.sh down: %v\n%s", err, out)
+		}
+	})
+	n.script(t, "nodes.sh", "up")
+	var buf bytes.Buffer
+	if err := k8sConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "State": l.state, "Lab": n.labDir, "Name": prefix}); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, l.config, buf.String())
+	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl")}
+}
+
+var k8sConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: appliance.airgap.dev/v1alpha1
+kind: BootstrapConfiguration
+clusterName: {{.Name}}
+kubernetes:
+  # systemd-nspawn nodes: kubeadm cannot read the host kernel's config (SystemVerification).
+  ignorePreflightErrors: [SystemVerification]
+networks:
+  controlPlane: {cidrs: [10.100.0.0/24]}
+  workloadPlane: {cidrs: [10.200.0.0/24]}
+  services: 10.96.0.0/16
+apiServer:
+  vip: 10.100.0.100
+bundle:
+  path: {{.Bundle}}
+stateDir: {{.State}}
+nodes:
+- name: cp1
+  roles: [control-plane]
+  addresses: [10.100.0.11, 10.200.0.11]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: cp2
+  roles: [control-plane]
+  addresses: [10.100.0.12, 10.200.0.12]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: cp3
+  roles: [control-plane]
+  addresses: [10.100.0.13, 10.200.0.13]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+- name: w1
+  roles: [worker]
+  addresses: [10.100.0.21, 10.200.0.21]
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+`))
+
+// kube runs kubectl from the bootstrap host's namespace with the appliance's admin kubeconfig,
+// against the VIP.
+func (k *k8sLab) kube(args ...string) (string, error) {
+	argv := append([]string{k.kubectl, "--kubeconfig", bootstrap.AdminKubeconfigPath(k.state), "--server", apiVIPURL, "--request-timeout", "5s"}, args...)
+	out, err := k.exec("boot", argv...).Output()
+	return string(out), err
+}
+
+// ssh runs a shell command on a lab node as root (test/lab/nodes.sh ssh).
+func (k *k8sLab) ssh(t *testing.T, node, command string) string {
+	t.Helper()
+	return k.script(t, "nodes.sh", "ssh", node, command)
+}
+
+// TestKubernetesE2E: racked → Ready HA cluster through the appliance, then the proofs of issue 4.
+func TestKubernetesE2E(t *testing.T) {
+	labns.RequireRoot(t)
+	k := newK8sLab(t, "ke")
+	ctx := context.Background()
+
+	start := time.Now()
+	r := k.bootstrap(ctx, "", 0, "--converge-timeout", "15m")
+	racked := time.Since(start)
+	if r.err != nil {
+		t.Fatalf("appliance bootstrap: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
+	}
+	t.Logf("racked → Ready: %.1fs (3 control planes + 1 worker, fixtures cached)", racked.Seconds())
+	k.timeline(t, r, start)
+
+	t.Run("every node Ready and the control-plane pods Running on all three", func(t *testing.T) {
+		if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitFor(3*time.Minute, func() error { return k.controlPlanePodsRunning() }); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := k.kube("get", "nodes", "-o", "wide")
+		t.Logf("kubectl get nodes:\n%s", out)
+	})
+
+	t.Run("readyz through the VIP", func(t *testing.T) {
+		out, err := k.kube("get", "--raw", "/readyz")
+		if err != nil || strings.TrimSpace(out) != "ok" {
+			t.Fatalf("kubectl get --raw /readyz through %s: %v %q", apiVIPURL, err, out)
+		}
+	})
+
+	t.Run("etcd has three healthy voting members", func(t *testing.T) { k.etcdHealthy(t) })
+
+	t.Run("air gap: no route out, every image on every node came from the appliance", func(t *testing.T) { k.airGap(t) })
+
+	t.Run("the VIP moved to the control planes and the bootstrap host left the VRRP group", func(t *testing.T) {
+		if _, err := os.Stat(filepath.Join(k.state, "keepalived", "handed-off")); err != nil {
+			t.Errorf("no hand-off recorded: %v", err)
+		}
+		h := k.vipHolders()
+		if len(h) != 1 || h[0] == "boot" {
+			t.Errorf("VIP holders %v, want one control plane", h)
+		}
+		if out, _ := k.run("boot", "pgrep", "-a", "keepalived"); strings.Contains(out, k.state) {
+			t.Errorf("the bootstrap host still runs keepalived: %s", out)
+		}
+	})
+
+	t.Run("killing the VIP holder's keepalived keeps the API reachable", func(t *testing.T) { k.vipFailover(t) })
+
+	t.Run("a second bootstrap changes nothing", func(t *testing.T) {
+		r := k.mustBootstrap(ctx)
+		for _, name := range k.phases() {
+			if ev, _ := r.phase(name); ev.Changed {
+				t.Errorf("phase %s changed something: %s", name, ev.Detail)
+			}
+		}
+	})
+
+	t.Run("kill -9 of the appliance mid-run, then a rerun converges", func(t *testing.T) {
+		// SIGKILL the bootstrap run as its render phase starts, and the server it runs.
+		r := k.bootstrap(ctx, "render", 0)
+		if r.err == nil {
+			t.Fatalf("bootstrap was not killed")
+		}
+		if pid, err := os.ReadFile(filepath.Join(k.state, "serve", "pid")); err == nil {
+			var p int
+			if _, err := fmt.Sscan(string(pid), &p); err == nil && p > 1 {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		k.mustBootstrap(ctx)
+		if err := waitFor(2*time.Minute, func() error { return k.nodesReady() }); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
+			t.Fatalf("readyz after the rerun: %v %q", err, out)
+		}
+	})
+}
+
+// timeline prints the racked → Ready timeline: each phase's duration and share, and per node the
+// time (from the start of bootstrap) each hostagent step finished and how long it took.
+func (k *k8sLab) timeline(t *testing.T, r bootstrapRun, start time.Time) {
+	total := time.Since(start).Seconds()
+	var b strings.Builder
+	fmt.Fprintf(&b, "phases (total %.1fs):\n", total)
+	for _, name := range bootstrap.PhaseNames() {
+		if ev, ok := r.phase(name); ok {
+			fmt.Fprintf(&b, "  %-10s %6.1fs %5.1f%%  %s\n", name, ev.Duration, 100*ev.Duration/total, ev.Detail)
+		}
+	}
+	store := nodestate.Open(bootstrap.NodesDir(k.state))
+	for _, node := range k8sNodes {
+		evs, err := store.Events(node)
+		if err != nil {
+			t.Errorf("events of %s: %v", node, err)
+			continue
+		}
+		fmt.Fprintf(&b, "%s:\n", node)
+		began := map[string]time.Time{}
+		for _, ev := range evs {
+			if !ev.Reported.IsZero() {
+				ev.Time = ev.Reported // the node's clock when it reported (delivery may lag)
+			}
+			switch ev.Status {
+			case nodestate.StatusRunning:
+				if _, ok := began[ev.Step]; !ok {
+					began[ev.Step] = ev.Time
+				}
+			case nodestate.StatusDone:
+				took := 0.0
+				if s, ok := began[ev.Step]; ok {
+					took = ev.Time.Sub(s).Seconds()
+				}
+				fmt.Fprintf(&b, "  +%6.1fs %-11s %6.1fs  %s\n", ev.Time.Sub(start).Seconds(), ev.Step, took, ev.Detail)
+			}
+		}
+	}
+	t.Log("timeline\n" + b.String())
+}
+
+type nodeList struct {
+	Items []struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Status struct {
+			Conditions []struct {
+				Type   string `json:"type"`
+				Status string `json:"status"`
+			} `json:"conditions"`
+		} `json:"status"`
+	} `json:"items"`
+}
+
+func (k *k8sLab) nodesReady() error {
+	out, err := k.kube("get", "nodes", "-o", "json")
+	if err != nil {
+		return fmt.Errorf("kubectl get nodes: %v", err)
+	}
+	var l nodeList
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		return err
+	}
+	ready := map[string]bool{}
+	for _, n := range l.Items {
+		for _, c := range n.Status.Conditions {
+			if c.Type == "Ready" && c.Status == "True" {
+				ready[n.Metadata.Name] = true
+			}
+		}
+	}
+	var not []string
+	for _, n := range k8sNodes {
+		if !ready[n] {
+			not = append(not, n)
+		}
+	}
+	if len(not) > 0 || len(l.Items) != len(k8sNodes) {
+		return fmt.Errorf("%d nodes registered, not Ready: %v", len(l.Items), not)
+	}
+	return nil
+}
+
+func (k *k8sLab) controlPlanePodsRunning() error {
+	out, err := k.kube("get", "pods", "-n", "kube-system", "-o", "json")
+	if err != nil {
+		return fmt.Errorf("kubectl get pods: %v", err)
+	}
+	var l struct {
+		Items []struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Status struct {
+				Phase string `json:"phase"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		return err
+	}
+	phase := map[string]string{}
+	for _, p := range l.Items {
+		phase[p.Metadata.Name] = p.Status.Phase
+	}
+	var missing []string
+	for _, cp := range []string{"cp1", "cp2", "cp3"} {
+		for _, c := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
+			if name := c + "-" + cp; phase[name] != "Running" {
+				missing = append(missing, name+"="+phase[name])
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("control-plane pods not Running: %v", missing)
+	}
+	return nil
+}
+
+// etcdHealthy runs the fixture's etcdctl from cp1's namespace with cp1's healthcheck client
+// certificate (copied off the node, 0600, into a temp dir).
+func (k *k8sLab) etcdHealthy(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"ca.crt", "healthcheck-client.crt", "healthcheck-client.key"} {
+		data := k.ssh(t, "cp1", "cat /etc/kubernetes/pki/etcd/"+f)
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{k.etcdctl, "--endpoints", "https://10.100.0.11:2379,https://10.100.0.12:2379,https://10.100.0.13:2379",
+		"--cacert", filepath.Join(dir, "ca.crt"), "--cert", filepath.Join(dir, "healthcheck-client.crt"),
+		"--key", filepath.Join(dir, "healthcheck-client.key"), "-w", "json"}
+	out, err := k.exec("cp1", append(args, "endpoint", "health")...).Output()
+	if err != nil {
+		t.Fatalf("etcdctl endpoint health: %v %s", err, out)
+	}
+	var health []struct {
+		Endpoint string `json:"endpoint"`
+		Health   bool   `json:"health"`
+	}
+	if err := json.Unmarshal(out, &health); err != nil {
+		t.Fatalf("etcdctl endpoint health -w json: %v\n%s", err, out)
+	}
+	healthy := 0
+	for _, h := range health {
+		if h.Health {
+			healthy++
+		}
+	}
+	out, err = k.exec("cp1", append(args, "member", "list")...).Output()
+	if err != nil {
+		t.Fatalf("etcdctl member list: %v", err)
+	}
+	var members struct {
+		Members []struct {
+			Name      string `json:"name"`
+			IsLearner bool   `json:"isLearner"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(out, &members); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range members.Members {
+		if !m.IsLearner {
+			names = append(names, m.Name)
+		}
+	}
+	sort.Strings(names)
+	t.Logf("etcd: %d of %d endpoints healthy, voting members %v", healthy, len(health), names)
+	if healthy != 3 || !slices.Equal(names, []string{"cp1", "cp2", "cp3"}) {
+		t.Errorf("want 3 healthy endpoints and voting members cp1..cp3")
+	}
+}
+
+// airGap checks that no lab namespace has a default route, and that every image containerd holds on
+// every node is a registry.k8s.io image with exactly the manifest digest the appliance's registry
+// serves for that tag (so it came from the bundle, through the mirror).
+func (k *k8sLab) airGap(t *testing.T) {
+	for _, h := range append([]string{"boot"}, k8sNodes...) {
+		for _, fam := range []string{"-4", "-6"} {
+			if out, _ := k.run(h, "ip", fam, "route", "show", "default"); strings.TrimSpace(out) != "" {
+				t.Errorf("%s has a default route (%s): %s", h, fam, out)
+			}
+		}
+	}
+	caPath := filepath.Join(k.state, "pki", "ca.crt")
+	served := map[string]string{} // ref → digest the appliance serves
+	for _, node := range k8sNodes {
+		out := k.ssh(t, node, "ctr -n k8s.io images ls")
+		refs := 0
+		for _, line := range strings.Split(out, "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 3 || strings.Contains(f[0], "@sha256:") || strings.HasPrefix(f[0], "sha256:") {
+				continue // digest references and image IDs repeat the named ones
+			}
+			ref, digest := f[0], f[2]
+			refs++
+			if !strings.HasPrefix(ref, "registry.k8s.io/") {
+				t.Errorf("%s holds %s: not an image of the bundle's registry", node, ref)
+				continue
+			}
+			want, ok := served[ref]
+			if !ok {
+				want = k.servedDigest(t, caPath, ref)
+				served[ref] = want
+			}
+			if digest != want {
+				t.Errorf("%s: %s has digest %s, the appliance serves %s", node, ref, digest, want)
+			}
+		}
+		min := 2 // a worker: pause and kube-proxy
+		if strings.HasPrefix(node, "cp") {
+			min = 6
+		}
+		if refs < min {
+			t.Errorf("%s: only %d images (want at least %d):\n%s", node, refs, min, out)
+		}
+	}
+	t.Logf("images on the nodes, each with the digest the appliance serves: %d distinct", len(served))
+}
+
+// servedDigest asks the appliance's registry (from the bootstrap namespace) for ref's manifest digest.
+func (k *k8sLab) servedDigest(t *testing.T, caPath, ref string) string {
+	repoTag := strings.TrimPrefix(ref, "registry.k8s.io/")
+	repo, tag, _ := strings.Cut(repoTag, ":")
+	url := applURL + "/v2/registry.k8s.io/" + repo + "/manifests/" + tag
+	out, err := k.run("boot", "curl", "-sSfI", "--cacert", caPath,
+		"-H", "Accept: application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json",
+		url)
+	if err != nil {
+		t.Fatalf("HEAD %s: %v %s", url, err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "Docker-Content-Digest") {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("HEAD %s: no Docker-Content-Digest:\n%s", url, out)
+	return ""
+}
+
+// vipFailover SIGKILLs keepalived (its whole process group) on the VIP holder and probes
+// https://VIP:6443/readyz from the bootstrap namespace every 100 ms, printing the seconds of outage.
+func (k *k8sLab) vipFailover(t *testing.T) {
+	holders := k.vipHolders()
+	if len(holders) != 1 || holders[0] == "boot" {
+		t.Fatalf("VIP holders %v, want one control plane", holders)
+	}
+	holder := holders[0]
+	probe := func() bool {
+		return k.exec("boot", filepath.Join(binDir, "hostagent"), "check-api", apiVIPURL+"/readyz").Run() == nil
+	}
+	if !probe() {
+		t.Fatalf("API not reachable through the VIP before the kill")
+	}
+	k.ssh(t, holder, "kill -9 -- -$(cat /etc/keepalived/keepalived.pid)")
+	killed := time.Now()
+	var firstFail, recovered time.Time
+	fails := 0
+	for time.Since(killed) < 30*time.Second {
+		ok := probe()
+		switch {
+		case !ok && firstFail.IsZero():
+			firstFail = time.Now()
+			fails++
+		case !ok:
+			fails++
+		case ok && !firstFail.IsZero() && recovered.IsZero():
+			recovered = time.Now()
+		}
+		if !recovered.IsZero() && time.Since(recovered) > 5*time.Second {
+			break
+		}
+		if firstFail.IsZero() && time.Since(killed) > 15*time.Second {
+			break // never failed
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	switch {
+	case firstFail.IsZero():
+		t.Logf("keepalived on %s SIGKILLed: API outage through the VIP 0.0s (no probe failed in 15 s)", holder)
+	case recovered.IsZero():
+		t.Fatalf("API through the VIP down since %.1fs after the kill and not back within 30 s", firstFail.Sub(killed).Seconds())
+	default:
+		t.Logf("keepalived on %s SIGKILLed: API outage through the VIP %.1fs (%d failed probes)", holder, recovered.Sub(firstFail).Seconds(), fails)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		if h := k.vipHolders(); len(h) != 1 || h[0] == "boot" {
+			return fmt.Errorf("VIP holders %v", h)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("after the kill: %v, want one control plane", err)
+	}
+	t.Logf("VIP now on %v", k.vipHolders())
+}
