@@ -297,6 +297,7 @@ func TestNodesConverge(t *testing.T) {
 		mustWriteMode(t, filepath.Join(root, "root/sd.yaml"), `apiVersion: appliance.airgap.dev/v1alpha1
 kind: BootstrapConfiguration
 clusterName: sd
+kubernetes: {enabled: false}
 networks: {controlPlane: {cidrs: [10.100.0.0/24]}, services: 10.96.0.0/16}
 apiServer: {keepalived: {enabled: false}}
 bundle: {path: /srv/bundle}
