@@ -15,7 +15,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"text/template"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
@@ -86,46 +85,12 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	})
 	n.script(t, "nodes.sh", "up")
 	var buf bytes.Buffer
-	if err := k8sConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "State": l.state, "Lab": n.labDir, "Name": prefix}); err != nil {
+	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
 		t.Fatal(err)
 	}
 	mustWrite(t, l.config, buf.String())
 	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl")}
 }
-
-var k8sConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: appliance.airgap.dev/v1alpha1
-kind: BootstrapConfiguration
-clusterName: {{.Name}}
-kubernetes:
-  # systemd-nspawn nodes: kubeadm cannot read the host kernel's config (SystemVerification).
-  ignorePreflightErrors: [SystemVerification]
-networks:
-  controlPlane: {cidrs: [10.100.0.0/24]}
-  workloadPlane: {cidrs: [10.200.0.0/24]}
-  services: 10.96.0.0/16
-apiServer:
-  vip: 10.100.0.100
-bundle:
-  path: {{.Bundle}}
-stateDir: {{.State}}
-nodes:
-- name: cp1
-  roles: [control-plane]
-  addresses: [10.100.0.11, 10.200.0.11]
-  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
-- name: cp2
-  roles: [control-plane]
-  addresses: [10.100.0.12, 10.200.0.12]
-  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
-- name: cp3
-  roles: [control-plane]
-  addresses: [10.100.0.13, 10.200.0.13]
-  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
-- name: w1
-  roles: [worker]
-  addresses: [10.100.0.21, 10.200.0.21]
-  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
-`))
 
 // kube runs kubectl from the bootstrap host's namespace with the appliance's admin kubeconfig,
 // against the VIP.

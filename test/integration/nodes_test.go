@@ -77,7 +77,7 @@ func newNodeLab(t *testing.T, prefix string) *nodeLab {
 func (n *nodeLab) writeConfig(t *testing.T, withBadNode bool) {
 	var buf bytes.Buffer
 	if err := nodeConfigTemplate.Execute(&buf, map[string]any{
-		"Bundle": bundlePath, "State": n.state, "Lab": n.labDir, "Name": n.prefix, "Dir": n.dir, "Bad": withBadNode,
+		"Bundle": bundlePath, "State": n.state, "Lab": n.labDir, "Name": n.prefix, "Dir": n.dir, "Bad": withBadNode, "K8s": false,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +87,16 @@ func (n *nodeLab) writeConfig(t *testing.T, withBadNode bool) {
 var nodeConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: appliance.airgap.dev/v1alpha1
 kind: BootstrapConfiguration
 clusterName: {{.Name}}
+{{- if .K8s}}
+kubernetes:
+  # systemd-nspawn nodes: kubeadm cannot read the host kernel's config (SystemVerification).
+  ignorePreflightErrors: [SystemVerification]
+{{- else}}
 # Hosts only: the BMC-booted VM worker runs hostagent from an initramfs and cannot run kubelet; the
 # Kubernetes cluster, the VIP hand-off to a real kube-apiserver and its failover are the e2e's
-# (test/e2e, make e2e).
+# (e2e_test.go, make e2e).
 kubernetes: {enabled: false}
+{{- end}}
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
   workloadPlane: {cidrs: [10.200.0.0/24]}
@@ -116,7 +122,11 @@ nodes:
 - name: w1
   roles: [worker]
   addresses: [10.100.0.21, 10.200.0.21]
+{{- if .K8s}}
+  power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
+{{- else}}
   power: {kind: ipmi, address: 10.100.0.121, username: admin, passwordFile: {{.Lab}}/bmc/w1.password}
+{{- end}}
 {{- if .Bad}}
 - name: w2
   roles: [worker]
