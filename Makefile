@@ -10,6 +10,9 @@ LDFLAGS   := -X github.com/airgap-appliance/appliance/pkg/version.Version=$(VERS
 export APPLIANCE_CACHE ?= /var/cache/appliance
 LAB_CONFIG := test/lab/bootstrap.yaml
 LAB_STATE  := /var/lib/appliance-lab/state
+KUBERNETES_VERSION := v1.34.4
+# Each stage (deps, build, every fixture, every suite) runs through test/stage.sh: timed, quiet unless V=1.
+STAGE := test/stage.sh
 
 # Debian packages the tests and the lab drive as real peers.
 DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
@@ -22,26 +25,26 @@ help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: deps
-deps: ## install the Debian packages the tests and lab use (apt-get; skipped when all present)
-	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing:" $$missing; \
-		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
-	@# Services must not run outside the lab: the packages' postinst may have started some.
-	@true
+deps: ## install the Debian packages the tests and lab use (apt-get; nothing when all present)
+	@$(STAGE) deps -- test/deps.sh $(DEB_PACKAGES)
 
 .PHONY: build
 build: ## build bin/appliance and bin/hostagent
+	@$(STAGE) build -- $(MAKE) --no-print-directory build-bin
+
+.PHONY: build-bin
+build-bin:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/appliance ./cmd/appliance
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/hostagent ./cmd/hostagent
 
+# Every fixture is built here, in the root namespace (it downloads from the Go module proxy and Debian's
+# mirror), before any test or lab needs it: nothing inside a lab namespace ever downloads (issue 8).
 .PHONY: fixtures
-fixtures: deps ## build (or reuse) the Kubernetes binaries, node rootfs and bundle under $(APPLIANCE_CACHE)
-	test/fixtures/build-kubernetes.sh >/dev/null
-	test/fixtures/build-rootfs.sh >/dev/null
-	test/fixtures/build-bundle.sh
+fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit and bundle under $(APPLIANCE_CACHE)
+	@$(STAGE) fixture-kubernetes -- test/fixtures/build-kubernetes.sh $(KUBERNETES_VERSION)
+	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
+	@$(STAGE) fixture-vmkit -- test/fixtures/build-vmkit.sh
+	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
 
 .PHONY: check
 check: test e2e ## everything CI runs: `make test`, then `make e2e`
@@ -50,14 +53,13 @@ check: test e2e ## everything CI runs: `make test`, then `make e2e`
 test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes cluster; ~5 min warm)
 	@# Compile every test binary in parallel first, then run the packages one at a time: the lab
 	@# tests share host-wide resources (the /run/systemd/nspawn tmpfs, fixture caches, CPU for VMs).
-	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
-	$(GO) test -race -count=1 -p 1 -timeout 40m ./...
+	@$(STAGE) compile-tests -- $(GO) test -race -count=1 -run '^$$' ./...
+	@$(STAGE) suite-test --show -- $(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: e2e
 e2e: deps build fixtures ## the Kubernetes end to end: lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
-	$(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
-	set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | \
-		grep -vE '^=== (RUN|PAUSE|CONT)' 
+	@$(STAGE) suite-kubernetes-fixture --show -- $(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+	@$(STAGE) suite-e2e --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check

@@ -24,25 +24,17 @@ import (
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
-const kubernetesBinDir = "/var/cache/appliance/kubernetes-v1.34.4/bin"
-
 // kubeBinary returns the path of a Kubernetes v1.34.4 binary: $env if set, else the fixture cache.
 // Missing, it fails the test under CI=true and skips it loudly elsewhere.
 func kubeBinary(t *testing.T, env, name string) string {
 	t.Helper()
-	p := os.Getenv(env)
-	if p == "" {
-		p = filepath.Join(kubernetesBinDir, name)
-	}
-	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+	if p := os.Getenv(env); p != "" {
+		if st, err := os.Stat(p); err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+			t.Fatalf("%s=%s is not an executable file", env, p)
+		}
 		return p
 	}
-	msg := "real " + name + " missing at " + p + ": build it with test/fixtures/build-kubernetes.sh (or set " + env + ")"
-	if labns.InCI() {
-		t.Fatalf("REAL PEER MISSING: %s: %s", t.Name(), msg)
-	}
-	t.Skipf("SKIPPED %s: %s", t.Name(), msg)
-	return ""
+	return labns.KubernetesBin(t, name)
 }
 
 // run runs a binary with a timeout (kubeadm waits minutes on some failures) and returns its

@@ -188,15 +188,7 @@ func TestEnsureAdminKubeconfig(t *testing.T) {
 // elsewhere when it is missing.
 func kubectlPath(t *testing.T) string {
 	t.Helper()
-	const p = "/var/cache/appliance/kubernetes-v1.34.4/bin/kubectl"
-	if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
-		return p
-	}
-	if labns.InCI() {
-		t.Fatalf("REAL PEER MISSING: %s needs %s (built by the lab's Kubernetes fixture)", t.Name(), p)
-	}
-	t.Skipf("SKIPPED %s: real peer %s not built (run the lab's Kubernetes fixture build)", t.Name(), p)
-	return ""
+	return labns.KubernetesBin(t, "kubectl")
 }
 
 // TestAdminKubeconfigKubectl has the real kubectl read the file (server, user, context), OpenSSL verify

@@ -51,8 +51,10 @@ type BMCOptions struct {
 	// InsecureSkipVerify turns Redfish TLS verification off (bmclib's default, which this
 	// package never uses unless asked). A warning is logged.
 	InsecureSkipVerify bool
-	// CipherSuite is the RMCP+ cipher suite ID for IPMI ("3", "17"). Empty → try 3 then 17
-	// (bmclib's order). OpenIPMI's ipmi_sim only speaks 3.
+	// CipherSuite is the RMCP+ cipher suite ID for IPMI ("3", "17"). Empty → negotiated once, on
+	// the first operation: 3 then 17 (bmclib's order), the first that establishes a session is
+	// kept for every later command, so a command the BMC refuses is never retried with another
+	// suite (whose session error would hide the BMC's own answer). OpenIPMI's ipmi_sim only speaks 3.
 	CipherSuite string
 	// Timeout bounds each BMC operation (bmclib's per-provider timeout). 0 → DefaultTimeout.
 	Timeout time.Duration
@@ -70,6 +72,7 @@ type bmcController struct {
 	mu     sync.Mutex // bmclib.Client is not safe for concurrent use
 	client *bmclib.Client
 	opened bool
+	opts   []bmclib.Option // the client's options, to rebuild it once the IPMI cipher suite is known
 }
 
 // NewBMC builds a Controller for an IPMI or Redfish BMC with bmclib v2, restricted to one
@@ -90,10 +93,6 @@ func NewBMC(ctx context.Context, o BMCOptions) (Controller, error) {
 		o.Timeout = DefaultTimeout
 	}
 	c := &bmcController{o: o, log: orDiscard(o.Log).With("bmc", o.Host)}
-	host := o.Host
-	if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
-		host = "[" + host + "]" // bmclib joins host+":"+port for both providers
-	}
 	opts := []bmclib.Option{bmclib.WithPerProviderTimeout(o.Timeout)}
 	switch o.Kind {
 	case KindIPMI:
@@ -133,13 +132,44 @@ func NewBMC(ctx context.Context, o BMCOptions) (Controller, error) {
 		return nil, fmt.Errorf("BMC kind %q: %w (use %s or %s)", o.Kind, ErrUnsupported, KindIPMI, KindRedfish)
 	}
 	c.o = o
-	cl := bmclib.NewClient(host, o.Username, o.Password, opts...)
+	c.opts = opts
+	if err := c.newClient(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newClient (re)builds the bmclib client from c.opts, restricted to c.provider.
+func (c *bmcController) newClient() error {
+	host := c.o.Host
+	if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
+		host = "[" + host + "]" // bmclib joins host+":"+port for both providers
+	}
+	cl := bmclib.NewClient(host, c.o.Username, c.o.Password, c.opts...)
 	cl.Registry.Drivers = cl.Registry.For(c.provider)
 	if len(cl.Registry.Drivers) == 0 {
-		return nil, fmt.Errorf("bmclib has no %s provider for %s", c.provider, o.Host)
+		return fmt.Errorf("bmclib has no %s provider for %s", c.provider, c.o.Host)
 	}
 	c.client = cl
-	return c, nil
+	return nil
+}
+
+// negotiateSuiteLocked finds the RMCP+ cipher suite this BMC accepts (3, then 17) with a read-only
+// `chassis power status`, and pins it on the bmclib client. No-op when a suite is configured or
+// already found. A session that fails with every suite returns the last error (classify tells a
+// wrong password from a dead BMC).
+func (c *bmcController) negotiateSuiteLocked(ctx context.Context) error {
+	if c.provider != providerIPMI || c.o.CipherSuite != "" {
+		return nil
+	}
+	suite, _, err := c.ipmitoolTry(ctx, []string{"3", "17"}, "chassis", "power", "status")
+	if suite == "" {
+		return err
+	}
+	c.log.Debug("IPMI cipher suite negotiated", "suite", suite)
+	c.o.CipherSuite = suite
+	c.opts = append(c.opts, bmclib.WithIpmitoolCipherSuite(suite))
+	return c.newClient()
 }
 
 func lookIpmitool() (string, error) {
@@ -177,7 +207,10 @@ func (c *bmcController) op(ctx context.Context, name string, f func(ctx context.
 }
 
 func (c *bmcController) openLocked(ctx context.Context) error {
-	if c.opened || c.provider == providerIPMI { // ipmitool's Open is only a power-status probe
+	if c.provider == providerIPMI { // ipmitool's Open is only a power-status probe
+		return c.negotiateSuiteLocked(ctx)
+	}
+	if c.opened {
 		return nil
 	}
 	if err := c.client.Open(ctx); err != nil {
@@ -309,27 +342,48 @@ func parseBootFlags(out []byte) (BootDevice, error) {
 }
 
 // ipmitoolRun runs ipmitool over lanplus with the password in IPMITOOL_PASSWORD (never on the
-// command line), trying the configured cipher suite or 3 then 17, like bmclib.
+// command line), with the configured or negotiated cipher suite (3 then 17 before negotiation).
 func (c *bmcController) ipmitoolRun(ctx context.Context, args ...string) ([]byte, error) {
 	suites := []string{"3", "17"}
 	if c.o.CipherSuite != "" {
 		suites = []string{c.o.CipherSuite}
 	}
-	var out []byte
-	var err error
+	_, out, err := c.ipmitoolTry(ctx, suites, args...)
+	return out, err
+}
+
+// ipmitoolTry runs one ipmitool command with each suite in turn, moving on only while the RMCP+
+// session itself fails. suite is the one whose session was established ("" when none was), also
+// when the command then failed: its error carries the BMC's own words.
+func (c *bmcController) ipmitoolTry(ctx context.Context, suites []string, args ...string) (suite string, out []byte, err error) {
 	for _, cs := range suites {
 		argv := []string{"-I", "lanplus", "-H", c.o.Host, "-p", strconv.Itoa(c.o.Port), "-U", c.o.Username, "-E", "-N", "5", "-C", cs}
 		cmd := exec.CommandContext(ctx, c.ipmitool, append(argv, args...)...)
 		cmd.Env = []string{"IPMITOOL_PASSWORD=" + c.o.Password}
 		out, err = cmd.CombinedOutput()
 		if err == nil {
-			return out, nil
+			return cs, out, nil
 		}
 		if ctx.Err() != nil {
-			return out, ctx.Err()
+			return "", out, ctx.Err()
+		}
+		if !ipmiSessionFailed(string(out)) {
+			return cs, out, fmt.Errorf("ipmitool %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 		}
 	}
-	return out, fmt.Errorf("ipmitool %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	return "", out, fmt.Errorf("ipmitool %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+}
+
+// ipmiSessionFailed reports whether ipmitool's output says the RMCP+ session was not established
+// (wrong credentials, unsupported cipher suite, no answer), as opposed to a command the BMC refused.
+func ipmiSessionFailed(msg string) bool {
+	for _, s := range []string{"Unable to establish IPMI v2", "RMCP+ session", "authentication algorithm",
+		"Error: Unable to establish", "Insufficient privilege level", "Unauthorized name"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // classify wraps err with the sentinel that says what to fix.
@@ -338,8 +392,7 @@ func (c *bmcController) classify(ctx context.Context, op string, err error) erro
 	msg := err.Error()
 	switch c.provider {
 	case providerIPMI:
-		if strings.Contains(msg, "Unable to establish IPMI v2") || strings.Contains(msg, "RMCP+ session") ||
-			errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if ipmiSessionFailed(msg) || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// ipmitool prints the same line for a wrong password and a dead BMC: ask the BMC
 			// whether it is there with an RMCP presence ping (ASF 2.0).
 			pctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -351,6 +404,10 @@ func (c *bmcController) classify(ctx context.Context, op string, err error) erro
 			if !alive {
 				return fmt.Errorf("%s: no IPMI answer from %s (RMCP ping unanswered): check power.address, the BMC's network and that IPMI over LAN is enabled: %w: %w", op, addr, ErrUnreachable, err)
 			}
+		} else if strings.Contains(msg, "exit status") {
+			// The session was established (the suite is pinned once negotiated) and the BMC
+			// itself answered the command with a failure: its words are in err.
+			return fmt.Errorf("%s: IPMI BMC %s accepted the session but the command failed (see the BMC's answer; its chassis or power supply may be at fault): %w: %w", op, addr, ErrCommandFailed, err)
 		}
 	case providerRedfish:
 		var rfErr *common.Error

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,6 +121,29 @@ func ipmiChild(t *testing.T, p map[string]string) {
 		err := c.SetBootDevice(ctx, BootCDROM, false)
 		if !errors.Is(err, ErrBootDeviceNotApplied) {
 			t.Fatalf("SetBootDevice on a BMC that ignores it = %v, want ErrBootDeviceNotApplied", err)
+		}
+	})
+
+	t.Run("a refused chassis command is a command failure, not an auth error", func(t *testing.T) {
+		// Issue 8: with the suite left to negotiation, the failed chassis command used to be retried
+		// with suite 17, which ipmi_sim refuses, and was reported as a wrong password.
+		auto, err := NewBMC(ctx, BMCOptions{Kind: KindIPMI, Host: s.Addr, Port: s.Port, Username: s.User, Password: s.Password, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer auto.Close()
+		must(t, auto.PowerOff(ctx))
+		must(t, os.WriteFile(filepath.Join(s.Dir, "power-fail"), nil, 0o600))
+		defer os.Remove(filepath.Join(s.Dir, "power-fail"))
+		err = auto.PowerOn(ctx)
+		if !errors.Is(err, ErrCommandFailed) || errors.Is(err, ErrAuth) || errors.Is(err, ErrUnreachable) {
+			t.Fatalf("PowerOn on a BMC whose chassis fails = %v, want ErrCommandFailed only", err)
+		}
+		if !strings.Contains(err.Error(), "Chassis Power Control") {
+			t.Errorf("error does not carry the BMC's answer: %v", err)
+		}
+		if st, err := auto.PowerState(ctx); err != nil || st != StateOff {
+			t.Errorf("PowerState after the refused power on = %v, %v; want off, nil", st, err)
 		}
 	})
 

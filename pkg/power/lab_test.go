@@ -109,7 +109,7 @@ type simBMC struct {
 
 // chassisScript is ipmi_sim's chassis_control PROGRAM: `PROGRAM DEV get power boot` prints
 // "power:N" / "boot:X"; `PROGRAM DEV set power 1 boot pxe` stores them. A file "boot-stuck" makes
-// it ignore boot changes; every set is appended to "log" (a BMC that accepts but does not apply an override).
+// it ignore boot changes, a file "power-fail" makes power changes fail (a chassis fault); every set is appended to "log" (a BMC that accepts but does not apply an override).
 const chassisScript = `#!/bin/sh
 dir=$(dirname "$0")
 shift
@@ -127,7 +127,7 @@ set)
   echo "$*" >> "$dir/log"
   while [ $# -gt 1 ]; do
     case $1 in
-      power) echo "$2" > "$dir/power";;
+      power) [ -e "$dir/power-fail" ] && exit 1; echo "$2" > "$dir/power";;
       boot) [ -e "$dir/boot-stuck" ] || echo "$2" > "$dir/boot";;
       reset) ;;
       *) echo "Invalid parameter: $1"; exit 1;;

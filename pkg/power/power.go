@@ -80,6 +80,9 @@ var (
 	// ErrBootDeviceNotApplied: the BMC accepted a boot override but reading it back shows
 	// something else (LAB.md: always read the override back).
 	ErrBootDeviceNotApplied = errors.New("boot device override not applied")
+	// ErrCommandFailed: the BMC accepted the session but answered the command (power, boot
+	// device) with a failure; the error carries the BMC's own words.
+	ErrCommandFailed = errors.New("BMC command failed")
 )
 
 // permanent reports whether retrying err cannot help: wrong credentials or keys, untrusted

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 var (
@@ -24,11 +26,7 @@ func TestMain(m *testing.M) {
 	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 	bundlePath = os.Getenv("APPLIANCE_BUNDLE")
 	if bundlePath == "" {
-		cache := os.Getenv("APPLIANCE_CACHE")
-		if cache == "" {
-			cache = "/var/cache/appliance"
-		}
-		bundlePath = filepath.Join(cache, "bundle")
+		bundlePath = filepath.Join(labns.FixtureCache(), "bundle")
 	}
 	dir, err := os.MkdirTemp("", "appliance-it-bin-")
 	if err != nil {

@@ -129,3 +129,33 @@ func Link(t testing.TB, a *NS, addrA string, b *NS, addrB string) (string, strin
 
 // String implements fmt.Stringer.
 func (n *NS) String() string { return fmt.Sprintf("netns(%s)", n.Name) }
+
+// KubernetesVersion is the version of the Kubernetes fixture (Makefile KUBERNETES_VERSION,
+// test/fixtures/build-bundle.sh).
+const KubernetesVersion = "v1.34.4"
+
+// FixtureCache is the directory `make fixtures` builds into: $APPLIANCE_CACHE, else
+// /var/cache/appliance (.ci/run points it at a cache of its own that starts empty).
+func FixtureCache() string {
+	if c := os.Getenv("APPLIANCE_CACHE"); c != "" {
+		return c
+	}
+	return "/var/cache/appliance"
+}
+
+// KubernetesBin returns the path of a binary of the Kubernetes fixture
+// (FixtureCache()/kubernetes-KubernetesVersion/bin/NAME, test/fixtures/build-kubernetes.sh). Missing, it
+// fails the test under CI and skips it loudly elsewhere.
+func KubernetesBin(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(FixtureCache(), "kubernetes-"+KubernetesVersion, "bin", name)
+	if isExec(p) {
+		return p
+	}
+	msg := fmt.Sprintf("real %s missing at %s: `make fixtures` builds it (test/fixtures/build-kubernetes.sh %s)", name, p, KubernetesVersion)
+	if InCI() {
+		t.Fatalf("REAL PEER MISSING: %s: %s", t.Name(), msg)
+	}
+	t.Skipf("SKIPPED %s: %s", t.Name(), msg)
+	return ""
+}

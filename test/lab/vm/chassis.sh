@@ -48,7 +48,9 @@ power_on() {
 	qemu_alive && return 0
 	[[ -s $CMDLINE_FILE ]] || { echo "no kernel command line at $CMDLINE_FILE (nothing to boot: the appliance renders it)"; return 1; }
 	local kit rendered args
-	kit=$(APPLIANCE_CACHE=$APPLIANCE_CACHE "$KIT_SCRIPT" 2>>"$dir/chassis.log") || { echo "VM kit build failed; see $dir/chassis.log"; return 1; }
+	# --check only: this runs inside the lab namespace, which has no route out; `make fixtures` builds the kit.
+	kit=$(APPLIANCE_CACHE=$APPLIANCE_CACHE "$KIT_SCRIPT" --check 2>>"$dir/chassis.log") ||
+		{ echo "VM kit not built ($KIT_SCRIPT --check failed; run make fixtures); see $dir/chassis.log"; return 1; }
 	cp "$kit/base.cpio.gz" "$dir/initrd.img.tmp"
 	if [[ -x $HOSTAGENT ]]; then
 		local stage
