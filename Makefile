@@ -72,10 +72,8 @@ lab-up: deps ## create the namespace lab (fabric, bootstrap host, 3 control plan
 	LAB_WORKER_KIND=nspawn test/lab/lab.sh up 3 1
 
 .PHONY: lab-down
-lab-down: ## stop the lab's appliance and delete the lab namespaces
-	@if [ -x $(BIN)/appliance ]; then $(BIN)/appliance stop --state-dir $(LAB_STATE); fi
-	test/lab/nodes.sh down
-	test/lab/lab.sh down
+lab-down: ## stop the lab (appliance, nodes, namespaces) and remove all it made under /var/lib/appliance-lab
+	@test/lab/purge.sh /var/lib/appliance-lab
 
 .PHONY: demo
 demo: deps build fixtures lab-up ## bootstrap the appliance on the lab and pull from it as a node would

@@ -68,6 +68,21 @@ func (l *lab) dial(host, addr, port string) error {
 	return nil
 }
 
+// purge removes everything a lab of this prefix made under dir, also what a killed earlier run left
+// running (test/lab/purge.sh).
+func purge(t *testing.T, prefix, dir string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "purge.sh"), dir)
+	cmd.Env = append(os.Environ(), "LAB_PREFIX="+prefix, "APPLIANCE_BIN="+filepath.Join(binDir, "appliance"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("purge.sh %s: %v\n%s", dir, err, out)
+	}
+	if len(out) > 0 {
+		t.Logf("purge.sh %s:\n%s", dir, out)
+	}
+}
+
 // newLab brings up a lab under its own namespace prefix and writes bootstrap.yaml for it.
 func newLab(t *testing.T, prefix string) *lab {
 	t.Helper()
@@ -78,7 +93,18 @@ func newLab(t *testing.T, prefix string) *lab {
 		}
 		t.Skipf("SKIPPED: bundle fixture missing at %s; run `make fixtures`", bundlePath)
 	}
-	l := &lab{t: t, prefix: prefix, dir: t.TempDir(), skip: []string{"power", "converge"}}
+	// A fixed directory per prefix, not t.TempDir(): a run killed mid-way (a timeout, a CI limit) leaves
+	// its lab behind, and the next run of the suite finds it here and purges it before it starts.
+	l := &lab{t: t, prefix: prefix, dir: filepath.Join(os.TempDir(), "appliance-lab-"+prefix), skip: []string{"power", "converge"}}
+	purge(t, prefix, l.dir)
+	if err := os.MkdirAll(l.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // registered first, so it runs last: after the suite's own orderly teardown
+		if os.Getenv("E2E_KEEP") == "" {
+			purge(t, prefix, l.dir)
+		}
+	})
 	l.state = filepath.Join(l.dir, "state")
 	labSh := filepath.Join(repoRoot, "test", "lab", "lab.sh")
 	up := exec.Command(labSh, "up")

@@ -17,6 +17,10 @@ URL=https://10.100.0.2:8443
 export LAB_WORKER_KIND=nspawn
 LAB_DIR=$LABDIR test/lab/creds.sh
 
+if [[ -e $LABDIR/state ]]; then
+	echo "== note: $LABDIR holds the lab of an earlier \`make demo\`: this run reuses it (its cluster, its nodes)."
+	echo "   \`make lab-down\` removes it, and the next \`make demo\` bootstraps from scratch."
+fi
 echo "== lab nodes: cp1..cp3 and w1, pre-installed Debian hosts (systemd-nspawn, sshd), no route out of the lab"
 LAB_DIR=$LABDIR LAB_HOSTAGENT=bin/hostagent test/lab/nodes.sh up
 
