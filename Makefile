@@ -89,7 +89,7 @@ fuzz: ## run the fuzz targets for a short while each
 
 .PHONY: docs
 docs: ## regenerate the README's port table from firewall/ (the same table the firewall applies)
-	$(GO) run ./firewall/cmd/porttable | awk 'FNR==NR{t=t $$0 "\n"; next} /<!-- BEGIN PORT TABLE -->/{print; printf "%s", t; skip=1; next} /<!-- END PORT TABLE -->/{skip=0} !skip' - README.md > README.md.tmp && mv README.md.tmp README.md
+	$(GO) run ./cmd/porttable | awk 'FNR==NR{t=t $$0 "\n"; next} /<!-- BEGIN PORT TABLE -->/{print; printf "%s", t; skip=1; next} /<!-- END PORT TABLE -->/{skip=0} !skip' - README.md > README.md.tmp && mv README.md.tmp README.md
 
 .PHONY: clean
 clean: ## remove build outputs (not the fixture cache)

@@ -2,7 +2,7 @@
 //
 // The port table (Ports) is data, by role — bootstrap (the appliance host), control-plane, etcd, worker —
 // taken from the kubeadm "Ports and Protocols" page and RFC 5798 (VRRP). The README shows the same data
-// (MarkdownTable, printed by firewall/cmd/porttable).
+// (MarkdownTable, printed by cmd/porttable).
 //
 // The nftables backend (NFTables, the only importer of github.com/google/nftables in the module) follows the
 // Talos `nftables_chain.go` model: it owns one table, `inet appliance`, holding

@@ -13,14 +13,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
-	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 type bootstrapFlags struct {
 	config, stateDir, hostagent string
 	skip                        []string
 	convergeTimeout             time.Duration
+	dryRun                      bool
 }
 
 func newBootstrapCommand(g *globalFlags) *cobra.Command {
@@ -41,6 +43,7 @@ The HTTPS services keep running after this command returns.`,
 	cmd.Flags().StringSliceVar(&f.skip, "skip-phases", nil, "phases to skip, comma-separated: "+strings.Join(bootstrap.PhaseNames()[1:], ", "))
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
 	cmd.Flags().DurationVar(&f.convergeTimeout, "converge-timeout", bootstrap.DefaultConvergeTimeout, "how long the converge phase waits for every node to be ready")
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "run every phase's check and print what it would change; change nothing")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
@@ -76,9 +79,21 @@ func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 		Progress:        progress,
 		JSONEvents:      jsonOut,
 		Logger:          g.logger(cmd.ErrOrStderr()),
+		DryRun:          f.dryRun,
 	})
 	if err != nil {
 		return err
+	}
+	if f.dryRun {
+		if jsonOut {
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]bool{"dryRun": true, "changes": sum.Changed})
+		}
+		if sum.Changed {
+			fmt.Fprintln(cmd.ErrOrStderr(), "\ndry run: the phases above say what a run would change; nothing was changed")
+		} else {
+			fmt.Fprintln(cmd.ErrOrStderr(), "\ndry run: zero changes; everything is in place")
+		}
+		return nil
 	}
 	if jsonOut {
 		return json.NewEncoder(cmd.OutOrStdout()).Encode(report(sum))
@@ -105,8 +120,8 @@ func report(sum *bootstrap.Summary) Report {
 	r := Report{Changed: sum.Changed, ApplianceURL: st.ApplianceURL, ServePID: st.ServePID,
 		Registries: st.Images.Registries, Warnings: st.Warnings}
 	if st.CA != nil {
-		r.CAFile = filepath.Join(bootstrap.PKIDir(st.StateDir), "ca.crt")
-		r.CAPin = pki.PinHash(st.CA.Cert)
+		r.CAFile = filepath.Join(statedir.PKI(st.StateDir), "ca.crt")
+		r.CAPin = agentapi.PinOf(st.CA.Cert)
 	}
 	for _, im := range st.Images.Images {
 		r.Images = append(r.Images, im.Ref)
@@ -127,7 +142,7 @@ func printReport(w io.Writer, sum *bootstrap.Summary) {
 		fmt.Fprintf(w, "                  %s\n", im)
 	}
 	fmt.Fprintf(w, "  packages      %s/repo/\n", u)
-	fmt.Fprintf(w, "  ignition      %s/ignition/<node>  (token: %s/tokens/<node>) for %s\n", u, bootstrap.PKIDir(sum.State.StateDir), strings.Join(r.Nodes, ", "))
+	fmt.Fprintf(w, "  ignition      %s/ignition/<node>  (token: %s/tokens/<node>) for %s\n", u, statedir.PKI(sum.State.StateDir), strings.Join(r.Nodes, ", "))
 	fmt.Fprintf(w, "  health        %s/healthz   metrics %s/metrics\n", u, u)
 	if !r.Changed {
 		fmt.Fprintln(w, "nothing changed: everything was already in place")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/power"
 )
@@ -88,7 +89,12 @@ func runPower(ctx context.Context, cmd *cobra.Command, g *globalFlags, cfgPath, 
 	ctrls := map[string]power.Controller{}
 	for _, n := range nodes {
 		rows[n.Name] = &powerRow{Node: n.Name, Kind: string(n.Power.Kind), Address: n.Power.Address, Action: action}
-		c, err := power.New(ctx, n, log)
+		t, err := bootstrap.PowerTarget(n)
+		if err != nil {
+			rows[n.Name].Error = err.Error()
+			continue
+		}
+		c, err := power.New(ctx, t, log)
 		if err != nil {
 			rows[n.Name].Error = err.Error()
 			continue

@@ -7,11 +7,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/applianced"
 )
 
 func newServeCommand(g *globalFlags) *cobra.Command {
-	var o bootstrap.ServeOptions
+	var o applianced.ServeOptions
 	cmd := &cobra.Command{
 		Use:   "serve --config FILE",
 		Short: "Run the HTTPS front (registry, repo, Ignition) from the state `bootstrap` prepared",
@@ -24,7 +24,7 @@ rendered Ignition configs the bootstrap phases left in the state directory.`,
 			defer stop()
 			o.Logger = g.logger(cmd.ErrOrStderr())
 			o.HostagentBinary = defaultHostagent(o.HostagentBinary)
-			return bootstrap.Serve(ctx, o)
+			return applianced.Serve(ctx, o)
 		},
 	}
 	cmd.Flags().StringVarP(&o.ConfigPath, "config", "c", "", "BootstrapConfiguration file (required)")

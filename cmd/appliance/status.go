@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // statusRow is one node in `appliance status` (the JSON array elements with --output json).
@@ -46,7 +46,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			if stateDir != "" {
 				dir = stateDir
 			}
-			store := nodestate.Open(bootstrap.NodesDir(dir))
+			store := nodestate.Open(statedir.Nodes(dir))
 			var rows []statusRow
 			for _, n := range cfg.Nodes {
 				roles := make([]string, 0, len(n.Roles))

@@ -9,9 +9,9 @@ import (
 	"testing"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 func TestStatusCommand(t *testing.T) {
@@ -26,7 +26,7 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := cfg.Nodes[0].Name
-	store := nodestate.Open(bootstrap.NodesDir(cfg.StateDir))
+	store := nodestate.Open(statedir.Nodes(cfg.StateDir))
 	if _, _, err := store.Record(first, nil, agentapi.Report{BootID: "b", Step: "firewall", Status: "failed", Detail: "nft:\nno permission"}); err != nil {
 		t.Fatal(err)
 	}

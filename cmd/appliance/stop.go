@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/applianced"
 	"github.com/airgap-appliance/appliance/pkg/config"
 )
 
@@ -26,7 +26,7 @@ the state, certificates and firewall stay, and the next bootstrap starts the ser
 				}
 				stateDir = cfg.StateDir
 			}
-			stopped, err := bootstrap.StopServer(stateDir)
+			stopped, err := applianced.Stop(stateDir)
 			if err != nil {
 				return err
 			}

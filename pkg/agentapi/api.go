@@ -125,7 +125,11 @@ type KeepalivedConfig struct {
 
 // Mirror is one containerd registry mirror.
 type Mirror struct {
+	// Registry is the source registry host[:port] as it appears in image references, e.g.
+	// "registry.k8s.io" or "docker.io".
 	Registry string `json:"registry"`
+	// Endpoint is the mirror's full API URL for that registry (https), e.g.
+	// "https://10.100.0.1:8443/v2/registry.k8s.io"; containerd uses it as is (override_path).
 	Endpoint string `json:"endpoint"`
 }
 

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"syscall"
+
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // Journal is the append-only record of phase outcomes, STATE/journal.jsonl: one Event per line,
@@ -19,7 +20,7 @@ type Journal struct {
 
 // OpenJournal opens (creating 0600) the journal in stateDir.
 func OpenJournal(stateDir string) (*Journal, error) {
-	f, err := os.OpenFile(filepath.Join(stateDir, "journal.jsonl"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(statedir.Journal(stateDir), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open journal: %w", err)
 	}
@@ -44,7 +45,7 @@ func (j *Journal) Close() error { return j.f.Close() }
 // ReadJournal returns every intact event in stateDir's journal, oldest first (none if there is no
 // journal yet).
 func ReadJournal(stateDir string) ([]Event, error) {
-	f, err := os.Open(filepath.Join(stateDir, "journal.jsonl"))
+	f, err := os.Open(statedir.Journal(stateDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	} else if err != nil {
@@ -69,7 +70,7 @@ var ErrLocked = errors.New("another appliance bootstrap is running on this state
 // lockStateDir takes an exclusive flock on STATE/bootstrap.lock; the kernel drops it when the
 // process dies, so a killed run never leaves a stale lock.
 func lockStateDir(stateDir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(stateDir, "bootstrap.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(statedir.Lock(stateDir), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock state directory: %w", err)
 	}

@@ -14,13 +14,8 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
-
-// BootstrapTokenTTL is the lifetime of the kubeadm bootstrap token and of the certificates kubeadm
-// uploads for joining control planes (kubeadm deletes the kubeadm-certs Secret after 2 h; its token
-// default is 24 h, shortened here so a leaked token is useful for less time). A rerun after it
-// renews both (pki.EnsureKubeadmSecrets).
-const BootstrapTokenTTL = 2 * time.Hour
 
 // adminCertValidity is the admin kubeconfig's client certificate lifetime (kubeadm: 1 year).
 const adminCertValidity = 365 * 24 * time.Hour
@@ -69,9 +64,9 @@ func APIServerURL(st *State) string {
 // cluster CA, server APIServerURL. An existing file is kept when it names that server and CA and its
 // certificate chains to the CA and stays valid for 30 more days; otherwise it is rewritten (0600).
 func ensureAdminKubeconfig(st *State, ca *pki.CA, now time.Time) (bool, error) {
-	path := AdminKubeconfigPath(st.StateDir)
+	path := statedir.AdminKubeconfig(st.StateDir)
 	server := APIServerURL(st)
-	if b, err := os.ReadFile(path); err == nil && adminKubeconfigValid(b, server, ca, now) {
+	if adminKubeconfigCurrent(st, ca, now) {
 		return false, nil
 	}
 	cc, err := pki.IssueClientCert(ca, "kubernetes-admin", []string{"kubeadm:cluster-admins"}, adminCertValidity, now)
@@ -99,6 +94,12 @@ func ensureAdminKubeconfig(st *State, ca *pki.CA, now time.Time) (bool, error) {
 		return false, fmt.Errorf("write %s: %w", path, err)
 	}
 	return true, nil
+}
+
+// adminKubeconfigCurrent reports whether ensureAdminKubeconfig would keep the file as it is.
+func adminKubeconfigCurrent(st *State, ca *pki.CA, now time.Time) bool {
+	b, err := os.ReadFile(statedir.AdminKubeconfig(st.StateDir))
+	return err == nil && adminKubeconfigValid(b, APIServerURL(st), ca, now)
 }
 
 func adminKubeconfigValid(b []byte, server string, ca *pki.CA, now time.Time) bool {

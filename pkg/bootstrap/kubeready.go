@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // controlPlaneComponents are the static pods kubeadm writes on every control-plane node (label
@@ -35,7 +36,7 @@ type adminAPI struct {
 
 // openAdminAPI reads the admin kubeconfig from the state directory. Errors name the file and what to do.
 func openAdminAPI(stateDir string) (*adminAPI, error) {
-	path := AdminKubeconfigPath(stateDir)
+	path := statedir.AdminKubeconfig(stateDir)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("admin kubeconfig: %w (rerun bootstrap: the pki phase writes it)", err)

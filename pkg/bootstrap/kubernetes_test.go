@@ -18,67 +18,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
-
-func TestKubeadmGate(t *testing.T) {
-	store := nodestate.Open(t.TempDir())
-	gate := kubeadmGate(store)
-	k8sPlan := nodestate.Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Kubernetes: &agentapi.KubernetesConfig{}})
-	record := func(node, boot, step, status string) {
-		t.Helper()
-		if _, _, err := store.Record(node, k8sPlan, agentapi.Report{BootID: boot, Step: step, Status: status, Time: time.Now()}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	check := func(what string, k *agentapi.KubernetesConfig, proceed bool, waitingFor string) {
-		t.Helper()
-		nc := agentapi.NodeConfig{Node: "cp2", Kubernetes: k}
-		gate("cp2", &nc)
-		if k.Proceed != proceed || k.WaitingFor != waitingFor {
-			t.Errorf("%s: Proceed=%v WaitingFor=%q, want %v %q", what, k.Proceed, k.WaitingFor, proceed, waitingFor)
-		}
-	}
-
-	// nil Kubernetes: untouched, no panic.
-	nc := agentapi.NodeConfig{Node: "w1"}
-	gate("w1", &nc)
-	if nc.Kubernetes != nil {
-		t.Error("gate created a Kubernetes section")
-	}
-
-	// The init node (After "") always proceeds, even with no record at all, and a stale
-	// WaitingFor from the rendered file is cleared.
-	initK := &agentapi.KubernetesConfig{Action: agentapi.ActionInit, WaitingFor: "stale"}
-	check("init node", initK, true, "")
-
-	k := &agentapi.KubernetesConfig{Action: agentapi.ActionJoinControlPlane, After: "cp1", Proceed: true}
-	check("After has no record", k, false, "cp1")
-	record("cp1", "boot-1", nodestate.StepConfig, nodestate.StatusDone)
-	check("After connected, kubeadm not reported", k, false, "cp1")
-	record("cp1", "boot-1", nodestate.StepKubeadm, nodestate.StatusRunning)
-	check("After's kubeadm running", k, false, "cp1")
-	record("cp1", "boot-1", nodestate.StepKubeadm, nodestate.StatusFailed)
-	check("After's kubeadm failed", k, false, "cp1")
-	record("cp1", "boot-1", nodestate.StepKubeadm, nodestate.StatusDone)
-	check("After's kubeadm done", k, true, "")
-	// Another node's progress does not open the gate for a node waiting on someone else.
-	k3 := &agentapi.KubernetesConfig{Action: agentapi.ActionJoinControlPlane, After: "cp2"}
-	check("After cp2 unknown while cp1 done", k3, false, "cp2")
-	// Still open on the next fetch (the gate is evaluated per fetch, with fresh state).
-	check("After's kubeadm still done", k, true, "")
-	// After reboots: its steps start anew, so the gate closes until it reports kubeadm done again.
-	record("cp1", "boot-2", nodestate.StepConfig, nodestate.StatusDone)
-	check("After rebooted", k, false, "cp1")
-	record("cp1", "boot-2", nodestate.StepKubeadm, nodestate.StatusDone)
-	check("After done after reboot", k, true, "")
-	// The init node is untouched by anyone's state.
-	check("init node again", initK, true, "")
-}
 
 // testState is the minimal *State ensureAdminKubeconfig reads: cluster name, API VIP and port, and a
 // state directory.
@@ -103,7 +47,7 @@ func TestEnsureAdminKubeconfig(t *testing.T) {
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	st := testState(t, "10.10.0.100", 6443)
 	ca := clusterCA(t, now)
-	path := AdminKubeconfigPath(st.StateDir)
+	path := statedir.AdminKubeconfig(st.StateDir)
 	if got := APIServerURL(st); got != "https://10.10.0.100:6443" {
 		t.Errorf("APIServerURL = %s", got)
 	}
@@ -222,7 +166,7 @@ func TestAdminKubeconfigKubectl(t *testing.T) {
 	if _, err := ensureAdminKubeconfig(st, ca, now); err != nil {
 		t.Fatal(err)
 	}
-	path := AdminKubeconfigPath(st.StateDir)
+	path := statedir.AdminKubeconfig(st.StateDir)
 	home := t.TempDir() // kubectl's discovery cache goes here, not into root's ~/.kube
 
 	kc := func(args ...string) string {

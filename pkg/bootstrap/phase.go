@@ -1,5 +1,20 @@
 // Package bootstrap runs `appliance bootstrap` as ordered phases (kubeadm's phase workflow, Talos'
-// sequencer): load → resolve → pki → bundle → serve → firewall → render.
+// sequencer), one phase a file:
+//
+//	load      phase_load.go      strict decode, defaults, validation (all errors at once)
+//	resolve   phase_resolve.go   the control-plane and workload-plane CIDRs → local addresses
+//	pki       phase_pki.go       CA, serving certificate, node tokens, VRRP secret, cluster CA, admin kubeconfig
+//	bundle    phase_bundle.go    verify the bundle, make its images pullable
+//	render    phase_render.go    pkg/plan's artefacts written to STATE/rendered and STATE/appliance
+//	firewall  phase_firewall.go  the bootstrap host's own nftables table, from the plan
+//	serve     phase_serve.go     `appliance serve` (pkg/applianced) healthy with the current generation
+//	power     phase_power.go     nodes brought under hostagent (SSH, or BMC boot device + power on)
+//	converge  phase_converge.go  hostagents ready, then Kubernetes Nodes Ready and static pods running
+//
+// The runner (runner.go) loads the configuration, then takes the state directory's lock and opens its
+// journal before any other phase runs. A skipped phase that produces something later phases use
+// (Loader) reads it back from the state directory instead. With Options.DryRun every phase runs its
+// checks and reports what it would change, and nothing is changed.
 //
 // Every phase checks the real world first (is the CA there and valid? is the rule set live? is the
 // server healthy with the current generation?) and acts only on the difference, so a second run

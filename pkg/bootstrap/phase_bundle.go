@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
@@ -21,11 +22,28 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("bundle.path: %w", err)
 	}
-	vr, err := b.Verify(ctx, st.path(verifyStampName))
+	if st.Options.DryRun {
+		// Verify without the stamp (which it would rewrite) and check the registry without linking.
+		vr, err := b.Verify(ctx, "")
+		if err != nil {
+			return Result{}, err
+		}
+		ir, ok, err := registry.Check(b.ImagesDir(), statedir.Registry(st.StateDir))
+		if err != nil {
+			return Result{}, err
+		}
+		st.Images = ir
+		detail := fmt.Sprintf("verified %d files (%s), %d images from %d registries", vr.Files, humanBytes(vr.Bytes), len(ir.Images), len(ir.Registries))
+		if ok {
+			return Result{Detail: detail + " already pullable"}, nil
+		}
+		return Result{Changed: true, Detail: detail + " would be made pullable"}, nil
+	}
+	vr, err := b.Verify(ctx, statedir.BundleVerifyStamp(st.StateDir))
 	if err != nil {
 		return Result{}, err
 	}
-	ir, err := registry.Import(ctx, b.ImagesDir(), RegistryDir(st.StateDir), st.Options.Logger)
+	ir, err := registry.Import(ctx, b.ImagesDir(), statedir.Registry(st.StateDir), st.Options.Logger)
 	if err != nil {
 		return Result{}, err
 	}
@@ -33,7 +51,7 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 		// A new hard link changes the linked file's ctime, which the verification stamp keys on;
 		// refresh the stamp now (re-hashing only the newly linked blobs) so that the next run finds
 		// every file unchanged instead of re-hashing them.
-		if _, err := b.Verify(ctx, st.path(verifyStampName)); err != nil {
+		if _, err := b.Verify(ctx, statedir.BundleVerifyStamp(st.StateDir)); err != nil {
 			return Result{}, err
 		}
 	}
@@ -56,4 +74,19 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// Load, for a skipped bundle phase: the registries the registry storage already serves
+// (registry.Check, read-only), which render needs for the nodes' mirrors.
+func (bundlePhase) Load(_ context.Context, st *State) error {
+	b, err := bundle.Open(st.Config.Bundle.Path)
+	if err != nil {
+		return fmt.Errorf("bundle.path: %w", err)
+	}
+	ir, _, err := registry.Check(b.ImagesDir(), statedir.Registry(st.StateDir))
+	if err != nil {
+		return err
+	}
+	st.Images = ir
+	return nil
 }

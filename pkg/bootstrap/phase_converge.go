@@ -10,6 +10,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // DefaultConvergeTimeout bounds how long the converge phase waits for nodes.
@@ -27,7 +28,10 @@ type convergePhase struct{}
 func (convergePhase) Name() string { return "converge" }
 
 func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
-	store := nodestate.Open(NodesDir(st.StateDir))
+	store := nodestate.Open(statedir.Nodes(st.StateDir))
+	if st.Options.DryRun {
+		return convergeCheck(st, store), nil
+	}
 	timeout := st.Options.ConvergeTimeout
 	if timeout == 0 {
 		timeout = DefaultConvergeTimeout
@@ -104,7 +108,25 @@ func convergeKubernetes(ctx context.Context, st *State, board *nodeBoard, limit 
 		return Result{}, err
 	}
 	return Result{Detail: fmt.Sprintf("%d nodes ready (Node Ready, control-plane static pods Running); %s/readyz ok with %s",
-		len(st.Config.Nodes), api.server, AdminKubeconfigPath(st.StateDir))}, nil
+		len(st.Config.Nodes), api.server, statedir.AdminKubeconfig(st.StateDir))}, nil
+}
+
+// convergeCheck is the dry run: which nodes are not ready yet, without waiting.
+func convergeCheck(st *State, store *nodestate.Store) Result {
+	var notReady []string
+	for _, n := range st.Config.Nodes {
+		s, err := store.Get(n.Name)
+		if err != nil {
+			s.State = agentapi.StatePending
+		}
+		if s.State != agentapi.StateReady {
+			notReady = append(notReady, n.Name+" ("+s.State+")")
+		}
+	}
+	if len(notReady) == 0 {
+		return Result{Detail: fmt.Sprintf("%d nodes ready", len(st.Config.Nodes))}
+	}
+	return Result{Changed: true, Detail: "would wait for " + strings.Join(notReady, ", ")}
 }
 
 func isControlPlane(st *State, node string) bool {

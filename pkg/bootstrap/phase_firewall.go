@@ -3,22 +3,36 @@ package bootstrap
 import (
 	"context"
 	"fmt"
-	"net/netip"
 
 	"github.com/airgap-appliance/appliance/firewall"
-	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 )
 
-// firewallPhase makes the bootstrap host's own nftables table hold exactly the rules of the port
-// table's bootstrap role, reachable from the node networks, with VRRP accepted only from the
-// control-plane nodes. Other tables are never touched.
+// firewallPhase makes the bootstrap host's own nftables table hold exactly the plan's firewall spec
+// (pkg/plan.ApplianceFirewall: the port table's bootstrap role, reachable from the node networks, VRRP
+// accepted only from the control-plane nodes). Other tables are never touched.
 type firewallPhase struct{}
 
 func (firewallPhase) Name() string { return "firewall" }
 
 func (firewallPhase) Run(ctx context.Context, st *State) (Result, error) {
-	spec := BootstrapFirewallSpec(st.Config)
+	spec := plan.ApplianceFirewall(st.Config)
+	if st.Plan != nil {
+		spec = st.Plan.Firewall
+	}
 	fw := &firewall.NFTables{NetNSPath: st.Options.NetNSPath}
+	summary := fmt.Sprintf("table inet %s %%s: role bootstrap, %d node networks, %d VRRP peers",
+		firewall.DefaultTable, len(spec.NodeNetworks), len(spec.VRRPPeers))
+	if st.Options.DryRun {
+		same, err := fw.InPlace(spec)
+		if err != nil {
+			return Result{}, err
+		}
+		if same {
+			return Result{Detail: fmt.Sprintf(summary, "in place")}, nil
+		}
+		return Result{Changed: true, Detail: fmt.Sprintf(summary, "would be replaced")}, nil
+	}
 	changed, err := fw.Apply(ctx, spec)
 	if err != nil {
 		return Result{}, err
@@ -27,36 +41,5 @@ func (firewallPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if changed {
 		verb = "replaced"
 	}
-	return Result{Changed: changed, Detail: fmt.Sprintf("table inet %s %s: role bootstrap, %d node networks, %d VRRP peers",
-		firewall.DefaultTable, verb, len(spec.NodeNetworks), len(spec.VRRPPeers))}, nil
-}
-
-// BootstrapFirewallSpec is the bootstrap host's firewall: node networks are the control-plane and
-// workload-plane CIDRs; VRRP peers are the control-plane nodes' control-plane addresses.
-func BootstrapFirewallSpec(c *config.BootstrapConfiguration) firewall.Spec {
-	var nets []netip.Prefix
-	seen := map[netip.Prefix]bool{}
-	for _, p := range append(append([]netip.Prefix{}, c.Networks.ControlPlane.CIDRs...), c.Networks.WorkloadPlane.CIDRs...) {
-		if !seen[p] {
-			seen[p] = true
-			nets = append(nets, p)
-		}
-	}
-	var peers []netip.Addr
-	for _, n := range c.ControlPlaneNodes() {
-		for _, a := range n.Addresses {
-			for _, p := range c.Networks.ControlPlane.CIDRs {
-				if p.Contains(a) {
-					peers = append(peers, a)
-				}
-			}
-		}
-	}
-	return firewall.Spec{
-		Roles:        []firewall.Role{firewall.RoleBootstrap},
-		NodeNetworks: nets,
-		VRRPPeers:    peers,
-		HTTPSPort:    c.Server.Port,
-		APIPort:      c.APIServer.Port,
-	}
+	return Result{Changed: changed, Detail: fmt.Sprintf(summary, verb)}, nil
 }

@@ -4,19 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cenkalti/backoff/v5"
-	"golang.org/x/sync/errgroup"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/cenkalti/backoff/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/provision"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // powerConcurrency bounds how many nodes are powered or provisioned at once.
@@ -39,7 +40,10 @@ type powerPhase struct{}
 func (powerPhase) Name() string { return "power" }
 
 func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
-	store := nodestate.Open(NodesDir(st.StateDir))
+	store := nodestate.Open(statedir.Nodes(st.StateDir))
+	if st.Options.DryRun {
+		return powerCheck(st, store), nil
+	}
 	hostagentBin, err := os.ReadFile(st.Options.HostagentBinary)
 	if err != nil {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
@@ -95,6 +99,26 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 	return Result{Changed: changed, Detail: detail}, nil
 }
 
+// powerCheck is the dry run: which nodes the phase would provision over SSH or power on through
+// their BMC (those not yet configured or ready), contacting none of them.
+func powerCheck(st *State, store *nodestate.Store) Result {
+	var would []string
+	for _, n := range st.Config.Nodes {
+		if s, err := store.Get(n.Name); err == nil && (s.State == agentapi.StateReady || s.State == agentapi.StateConfigured) {
+			continue
+		}
+		if n.Power.Kind == config.PowerSSH {
+			would = append(would, n.Name+" (install hostagent over SSH)")
+		} else {
+			would = append(would, fmt.Sprintf("%s (boot device and power on, %s)", n.Name, n.Power.Kind))
+		}
+	}
+	if len(would) == 0 {
+		return Result{Detail: fmt.Sprintf("all %d nodes up", len(st.Config.Nodes))}
+	}
+	return Result{Changed: true, Detail: "would bring up " + strings.Join(would, ", ")}
+}
+
 // provisionSSHRetried retries provisionSSH with backoff (3 attempts within about 10 s: a host whose
 // sshd is still starting), except for errors a retry cannot fix: a host key that is unknown or
 // changed, refused credentials.
@@ -115,7 +139,11 @@ func provisionSSHRetried(ctx context.Context, st *State, store *nodestate.Store,
 
 // provisionSSH installs hostagent on a pre-installed host.
 func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n config.Node, hostagentBin []byte) (string, bool, error) {
-	o, err := power.SSHOptionsFor(n, st.Options.Logger)
+	t, err := PowerTarget(n)
+	if err != nil {
+		return "", false, err
+	}
+	o, err := power.SSHOptionsFor(t, st.Options.Logger)
 	if err != nil {
 		return "", false, err
 	}
@@ -124,10 +152,14 @@ func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n conf
 		return "", false, err
 	}
 	defer client.Close()
-	agentCfg, err := os.ReadFile(filepath.Join(RenderedDir(st.StateDir), n.Name, "hostagent.yaml"))
-	if err != nil {
-		return "", false, fmt.Errorf("rendered hostagent config (render phase): %w", err)
+	if st.Plan == nil {
+		return "", false, errors.New("no plan: the render phase did not run (run without --skip-phases render)")
 	}
+	a, ok := st.Plan.Node(n.Name)
+	if !ok {
+		return "", false, fmt.Errorf("no rendered hostagent config for %s (render phase)", n.Name)
+	}
+	agentCfg := a.AgentConfig
 	res, err := provision.Provision(ctx, client, provision.Host{
 		ApplianceURL: st.ApplianceURL, CAPEM: st.CA.CertPEM, Hostagent: hostagentBin, HostagentConfig: agentCfg,
 	})
@@ -143,7 +175,11 @@ func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n conf
 
 // powerBMC sets the boot device and powers the node on through its BMC.
 func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.Node) (string, bool, error) {
-	ctrl, err := power.New(ctx, n, st.Options.Logger)
+	t, err := PowerTarget(n)
+	if err != nil {
+		return "", false, err
+	}
+	ctrl, err := power.New(ctx, t, st.Options.Logger)
 	if err != nil {
 		return "", false, err
 	}

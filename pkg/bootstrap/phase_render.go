@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,25 +9,28 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/ignition"
-	"github.com/airgap-appliance/appliance/pkg/pki"
-	"github.com/airgap-appliance/appliance/pkg/server"
-	"github.com/airgap-appliance/appliance/registry"
+	"github.com/airgap-appliance/appliance/pkg/plan"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
-// renderPhase writes every node's artefacts into STATE/rendered/<node>/: its hostagent
-// configuration (hostagent.yaml, 0600: it holds the node token) and its Ignition config in every
-// supported spec version (ignition/<version>.json, 0600), which the server hands out after
-// negotiating the version with the client. Nodes no longer in the configuration lose theirs.
+// renderPhase derives every artefact with pkg/plan (Build: pure, deterministic) and writes exactly
+// what the plan holds, each file 0600 (several hold node tokens or the VRRP secret) and only when its
+// bytes differ: per node under STATE/rendered/<node>/ (hostagent.yaml, nodeconfig.json,
+// kernel-cmdline for BMC-booted nodes, ignition/<spec version>.json, handed out after negotiating the
+// version), and the bootstrap host's own firewall.json and keepalived.json under STATE/appliance/.
+// Files no longer in the plan (a removed node, an Ignition version a snippet rules out) are removed.
+// The plan stays in State for the phases after it; when render is skipped they read it back
+// (loadRendered).
 type renderPhase struct{}
 
 func (renderPhase) Name() string { return "render" }
@@ -35,140 +39,172 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{}, errors.New("no hostagent binary to serve: build it (`make build`) or pass --hostagent-binary")
 	}
+	if st.CA == nil {
+		// Dry run on a fresh state: the pki phase would create the CA first.
+		return Result{Changed: true, Detail: fmt.Sprintf("would write the artefacts of %d nodes once the CA exists", len(st.Config.Nodes))}, nil
+	}
 	agentSum, err := fileSHA256(st.Options.HostagentBinary)
 	if err != nil {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
 	}
-	registries := st.Images.Registries
-	if len(registries) == 0 {
-		b, err := bundle.Open(st.Config.Bundle.Path)
-		if err != nil {
-			return Result{}, fmt.Errorf("bundle.path: %w", err)
-		}
-		ir, _, err := registry.Check(b.ImagesDir(), RegistryDir(st.StateDir))
-		if err != nil {
-			return Result{}, err
-		}
-		registries = ir.Registries
-	}
-	var mirrors []ignition.Mirror
-	for _, host := range registries {
-		component, err := registry.HostComponent(host)
-		if err != nil {
-			return Result{}, err
-		}
-		mirrors = append(mirrors, ignition.Mirror{Registry: host, Endpoint: st.ApplianceURL + "/v2/" + component})
-	}
-	root := RenderedDir(st.StateDir)
-	changed, files := false, 0
-	var notes []string
+	snippets := map[string][]ignition.Snippet{}
 	for _, n := range st.Config.Nodes {
-		roles := make([]string, 0, len(n.Roles))
-		for _, r := range n.Roles {
-			roles = append(roles, string(r))
-		}
-		agentCfg, err := agentapi.Configuration{
-			Node: n.Name, Roles: roles, ApplianceURL: st.ApplianceURL,
-			CAPin: pki.PinHash(st.CA.Cert), Token: st.Tokens[n.Name],
-		}.Marshal()
-		if err != nil {
+		if snippets[n.Name], err = readSnippets(st.Config, n); err != nil {
 			return Result{}, err
-		}
-		c, err := write(filepath.Join(root, n.Name, "hostagent.yaml"), agentCfg)
-		if err != nil {
-			return Result{}, err
-		}
-		changed, files = changed || c, files+1
-		var agentMirrors []agentapi.Mirror
-		for _, m := range mirrors {
-			agentMirrors = append(agentMirrors, agentapi.Mirror{Registry: m.Registry, Endpoint: m.Endpoint})
-		}
-		var cluster *ClusterSecrets
-		if st.ClusterCA != nil {
-			cluster = &ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm}
-		}
-		ncv, err := NodeConfigFor(st.Config, n, st.ControlPlane.Prefix.Addr(), st.CA.CertPEM, st.VRRPAuth, agentMirrors, cluster)
-		if err != nil {
-			return Result{}, fmt.Errorf("node %s: %w", n.Name, err)
-		}
-		nc, err := json.MarshalIndent(ncv, "", "  ")
-		if err != nil {
-			return Result{}, err
-		}
-		if c, err = write(filepath.Join(root, n.Name, server.NodeConfigFile), append(nc, '\n')); err != nil {
-			return Result{}, err
-		}
-		changed, files = changed || c, files+1
-		if n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish {
-			// What a BMC-booted node's kernel command line carries (PXE/virtual media hand it over;
-			// the lab's BMC reads this file). It holds the node token: 0600.
-			c, err = write(filepath.Join(root, n.Name, "kernel-cmdline"), []byte(KernelCmdline(st.ApplianceURL, pki.PinHash(st.CA.Cert), n.Name, st.Tokens[n.Name])+"\n"))
-			if err != nil {
-				return Result{}, err
-			}
-			changed, files = changed || c, files+1
-		}
-		snippets, err := readSnippets(st.Config, n)
-		if err != nil {
-			return Result{}, err
-		}
-		doc, err := ignition.Render(ignition.Params{
-			Node: n.Name, ApplianceURL: st.ApplianceURL, CAPEM: st.CA.CertPEM, Mirrors: mirrors,
-			HostagentURL: st.ApplianceURL + "/artifacts/hostagent", HostagentSHA256: agentSum,
-			HostagentConfig: agentCfg, Snippets: snippets,
-		})
-		if err != nil {
-			return Result{}, fmt.Errorf("node %s: %w", n.Name, err)
-		}
-		for _, v := range ignition.SupportedVersions {
-			path := filepath.Join(root, n.Name, "ignition", v+".json")
-			data, warnings, err := doc.Marshal(v)
-			if errors.Is(err, ignition.ErrNotAcceptable) {
-				// A snippet needs a newer spec: clients that only speak v get 406 from the server.
-				if rmErr := os.Remove(path); rmErr == nil {
-					changed = true
-				}
-				notes = append(notes, fmt.Sprintf("%s: no spec %s (%v)", n.Name, v, err))
-				continue
-			} else if err != nil {
-				return Result{}, fmt.Errorf("node %s, Ignition spec %s: %w", n.Name, v, err)
-			}
-			for _, w := range warnings {
-				st.Options.Logger.Warn("ignition snippet warning", "node", n.Name, "version", v, "warning", w)
-			}
-			c, err := write(path, data)
-			if err != nil {
-				return Result{}, err
-			}
-			changed, files = changed || c, files+1
 		}
 	}
-	removed, err := pruneNodes(root, st.Config)
+	var cluster *plan.ClusterSecrets
+	if st.ClusterCA != nil {
+		cluster = &plan.ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm}
+	}
+	p, err := plan.Build(plan.Inputs{
+		Config: st.Config, ControlPlane: st.ControlPlane, ApplianceURL: st.ApplianceURL, CA: st.CA,
+		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, Cluster: cluster, Registries: st.Images.Registries,
+		HostagentSHA256: agentSum, Snippets: snippets,
+	})
 	if err != nil {
 		return Result{}, err
 	}
-	detail := fmt.Sprintf("%d nodes, %d files (Ignition %s, hostagent and node configs)", len(st.Config.Nodes), files, strings.Join(ignition.SupportedVersions, "/"))
-	if len(removed) > 0 {
-		changed = true
-		detail += ", removed artefacts of " + strings.Join(removed, ", ")
+	files, err := p.Files()
+	if err != nil {
+		return Result{}, err
+	}
+	var notes []string
+	for _, n := range p.Nodes {
+		notes = append(notes, n.Notes...)
+		for _, w := range n.Warnings {
+			st.Options.Logger.Warn("ignition snippet warning", "warning", w)
+		}
+	}
+	written, removed, err := writeRendered(st.StateDir, files, st.Options.DryRun)
+	if err != nil {
+		return Result{}, err
+	}
+	st.Plan = p
+	verb := "wrote"
+	if st.Options.DryRun {
+		verb = "would write"
+	}
+	detail := fmt.Sprintf("%d nodes, %d files (Ignition %s, hostagent and node configs; appliance firewall and keepalived)",
+		len(st.Config.Nodes), len(files), strings.Join(ignition.SupportedVersions, "/"))
+	switch {
+	case len(written) == 0 && len(removed) == 0:
+		detail = "unchanged: " + detail
+	default:
+		detail += fmt.Sprintf("; %s %d", verb, len(written))
+		if len(removed) > 0 {
+			detail += fmt.Sprintf(", %s %s", map[bool]string{true: "would remove", false: "removed"}[st.Options.DryRun], strings.Join(removed, ", "))
+		}
 	}
 	if len(notes) > 0 {
 		detail += "; " + strings.Join(notes, "; ")
 	}
-	if !changed {
-		detail = "unchanged: " + detail
-	}
-	return Result{Changed: changed, Detail: detail}, nil
+	return Result{Changed: len(written) > 0 || len(removed) > 0, Detail: detail}, nil
 }
 
-func write(path string, data []byte) (bool, error) { return atomicfile.Write(path, data, 0o600) }
+// writeRendered makes STATE/rendered and STATE/appliance hold exactly files (paths as Plan.Files
+// gives them): each written 0600 only when its bytes differ, every other file under those trees
+// removed. With dryRun nothing is written or removed; the lists say what would be.
+func writeRendered(stateDir string, files map[string][]byte, dryRun bool) (written, removed []string, err error) {
+	roots := map[string]string{plan.ApplianceDirectory: statedir.Appliance(stateDir)}
+	target := func(rel string) string {
+		first, rest, _ := strings.Cut(rel, "/")
+		if r, ok := roots[first]; ok {
+			return filepath.Join(r, filepath.FromSlash(rest))
+		}
+		return filepath.Join(statedir.Rendered(stateDir), filepath.FromSlash(rel))
+	}
+	want := map[string]bool{}
+	for _, rel := range slices.Sorted(maps.Keys(files)) {
+		path := target(rel)
+		want[path] = true
+		old, err := os.ReadFile(path)
+		if err == nil && bytes.Equal(old, files[rel]) {
+			continue
+		}
+		written = append(written, rel)
+		if dryRun {
+			continue
+		}
+		if _, err := atomicfile.Write(path, files[rel], 0o600); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, root := range []string{statedir.Rendered(stateDir), statedir.Appliance(stateDir)} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if err != nil || d.IsDir() || want[path] {
+				return err
+			}
+			rel, _ := filepath.Rel(stateDir, path)
+			removed = append(removed, rel)
+			if dryRun {
+				return nil
+			}
+			return os.Remove(path)
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if !dryRun {
+		pruneEmptyDirs(statedir.Rendered(stateDir))
+	}
+	return written, removed, nil
+}
 
-// KernelCmdline is the kernel command line of a node booted by its BMC: the appliance URL and CA
-// pin (the node fetches the CA and accepts it only if its SubjectPublicKeyInfo hashes to the pin),
-// and Ignition's config URL with the node token.
-func KernelCmdline(applianceURL, caPin, node, token string) string {
-	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin +
-		" ignition.config.url=" + applianceURL + "/ignition/" + node + "?token=" + token
+// pruneEmptyDirs removes the empty directories below root (a removed node's), deepest first.
+func pruneEmptyDirs(root string) {
+	var dirs []string
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && path != root {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		_ = os.Remove(dirs[i]) // fails unless empty
+	}
+}
+
+// Load, for a skipped render phase: the plan read back from disk (loadRendered).
+func (renderPhase) Load(_ context.Context, st *State) error {
+	p, err := loadRendered(st)
+	if err != nil {
+		return err
+	}
+	st.Plan = p
+	return nil
+}
+
+// loadRendered reads back what render wrote, for the phases after a skipped render: the
+// bootstrap host's firewall spec and each node's hostagent.yaml and node config.
+func loadRendered(st *State) (*plan.Plan, error) {
+	p := &plan.Plan{}
+	b, err := os.ReadFile(filepath.Join(statedir.Appliance(st.StateDir), plan.FirewallFile))
+	if err != nil {
+		return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
+	}
+	if err := json.Unmarshal(b, &p.Firewall); err != nil {
+		return nil, fmt.Errorf("%s: %w", plan.FirewallFile, err)
+	}
+	for _, n := range st.Config.Nodes {
+		dir := statedir.RenderedNode(st.StateDir, n.Name)
+		a := plan.NodeArtefacts{Name: n.Name}
+		if a.AgentConfig, err = os.ReadFile(filepath.Join(dir, plan.AgentConfigFile)); err != nil {
+			return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
+		}
+		if a.NodeConfigJSON, err = os.ReadFile(filepath.Join(dir, plan.NodeConfigFile)); err != nil {
+			return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
+		}
+		if err := json.Unmarshal(a.NodeConfigJSON, &a.NodeConfig); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", n.Name, plan.NodeConfigFile, err)
+		}
+		p.Nodes = append(p.Nodes, a)
+	}
+	return p, nil
 }
 
 // readSnippets gathers the user's Ignition snippets for a node: ignition.all, then the role lists,
@@ -191,25 +227,6 @@ func readSnippets(c *config.BootstrapConfiguration, n config.Node) ([]ignition.S
 		out = append(out, ignition.Snippet{Name: f, Data: b})
 	}
 	return out, nil
-}
-
-// pruneNodes removes rendered directories of nodes that are no longer configured.
-func pruneNodes(root string, c *config.BootstrapConfiguration) ([]string, error) {
-	ents, err := os.ReadDir(root)
-	if err != nil {
-		return nil, nil
-	}
-	var removed []string
-	for _, e := range ents {
-		if !e.IsDir() || slices.ContainsFunc(c.Nodes, func(n config.Node) bool { return n.Name == e.Name() }) {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-			return removed, err
-		}
-		removed = append(removed, e.Name())
-	}
-	return removed, nil
 }
 
 func fileSHA256(path string) (string, error) {

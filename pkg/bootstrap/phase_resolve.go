@@ -41,3 +41,9 @@ func (resolvePhase) Run(_ context.Context, st *State) (Result, error) {
 	return Result{Detail: fmt.Sprintf("control plane %s on %s, workload plane %s on %s",
 		cp.Prefix, cp.Interface, wl.Prefix, wl.Interface)}, nil
 }
+
+// Load, for a skipped resolve phase: resolving only reads the host's addresses, so it runs as usual.
+func (p resolvePhase) Load(ctx context.Context, st *State) error {
+	_, err := p.Run(ctx, st)
+	return err
+}

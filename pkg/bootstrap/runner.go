@@ -10,8 +10,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/airgap-appliance/appliance/pkg/config"
 )
 
 // Options are the inputs of one `appliance bootstrap` run.
@@ -38,11 +36,17 @@ type Options struct {
 	ConvergeTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// DryRun runs every phase's check against the real world and reports what it would change,
+	// changing nothing: no file, no firewall rule, no process, no node (kubeadm's `--dry-run`, k0sctl's
+	// DryRun). The journal is not written.
+	DryRun bool
 }
 
 // Phases returns the bootstrap phases in order.
 func Phases() []Phase {
-	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, servePhase{}, firewallPhase{}, renderPhase{}, powerPhase{}, convergePhase{}}
+	// render comes before serve and firewall: `appliance serve` reads the bootstrap host's keepalived
+	// instance render wrote, and the firewall phase applies the plan's spec.
+	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}}
 }
 
 // PhaseNames lists the phases' names in order.
@@ -60,9 +64,27 @@ type Summary struct {
 	State   *State
 }
 
+// Loader is implemented by phases whose output later phases use: when such a phase is skipped
+// (--skip-phases), the runner calls Load instead, which reads the phase's result back from the state
+// directory (or the real world) without changing anything, so a skipped phase costs nothing downstream.
+type Loader interface {
+	Load(ctx context.Context, st *State) error
+}
+
 // Run executes the phases in order, stopping at the first failure. It returns the state the
 // phases built (for the final report) even on failure.
+//
+// The load phase always runs first: it says where the state directory is. The runner then creates
+// that directory, takes its lock (flock, held until Run returns, so two runs never interleave) and
+// opens the journal, before any other phase runs. An unknown name in SkipPhases, or "load", is refused
+// before anything runs. With DryRun the journal is not written and a missing state directory is not
+// created (the lock is taken only when the directory exists).
 func Run(ctx context.Context, o Options) (*Summary, error) {
+	return runPhases(ctx, o, Phases())
+}
+
+// runPhases is Run over the given phases (tests pass their own); phases[0] must set st.StateDir.
+func runPhases(ctx context.Context, o Options, phases []Phase) (*Summary, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
@@ -72,18 +94,22 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	phases := Phases()
+	var names []string
+	for _, p := range phases {
+		names = append(names, p.Name())
+	}
 	for _, s := range o.SkipPhases {
-		if s == "load" {
-			return nil, fmt.Errorf("--skip-phases: the load phase cannot be skipped")
+		if s == names[0] {
+			return nil, fmt.Errorf("--skip-phases: the %s phase cannot be skipped", s)
 		}
-		if !slices.Contains(PhaseNames(), s) {
-			return nil, fmt.Errorf("--skip-phases: unknown phase %q; phases are %s", s, strings.Join(PhaseNames(), ", "))
+		if !slices.Contains(names, s) {
+			return nil, fmt.Errorf("--skip-phases: unknown phase %q; phases are %s", s, strings.Join(names, ", "))
 		}
 	}
 	st := &State{Options: o}
 	sum := &Summary{State: st}
 	var journal *Journal
+	var pending []Event
 	defer func() {
 		if journal != nil {
 			journal.Close()
@@ -111,20 +137,32 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			}
 			fmt.Fprintln(o.Progress, line)
 		}
-		if journal != nil && ev.Status != StatusStarted {
-			if err := journal.Append(ev); err != nil {
-				o.Logger.Warn("journal append failed", "error", err)
+		if ev.Status != StatusStarted {
+			pending = append(pending, ev) // journalled once the journal is open (after load)
+		}
+		if journal != nil {
+			for _, e := range pending {
+				if err := journal.Append(e); err != nil {
+					o.Logger.Warn("journal append failed", "error", err)
+				}
 			}
+			pending = nil
 		}
 	}
-	for i, p := range phases {
-		ev := Event{Phase: p.Name(), Index: i + 1, Total: len(phases)}
+	run := func(i int, p Phase) error {
+		ev := Event{Phase: p.Name(), Index: i + 1, Total: len(phases), Time: o.Now(), Status: StatusStarted}
 		if slices.Contains(o.SkipPhases, p.Name()) {
-			ev.Time, ev.Status = o.Now(), StatusSkipped
+			ev.Status = StatusSkipped
+			if l, ok := p.(Loader); ok {
+				if err := l.Load(ctx, st); err != nil {
+					ev.Status, ev.Error = StatusFailed, err.Error()
+					emit(ev)
+					return fmt.Errorf("phase %s (skipped, reading its result back): %w", p.Name(), err)
+				}
+			}
 			emit(ev)
-			continue
+			return nil
 		}
-		ev.Time, ev.Status = o.Now(), StatusStarted
 		emit(ev)
 		start := time.Now()
 		res, err := p.Run(ctx, st)
@@ -132,51 +170,47 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		if err != nil {
 			ev.Status, ev.Error = StatusFailed, err.Error()
 			emit(ev)
-			return sum, fmt.Errorf("phase %s: %w", p.Name(), err)
+			return fmt.Errorf("phase %s: %w", p.Name(), err)
 		}
 		ev.Status, ev.Changed, ev.Detail = StatusDone, res.Changed, res.Detail
 		sum.Changed = sum.Changed || res.Changed
-		if p.Name() == "load" {
-			// The state directory is known only once the configuration is loaded.
-			if err := os.MkdirAll(st.StateDir, 0o700); err != nil {
-				return sum, fmt.Errorf("create state directory: %w", err)
-			}
-			unlock, err := lockStateDir(st.StateDir)
-			if err != nil {
-				return sum, err
-			}
-			st.unlock = unlock
-			if journal, err = OpenJournal(st.StateDir); err != nil {
-				return sum, err
-			}
-		}
 		emit(ev)
+		return nil
+	}
+	if err := run(0, phases[0]); err != nil {
+		return sum, err
+	}
+	if err := openStateDir(st); err != nil {
+		return sum, err
+	}
+	if !o.DryRun {
+		var err error
+		if journal, err = OpenJournal(st.StateDir); err != nil {
+			return sum, err
+		}
+	}
+	for i, p := range phases[1:] {
+		if err := run(i+1, p); err != nil {
+			return sum, err
+		}
 	}
 	return sum, nil
 }
 
-// loadPhase reads, defaults and validates the configuration.
-type loadPhase struct{}
-
-func (loadPhase) Name() string { return "load" }
-
-func (loadPhase) Run(_ context.Context, st *State) (Result, error) {
-	cfg, warnings, err := config.Load(st.Options.ConfigPath, config.ValidateOptions{CheckFiles: true})
-	for _, w := range warnings {
-		st.Options.Logger.Warn("configuration warning", "warning", w.Error())
-		st.Warnings = append(st.Warnings, w.Error())
+// openStateDir creates the state directory (0700) and takes its lock; with DryRun it creates nothing
+// and locks only an existing directory.
+func openStateDir(st *State) error {
+	if st.Options.DryRun {
+		if _, err := os.Stat(st.StateDir); err != nil {
+			return nil
+		}
+	} else if err := os.MkdirAll(st.StateDir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
 	}
+	unlock, err := lockStateDir(st.StateDir)
 	if err != nil {
-		return Result{}, fmt.Errorf("%s is not valid:\n%w", st.Options.ConfigPath, err)
+		return err
 	}
-	st.Config = cfg
-	st.StateDir = cfg.StateDir
-	if st.Options.StateDir != "" {
-		st.StateDir = st.Options.StateDir
-	}
-	detail := fmt.Sprintf("cluster %q, %d control-plane and %d worker nodes", cfg.ClusterName, len(cfg.ControlPlaneNodes()), len(cfg.WorkerNodes()))
-	if len(warnings) > 0 {
-		detail += fmt.Sprintf(", %d warning(s): %s", len(warnings), warnings[0].Error())
-	}
-	return Result{Detail: detail}, nil
+	st.unlock = unlock
+	return nil
 }

@@ -2,7 +2,8 @@ package bootstrap
 
 import (
 	"crypto/tls"
-	"path/filepath"
+
+	"github.com/airgap-appliance/appliance/pkg/plan"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
@@ -35,39 +36,10 @@ type State struct {
 
 	// Images is what the registry serves (bundle phase).
 	Images registry.ImportResult
+	// Plan is every artefact the render phase derived and wrote (pkg/plan).
+	Plan *plan.Plan
 	// Served is the /healthz answer of the running server (serve phase).
 	ServePID int
 
 	unlock func()
 }
-
-// Layout of the state directory.
-const (
-	pkiDirName      = "pki"
-	registryDirName = "registry"
-	renderedDirName = "rendered"
-	serveDirName    = "serve"
-	verifyStampName = "bundle-verify.json"
-)
-
-func (st *State) path(elem ...string) string {
-	return filepath.Join(append([]string{st.StateDir}, elem...)...)
-}
-
-// ClusterPKIDir is STATE/pki/kubernetes: the Kubernetes cluster CA and the kubeadm join secrets.
-func ClusterPKIDir(stateDir string) string { return filepath.Join(stateDir, pkiDirName, "kubernetes") }
-
-// AdminKubeconfigPath is STATE/kubernetes/admin.conf: a cluster-admin kubeconfig (0600) for the
-// operator, server https://VIP:port.
-func AdminKubeconfigPath(stateDir string) string {
-	return filepath.Join(stateDir, "kubernetes", "admin.conf")
-}
-
-// PKIDir is STATE/pki: CA, serving certificate and node tokens.
-func PKIDir(stateDir string) string { return filepath.Join(stateDir, pkiDirName) }
-
-// RegistryDir is STATE/registry: the distribution filesystem-driver root.
-func RegistryDir(stateDir string) string { return filepath.Join(stateDir, registryDirName) }
-
-// RenderedDir is STATE/rendered: per-node artefacts (<node>/ignition/<version>.json, hostagent.yaml).
-func RenderedDir(stateDir string) string { return filepath.Join(stateDir, renderedDirName) }

@@ -18,7 +18,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
-	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
 
 // Paths on the node, each prefixed with Options.Root.
@@ -89,7 +88,7 @@ func New(opts Options) (*Agent, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("hostagent configuration: %s required", strings.Join(missing, ", "))
 	}
-	if _, err := parsePin(c.CAPin); err != nil {
+	if _, err := agentapi.ParsePin(c.CAPin); err != nil {
 		return nil, fmt.Errorf("hostagent configuration: caPin: %w", err)
 	}
 	if opts.Log == nil {
@@ -223,38 +222,34 @@ func (a *Agent) ensureCA(ctx context.Context) ([]byte, error) {
 	return caPEM, nil
 }
 
-// converge runs every step once, in plan order, stopping at the first failure.
-func (a *Agent) converge(ctx context.Context) error {
-	type step struct {
-		name string
-		run  func(context.Context) (string, error)
+// stepFuncs maps each step of the contract's plan (agentapi.Plan) to what this agent does for it.
+func (a *Agent) stepFuncs() map[string]func(context.Context) (string, error) {
+	return map[string]func(context.Context) (string, error){
+		agentapi.StepConfig:     a.stepConfig,
+		agentapi.StepFirewall:   a.stepFirewall,
+		agentapi.StepPackages:   a.stepPackages,
+		agentapi.StepContainerd: a.stepContainerd,
+		agentapi.StepCNI:        a.stepCNI,
+		agentapi.StepKeepalived: a.stepKeepalived,
+		agentapi.StepKubeadm:    a.stepKubeadm,
+		agentapi.StepAPI:        a.stepAPI,
+		agentapi.StepReady:      func(context.Context) (string, error) { return "node configured", nil },
 	}
-	if err := a.report(ctx, nodestate.StepConfig, func(ctx context.Context) (string, error) { return a.stepConfig(ctx) }); err != nil {
+}
+
+// converge runs every step of the plan once, in plan order (the config step first: it fetches the
+// node config the rest of the plan comes from), stopping at the first failure.
+func (a *Agent) converge(ctx context.Context) error {
+	funcs := a.stepFuncs()
+	if err := a.report(ctx, agentapi.StepConfig, funcs[agentapi.StepConfig]); err != nil {
 		return err
 	}
-	var steps []step
-	for _, name := range nodestate.Plan(a.nc)[1:] {
-		switch name {
-		case nodestate.StepFirewall:
-			steps = append(steps, step{name, a.stepFirewall})
-		case nodestate.StepPackages:
-			steps = append(steps, step{name, a.stepPackages})
-		case nodestate.StepContainerd:
-			steps = append(steps, step{name, a.stepContainerd})
-		case nodestate.StepCNI:
-			steps = append(steps, step{name, a.stepCNI})
-		case nodestate.StepKubeadm:
-			steps = append(steps, step{name, a.stepKubeadm})
-		case nodestate.StepKeepalived:
-			steps = append(steps, step{name, a.stepKeepalived})
-		case nodestate.StepAPI:
-			steps = append(steps, step{name, a.stepAPI})
-		case nodestate.StepReady:
-			steps = append(steps, step{name, func(context.Context) (string, error) { return "node configured", nil }})
+	for _, name := range agentapi.Plan(a.nc)[1:] {
+		run, ok := funcs[name]
+		if !ok {
+			return fmt.Errorf("the appliance's plan names step %q, which this hostagent does not know: upgrade hostagent", name)
 		}
-	}
-	for _, s := range steps {
-		if err := a.report(ctx, s.name, s.run); err != nil {
+		if err := a.report(ctx, name, run); err != nil {
 			return err
 		}
 	}
@@ -268,14 +263,14 @@ func (a *Agent) converge(ctx context.Context) error {
 func (a *Agent) report(ctx context.Context, step string, run func(context.Context) (string, error)) error {
 	last, seen := a.last[step]
 	if !seen {
-		a.send(agentapi.Report{Step: step, Status: nodestate.StatusRunning})
+		a.send(agentapi.Report{Step: step, Status: agentapi.StatusRunning})
 	}
 	detail, err := run(ctx)
-	r := agentapi.Report{Step: step, Status: nodestate.StatusDone, Detail: detail}
+	r := agentapi.Report{Step: step, Status: agentapi.StatusDone, Detail: detail}
 	var waiting *waitError
 	switch {
 	case errors.As(err, &waiting):
-		r.Status, r.Detail = nodestate.StatusRunning, err.Error()
+		r.Status, r.Detail = agentapi.StatusRunning, err.Error()
 		if seen && last.Status == r.Status && last.Detail == r.Detail {
 			return err
 		}
@@ -283,7 +278,7 @@ func (a *Agent) report(ctx context.Context, step string, run func(context.Contex
 		a.send(r)
 		return err
 	case err != nil:
-		r.Status, r.Detail = nodestate.StatusFailed, err.Error()
+		r.Status, r.Detail = agentapi.StatusFailed, err.Error()
 	}
 	if !seen || last.Status != r.Status || (r.Detail != last.Detail && (err != nil || changed(detail))) {
 		if err != nil {

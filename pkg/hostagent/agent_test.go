@@ -92,7 +92,7 @@ func (a *appliance) stop() { a.ts.Close() }
 
 func (a *appliance) config() agentapi.Configuration {
 	return agentapi.Configuration{Node: a.node, Roles: []string{"worker"}, ApplianceURL: "https://" + a.addr,
-		CAPin: pki.PinHash(a.ca.Cert), Token: a.token}
+		CAPin: agentapi.PinOf(a.ca.Cert), Token: a.token}
 }
 
 // waitFor polls cond until it holds, failing after a generous bound (a hang guard, not a timing

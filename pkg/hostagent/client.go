@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
 
 // ErrUnauthorized is wrapped when the appliance refuses the node's token (HTTP 401): retrying will
@@ -33,7 +32,7 @@ type Client struct {
 }
 
 // NewClient returns a client for applianceURL (https://host:port) that trusts only caPEM and sends
-// token as its bearer token and bootID in nodestate.BootIDHeader. Errors: caPEM holds no
+// token as its bearer token and bootID in agentapi.BootIDHeader. Errors: caPEM holds no
 // certificate.
 func NewClient(applianceURL string, caPEM []byte, token, bootID string) (*Client, error) {
 	pool := x509.NewCertPool()
@@ -60,7 +59,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]by
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if c.bootID != "" {
-		req.Header.Set(nodestate.BootIDHeader, c.bootID)
+		req.Header.Set(agentapi.BootIDHeader, c.bootID)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")

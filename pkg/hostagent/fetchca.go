@@ -2,11 +2,11 @@
 // configures the node in idempotent steps, reporting each to the appliance (pkg/agentapi).
 //
 // Trust follows kubeadm's token discovery: the node knows only the appliance URL, its bearer token
-// and a pin of the CA's public key (agentapi.Configuration.CAPin, pki.PinHash format). FetchCA
+// and a pin of the CA's public key (agentapi.Configuration.CAPin, agentapi.PinOf format). FetchCA
 // downloads the CA without trusting anything and keeps it only if its SubjectPublicKeyInfo hashes
 // to the pin; from then on every request trusts that CA and nothing else (not the system roots).
 //
-// The steps (nodestate.Plan order): config, firewall, containerd, keepalived and api (control
+// The steps (agentapi.Plan order): config, firewall, containerd, keepalived and api (control
 // planes), ready. Each checks the real world first and changes only what differs, so running the
 // agent again, or after a reboot, is safe. Reports travel through an ordered queue that retries
 // with exponential backoff (github.com/cenkalti/backoff/v5) while the appliance is away; the node
@@ -16,10 +16,8 @@ package hostagent
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -28,6 +26,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // CAPath is the path of the ca.crt endpoint on the appliance.
@@ -39,29 +39,14 @@ const maxCABytes = 1 << 20
 // ErrPinMismatch is wrapped when no certificate served matches the pin.
 var ErrPinMismatch = errors.New("appliance CA does not match the pin")
 
-// ErrBadPin is wrapped when a pin is not "sha256:" and 64 hex digits.
-var ErrBadPin = errors.New("CA pin must be sha256:<64 hex digits>")
-
-// parsePin checks pin's format and returns its lower-case form.
-func parsePin(pin string) (string, error) {
-	hexPart, ok := strings.CutPrefix(strings.ToLower(strings.TrimSpace(pin)), "sha256:")
-	if b, err := hex.DecodeString(hexPart); !ok || err != nil || len(b) != sha256.Size {
-		return "", fmt.Errorf("%w (kubeadm --discovery-token-ca-cert-hash format), got %q", ErrBadPin, pin)
-	}
-	return "sha256:" + hexPart, nil
-}
-
-// pinOf is pki.PinHash without importing pkg/pki into the node binary's trust path.
-func pinOf(c *x509.Certificate) string {
-	s := sha256.Sum256(c.RawSubjectPublicKeyInfo)
-	return "sha256:" + hex.EncodeToString(s[:])
-}
+// ErrBadPin is wrapped when a pin is not "sha256:" and 64 hex digits (the contract's agentapi.ErrBadPin).
+var ErrBadPin = agentapi.ErrBadPin
 
 // VerifyCA returns the certificate in pemBytes whose SubjectPublicKeyInfo SHA-256 equals pin and that
 // is a CA certificate (basic constraints CA:TRUE), as PEM. Errors: ErrBadPin; ErrPinMismatch (with
 // the pins seen, so an operator can compare); unparsable PEM.
 func VerifyCA(pemBytes []byte, pin string) ([]byte, *x509.Certificate, error) {
-	want, err := parsePin(pin)
+	want, err := agentapi.ParsePin(pin)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -80,7 +65,7 @@ func VerifyCA(pemBytes []byte, pin string) ([]byte, *x509.Certificate, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("parse CA certificate: %w", err)
 		}
-		got := pinOf(c)
+		got := agentapi.PinOf(c)
 		if got == want && c.IsCA {
 			return pem.EncodeToMemory(b), c, nil
 		}
@@ -101,7 +86,7 @@ func VerifyCA(pemBytes []byte, pin string) ([]byte, *x509.Certificate, error) {
 // Errors: ErrBadPin, ErrPinMismatch, a server certificate not issued by the CA, network errors
 // (retryable), non-200 answers.
 func FetchCA(ctx context.Context, applianceURL, pin string) ([]byte, error) {
-	if _, err := parsePin(pin); err != nil {
+	if _, err := agentapi.ParsePin(pin); err != nil {
 		return nil, err
 	}
 	u, err := url.Parse(applianceURL)

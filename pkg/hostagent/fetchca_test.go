@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
@@ -57,12 +58,12 @@ func TestFetchCA(t *testing.T) {
 		name, url, pin string
 		err            error
 	}{
-		{"pin matches", good, pki.PinHash(ca.Cert), nil},
-		{"pin matches, upper case hex", good, "sha256:" + upper(pki.PinHash(ca.Cert)[7:]), nil},
-		{"another CA", wrong, pki.PinHash(ca.Cert), ErrPinMismatch},
-		{"impostor server certificate", impostor, pki.PinHash(ca.Cert), ErrPinMismatch},
+		{"pin matches", good, agentapi.PinOf(ca.Cert), nil},
+		{"pin matches, upper case hex", good, "sha256:" + upper(agentapi.PinOf(ca.Cert)[7:]), nil},
+		{"another CA", wrong, agentapi.PinOf(ca.Cert), ErrPinMismatch},
+		{"impostor server certificate", impostor, agentapi.PinOf(ca.Cert), ErrPinMismatch},
 		{"malformed pin", good, "sha256:abcd", ErrBadPin},
-		{"no algorithm", good, pki.PinHash(ca.Cert)[7:], ErrBadPin},
+		{"no algorithm", good, agentapi.PinOf(ca.Cert)[7:], ErrBadPin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := FetchCA(context.Background(), tc.url, tc.pin)
@@ -74,7 +75,7 @@ func TestFetchCA(t *testing.T) {
 			}
 		})
 	}
-	if _, err := FetchCA(context.Background(), "http://127.0.0.1:1", pki.PinHash(ca.Cert)); err == nil {
+	if _, err := FetchCA(context.Background(), "http://127.0.0.1:1", agentapi.PinOf(ca.Cert)); err == nil {
 		t.Error("FetchCA accepted a plain-http URL")
 	}
 }

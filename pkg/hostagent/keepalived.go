@@ -15,19 +15,10 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
 )
 
-// APIHealthWeight is added to a control plane's VRRP priority while its API answers (keepalived
-// vrrp_script weight), so the VIP moves to control planes whose API is up: the appliance's own
-// instance must sit between the control planes' base priorities and base+APIHealthWeight (see
-// bootstrap.ControlPlaneBasePriority).
-const APIHealthWeight = 50
-
-// InstanceName is the vrrp_instance name of the API VIP.
-const InstanceName = "api-vip"
-
 // KeepalivedConfig builds the node's keepalived configuration: unicast from the node's control-plane
 // address cp (its interface carries the VIP) to the peers of nc.Keepalived, VIP nc.APIServerVIP with
 // the prefix length of the control-plane CIDR that holds it (cp's CIDR when none does), and a track
-// script (command track, run as scriptUser) that adds APIHealthWeight while the local API answers.
+// script (command track, run as scriptUser) that adds agentapi.VRRPAPIHealthWeight while the local API answers.
 // Errors: nc has no keepalived section or no VIP.
 func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []string, scriptUser string) (keepalived.Config, error) {
 	k := nc.Keepalived
@@ -45,7 +36,7 @@ func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []str
 		RouterID:   nc.Node,
 		ScriptUser: scriptUser,
 		Instances: []keepalived.Instance{{
-			Name:            InstanceName,
+			Name:            agentapi.VRRPInstanceName,
 			Interface:       cp.Interface,
 			SourceIP:        cp.Prefix.Addr(),
 			Peers:           k.Peers,
@@ -55,7 +46,7 @@ func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []str
 			AuthPass:        k.AuthPass,
 			TrackScript: &keepalived.Script{
 				Command: track, Interval: 2 * time.Second, Timeout: 2 * time.Second, Fall: 2, Rise: 1,
-				Weight: APIHealthWeight,
+				Weight: agentapi.VRRPAPIHealthWeight,
 			},
 		}},
 	}, nil

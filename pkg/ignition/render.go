@@ -22,7 +22,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -30,6 +29,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 
 	"github.com/coreos/go-semver/semver"
 	"github.com/coreos/ignition/v2/config/util"
@@ -72,16 +73,10 @@ var ErrInvalidSnippet = errors.New("invalid Ignition snippet")
 // merged config fails Ignition's validator.
 var ErrInvalidConfig = errors.New("invalid Ignition config")
 
-// Mirror routes one source registry to the appliance's registry mirror.
-type Mirror struct {
-	// Registry is the source registry host[:port] as it appears in image references, e.g.
-	// "registry.k8s.io" or "docker.io".
-	Registry string
-	// Endpoint is the mirror's full API URL for that registry (https), e.g.
-	// "https://10.100.0.1:8443/v2/registry.k8s.io"; containerd uses it as is (override_path).
-	// Empty means ApplianceURL + "/v2/" + Registry.
-	Endpoint string
-}
+// Mirror routes one source registry to the appliance's registry mirror: the contract's type
+// (agentapi.Mirror), so the node config and the Ignition config carry the same values. An empty
+// Endpoint means ApplianceURL + "/v2/" + Registry here.
+type Mirror = agentapi.Mirror
 
 // Params is everything Render needs for one node. HostagentConfig holds the node's secret token:
 // it is written with mode 0600 and never logged (LogValue redacts it).

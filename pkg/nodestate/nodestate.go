@@ -15,7 +15,7 @@
 //
 // powering and booting are set by the appliance (Set); the rest follow from hostagent reports
 // (Record): step "config" done → agent-connected; every configuration step of the node's plan
-// (Plan) done → configured; step "ready" done → ready; any step whose last report is failed →
+// (agentapi.Plan) done → configured; step "ready" done → ready; any step whose last report is failed →
 // failed with "<step>: <detail>" as the reason. A retry of the failed step (running) keeps the
 // failure; its success clears it. A report with a new BootID starts the step list anew (the node
 // rebooted).
@@ -40,30 +40,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
-// Hostagent step names, in the order the hostagent runs them.
-const (
-	StepConfig     = "config"
-	StepFirewall   = "firewall"
-	StepPackages   = "packages"
-	StepContainerd = "containerd"
-	StepCNI        = "cni"
-	StepKeepalived = "keepalived"
-	StepKubeadm    = "kubeadm"
-	StepAPI        = "api"
-	StepReady      = "ready"
-)
-
-// Report statuses (agentapi.Report.Status).
-const (
-	StatusRunning = "running"
-	StatusDone    = "done"
-	StatusFailed  = "failed"
-)
-
-// BootIDHeader carries the hostagent's boot ID on GET agentapi.ConfigPathV1, so that the first
-// fetch of a new boot moves the node to agent-connected even before its first report.
-const BootIDHeader = "Hostagent-Boot-Id"
-
 // File names inside a node's directory.
 const (
 	StatusFile = "status.json"
@@ -81,35 +57,7 @@ var (
 	ErrNotFound = errors.New("no record for node")
 )
 
-// Plan returns the steps the hostagent runs for nc, in order: config, firewall; with Kubernetes
-// (nc.Kubernetes set) packages; containerd; with Kubernetes cni; on control planes keepalived (when
-// nc.Keepalived is set: the VIP must move before kubeadm init talks to it); with Kubernetes kubeadm
-// and, on control planes, api (the local kube-apiserver answers /readyz); finally ready. Every step
-// but ready is a configuration step: the node is configured when all of them are done.
-func Plan(nc agentapi.NodeConfig) []string {
-	k8s := nc.Kubernetes != nil
-	cp := slices.Contains(nc.Roles, "control-plane")
-	steps := []string{StepConfig, StepFirewall}
-	if k8s {
-		steps = append(steps, StepPackages)
-	}
-	steps = append(steps, StepContainerd)
-	if k8s {
-		steps = append(steps, StepCNI)
-	}
-	if cp && nc.Keepalived != nil {
-		steps = append(steps, StepKeepalived)
-	}
-	if k8s {
-		steps = append(steps, StepKubeadm)
-		if cp {
-			steps = append(steps, StepAPI)
-		}
-	}
-	return append(steps, StepReady)
-}
-
-var knownSteps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepKubeadm, StepAPI, StepReady}
+var knownSteps = agentapi.Steps
 
 var knownStates = []string{agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting,
 	agentapi.StateAgentConnected, agentapi.StateConfigured, agentapi.StateReady, agentapi.StateFailed}
@@ -261,7 +209,7 @@ func (s *Store) ConfigFetched(node, bootID string) (agentapi.NodeStatus, error) 
 		st.BootID, st.Steps = bootID, nil
 	}
 	st.Node, st.State, st.Reason, st.Updated = node, agentapi.StateAgentConnected, "", s.now()
-	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, Step: StepConfig, Status: "fetched", State: st.State})
+	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, Step: agentapi.StepConfig, Status: "fetched", State: st.State})
 }
 
 // Record applies one hostagent report for node, whose step plan is plan (Plan of its NodeConfig;
@@ -278,7 +226,7 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		return agentapi.NodeStatus{}, false, err
 	}
 	if plan == nil {
-		plan = []string{StepConfig, StepFirewall, StepContainerd, StepReady}
+		plan = []string{agentapi.StepConfig, agentapi.StepFirewall, agentapi.StepContainerd, agentapi.StepReady}
 	}
 	st, _, unlock, err := s.lockRead(node)
 	if err != nil {
@@ -312,7 +260,7 @@ func validReport(r agentapi.Report) error {
 	if !slices.Contains(knownSteps, r.Step) {
 		errs = append(errs, fmt.Sprintf("step %q is unknown (want one of %s)", r.Step, strings.Join(knownSteps, ", ")))
 	}
-	if r.Status != StatusRunning && r.Status != StatusDone && r.Status != StatusFailed {
+	if r.Status != agentapi.StatusRunning && r.Status != agentapi.StatusDone && r.Status != agentapi.StatusFailed {
 		errs = append(errs, fmt.Sprintf("status %q is unknown (want running, done or failed)", r.Status))
 	}
 	if len(errs) > 0 {
@@ -323,33 +271,33 @@ func validReport(r agentapi.Report) error {
 
 // derive computes the state after report r (prev is the step's previous report).
 func derive(st agentapi.NodeStatus, plan []string, prev, r agentapi.Report) (string, string) {
-	if r.Status == StatusRunning && prev.Status == StatusFailed && st.State == agentapi.StateFailed {
+	if r.Status == agentapi.StatusRunning && prev.Status == agentapi.StatusFailed && st.State == agentapi.StateFailed {
 		return st.State, st.Reason // a retry keeps the failure until it succeeds
 	}
 	for _, step := range plan { // plan order: the first failure is the reason
-		if rep, ok := st.Steps[step]; ok && rep.Status == StatusFailed {
+		if rep, ok := st.Steps[step]; ok && rep.Status == agentapi.StatusFailed {
 			return agentapi.StateFailed, failReason(rep)
 		}
 	}
 	for _, step := range knownSteps { // steps outside the plan fail the node too
-		if rep, ok := st.Steps[step]; ok && rep.Status == StatusFailed {
+		if rep, ok := st.Steps[step]; ok && rep.Status == agentapi.StatusFailed {
 			return agentapi.StateFailed, failReason(rep)
 		}
 	}
-	done := func(step string) bool { return st.Steps[step].Status == StatusDone }
-	if done(StepReady) {
+	done := func(step string) bool { return st.Steps[step].Status == agentapi.StatusDone }
+	if done(agentapi.StepReady) {
 		return agentapi.StateReady, ""
 	}
 	configured := true
 	for _, step := range plan {
-		if step != StepReady && !done(step) {
+		if step != agentapi.StepReady && !done(step) {
 			configured = false
 		}
 	}
 	switch {
 	case configured:
 		return agentapi.StateConfigured, ""
-	case done(StepConfig):
+	case done(agentapi.StepConfig):
 		return agentapi.StateAgentConnected, ""
 	case st.State == agentapi.StateFailed || st.State == "":
 		return agentapi.StateBooting, "" // the agent talks, but has not got its config yet

@@ -15,7 +15,7 @@ func rep(boot, step, status, detail string) agentapi.Report {
 	return agentapi.Report{BootID: boot, Step: step, Status: status, Detail: detail, Time: time.Unix(1, 0)}
 }
 
-var cpPlan = Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}, Kubernetes: &agentapi.KubernetesConfig{}})
+var cpPlan = agentapi.Plan(agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}, Kubernetes: &agentapi.KubernetesConfig{}})
 
 func TestPlan(t *testing.T) {
 	for _, tc := range []struct {
@@ -31,8 +31,8 @@ func TestPlan(t *testing.T) {
 		{agentapi.NodeConfig{Roles: []string{"control-plane"}, Keepalived: &agentapi.KeepalivedConfig{}, Kubernetes: &agentapi.KubernetesConfig{}},
 			[]string{"config", "firewall", "packages", "containerd", "cni", "keepalived", "kubeadm", "api", "ready"}},
 	} {
-		if got := Plan(tc.nc); !equal(got, tc.want) {
-			t.Errorf("Plan(%v) = %v, want %v", tc.nc.Roles, got, tc.want)
+		if got := agentapi.Plan(tc.nc); !equal(got, tc.want) {
+			t.Errorf("agentapi.Plan(%v) = %v, want %v", tc.nc.Roles, got, tc.want)
 		}
 	}
 }
@@ -219,7 +219,7 @@ func TestList(t *testing.T) {
 func TestTwoWritersLoseNothing(t *testing.T) {
 	dir := t.TempDir()
 	a, b := Open(dir), Open(dir)
-	steps := []string{StepConfig, StepFirewall, StepContainerd, StepReady}
+	steps := []string{agentapi.StepConfig, agentapi.StepFirewall, agentapi.StepContainerd, agentapi.StepReady}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -232,7 +232,7 @@ func TestTwoWritersLoseNothing(t *testing.T) {
 	}()
 	for i := 0; i < 50; i++ {
 		for _, step := range steps[:3] {
-			r := agentapi.Report{BootID: "boot-1", Step: step, Status: StatusDone, Detail: fmt.Sprint(i), Time: time.Now()}
+			r := agentapi.Report{BootID: "boot-1", Step: step, Status: agentapi.StatusDone, Detail: fmt.Sprint(i), Time: time.Now()}
 			if _, _, err := a.Record("n1", nil, r); err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -257,9 +258,9 @@ func runTool(t *testing.T, argv0 string, args ...string) string {
 	return string(out)
 }
 
-// TestPinHashMatchesOpenSSL compares PinHash with the pin computed by a real peer, as the kubeadm docs
+// TestPinMatchesOpenSSL compares agentapi.PinOf (the contract's pin of the CA pki makes) with the pin computed by a real peer, as the kubeadm docs
 // compute --discovery-token-ca-cert-hash.
-func TestPinHashMatchesOpenSSL(t *testing.T) {
+func TestPinMatchesOpenSSL(t *testing.T) {
 	labns.RequireTool(t, "openssl")
 	labns.RequireTool(t, "sha256sum")
 	dir := t.TempDir()
@@ -269,11 +270,11 @@ func TestPinHashMatchesOpenSSL(t *testing.T) {
 	if len(fields) == 0 || len(fields[0]) != 64 {
 		t.Fatalf("unexpected sha256sum output %q", out)
 	}
-	if got, want := PinHash(ca.Cert), "sha256:"+fields[0]; got != want {
-		t.Errorf("PinHash = %s, openssl says %s", got, want)
+	if got, want := agentapi.PinOf(ca.Cert), "sha256:"+fields[0]; got != want {
+		t.Errorf("agentapi.PinOf = %s, openssl says %s", got, want)
 	}
 	other := mustCA(t, t.TempDir(), t0)
-	if PinHash(other.Cert) == PinHash(ca.Cert) {
+	if agentapi.PinOf(other.Cert) == agentapi.PinOf(ca.Cert) {
 		t.Error("two CAs have the same pin")
 	}
 }

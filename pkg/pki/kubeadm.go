@@ -16,6 +16,12 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
+// BootstrapTokenTTL is the lifetime of the kubeadm bootstrap token and of the certificates kubeadm
+// uploads for joining control planes (kubeadm deletes the kubeadm-certs Secret after 2 h; its token
+// default is 24 h, shortened here so a leaked token is useful for less time). A rerun after it
+// renews both (EnsureKubeadmSecrets).
+const BootstrapTokenTTL = 2 * time.Hour
+
 // KubeadmSecretsFile is the file (JSON, 0600) in the PKI directory that holds the cluster's kubeadm
 // join secrets.
 const KubeadmSecretsFile = "kubeadm-secrets.json"

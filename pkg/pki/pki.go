@@ -3,7 +3,7 @@
 //
 // It follows kubeadm's rule for certificates (cmd/kubeadm/app/phases/certs): reuse what is on disk when
 // it is valid, refuse when it conflicts, create only what is missing. The CA is never regenerated
-// silently: every node trusts it (by file or by PinHash), so a new CA would strand every node already
+// silently: every node trusts it (by file or by its pin, agentapi.PinOf), so a new CA would strand every node already
 // provisioned. The serving certificate is a leaf signed by that pinned CA, so re-issuing it is safe and
 // happens whenever it no longer fits (SANs changed, near expiry, unreadable).
 //
@@ -33,9 +33,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -65,16 +63,6 @@ var ErrConflict = errors.New("conflicting PKI material")
 type Outcome struct {
 	Changed bool
 	Detail  string
-}
-
-// PinHash returns the public-key pin of cert in kubeadm's --discovery-token-ca-cert-hash format:
-// "sha256:" followed by the lowercase hex SHA-256 of the DER SubjectPublicKeyInfo (kubeadm
-// cmd/kubeadm/app/util/pubkeypin.Hash; RFC 7469 pins the same bytes). It equals
-// `openssl x509 -pubkey -noout | openssl pkey -pubin -outform der | sha256sum`. Pinning the key rather
-// than the certificate keeps the pin valid across a re-issue of the CA certificate with the same key.
-func PinHash(cert *x509.Certificate) string {
-	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
-	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // conflict builds an ErrConflict naming path, the problem and the fix.

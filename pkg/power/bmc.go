@@ -21,7 +21,7 @@ import (
 	"github.com/stmcginnis/gofish/common"
 )
 
-// BMC kinds accepted by BMCOptions.Kind (the same strings as config.PowerKind).
+// BMC kinds accepted by BMCOptions.Kind (the same strings as Target.Kind).
 const (
 	KindIPMI    = "ipmi"
 	KindRedfish = "redfish"

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -41,13 +40,11 @@ func ipmiChild(t *testing.T, p map[string]string) {
 	s := sims[0]
 	ctx := context.Background()
 
-	// The main controller comes from a node's config, as the appliance builds it.
-	pwFile := filepath.Join(t.TempDir(), "bmc-password")
-	must(t, os.WriteFile(pwFile, []byte(s.Password+"\n"), 0o600))
-	node := config.Node{Name: "node-0", Power: config.Power{
-		Kind: config.PowerIPMI, Address: fmt.Sprintf("%s:%d", s.Addr, s.Port), Username: s.User, PasswordFile: pwFile,
-	}}
-	c, err := New(ctx, node, nil)
+	// The main controller comes from a node's Target, as the appliance builds it.
+	target := Target{
+		Name: "node-0", Kind: KindIPMI, Address: fmt.Sprintf("%s:%d", s.Addr, s.Port), Username: s.User, Password: s.Password,
+	}
+	c, err := New(ctx, target, nil)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

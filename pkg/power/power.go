@@ -3,7 +3,7 @@
 // pinned host key.
 //
 // It is the only package that imports bmclib. Every backend implements Controller; New builds the
-// right one from a node's config.Power; PowerOnAll fans PowerOn out over many nodes with bounded
+// right one from a node's Target; PowerOnAll fans PowerOn out over many nodes with bounded
 // concurrency and per-node retries.
 //
 // Errors wrap one of the sentinels below when the cause is known, so callers can test them with

@@ -76,7 +76,7 @@ func unauthorized(w http.ResponseWriter) {
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
 //	                            rendered (passed through Gate when set); the first fetch of a boot
-//	                            (nodestate.BootIDHeader) moves the node to agent-connected
+//	                            (agentapi.BootIDHeader) moves the node to agent-connected
 //	POST agentapi.ReportPathV1  one agentapi.Report (JSON, at most MaxReportBytes, unknown fields
 //	                            refused) recorded by the node store → 204; a bad report → 400
 //
@@ -180,7 +180,7 @@ func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 	if _, err := w.Write(data); err != nil {
 		return
 	}
-	if _, err := a.Nodes.ConfigFetched(node, r.Header.Get(nodestate.BootIDHeader)); err != nil {
+	if _, err := a.Nodes.ConfigFetched(node, r.Header.Get(agentapi.BootIDHeader)); err != nil {
 		a.Log.Error("record config fetch", "node", node, "error", err)
 	}
 }
@@ -200,7 +200,7 @@ func (a *AgentAPI) report(w http.ResponseWriter, r *http.Request, node string) {
 	}
 	var plan []string
 	if _, nc, err := a.readNodeConfig(node); err == nil {
-		plan = nodestate.Plan(*nc)
+		plan = agentapi.Plan(*nc)
 	}
 	if _, _, err := a.Nodes.Record(node, plan, rep); errors.Is(err, nodestate.ErrInvalidReport) {
 		http.Error(w, err.Error(), http.StatusBadRequest)

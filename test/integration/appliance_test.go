@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -20,6 +21,25 @@ import (
 func TestApplianceOnLab(t *testing.T) {
 	l := newLab(t, "it")
 	ctx := context.Background()
+
+	// --dry-run on a fresh state: every phase's check runs and says what it would change; nothing is
+	// created, not even the state directory.
+	fresh := l.bootstrap(ctx, "", 0, "--dry-run")
+	if fresh.err != nil {
+		t.Fatalf("dry run on a fresh state: %v\n%s", fresh.err, fresh.stderr)
+	}
+	for _, name := range []string{"pki", "bundle", "render", "firewall", "serve"} {
+		if ev, ok := fresh.phase(name); !ok || ev.Status != bootstrap.StatusDone || !ev.Changed {
+			t.Errorf("dry run on a fresh state: phase %s = %+v, want done with changes to make", name, ev)
+		}
+	}
+	if fresh.report["dryRun"] != true || fresh.report["changes"] != true {
+		t.Errorf("dry run report %v, want dryRun and changes", fresh.report)
+	}
+	if _, err := os.Stat(l.state); !os.IsNotExist(err) {
+		t.Fatalf("dry run created the state directory %s (%v)", l.state, err)
+	}
+
 	first := l.mustBootstrap(ctx)
 	if ev, _ := first.phase("pki"); !ev.Changed {
 		t.Errorf("first run: pki phase reported no change: %+v", ev)
@@ -38,6 +58,25 @@ func TestApplianceOnLab(t *testing.T) {
 		}
 		if r.report["changed"] != false {
 			t.Errorf("report says changed: %v", r.report)
+		}
+	})
+
+	t.Run("dry run after a run reports zero changes and writes nothing", func(t *testing.T) {
+		before, _ := os.ReadFile(filepath.Join(l.state, "journal.jsonl"))
+		r := l.bootstrap(ctx, "", 0, "--dry-run")
+		if r.err != nil {
+			t.Fatalf("dry run: %v\n%s", r.err, r.stderr)
+		}
+		for _, name := range l.phases() {
+			if ev, _ := r.phase(name); ev.Changed || ev.Status != bootstrap.StatusDone {
+				t.Errorf("dry run: phase %s = %+v, want done without changes", name, ev)
+			}
+		}
+		if r.report["changes"] != false {
+			t.Errorf("dry run report %v, want zero changes", r.report)
+		}
+		if after, _ := os.ReadFile(filepath.Join(l.state, "journal.jsonl")); !bytes.Equal(before, after) {
+			t.Error("a dry run wrote the journal")
 		}
 	})
 

@@ -17,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -91,7 +93,7 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 // kube runs kubectl from the bootstrap host's namespace with the appliance's admin kubeconfig,
 // against the VIP.
 func (k *k8sLab) kube(args ...string) (string, error) {
-	argv := append([]string{k.kubectl, "--kubeconfig", bootstrap.AdminKubeconfigPath(k.state), "--server", apiVIPURL, "--request-timeout", "5s"}, args...)
+	argv := append([]string{k.kubectl, "--kubeconfig", statedir.AdminKubeconfig(k.state), "--server", apiVIPURL, "--request-timeout", "5s"}, args...)
 	out, err := k.exec("boot", argv...).Output()
 	return string(out), err
 }
@@ -155,6 +157,16 @@ func TestKubernetesE2E(t *testing.T) {
 	t.Run("killing the VIP holder's keepalived keeps the API reachable", func(t *testing.T) { k.vipFailover(t) })
 
 	t.Run("a second bootstrap changes nothing", func(t *testing.T) {
+		// First the dry run: on a converged cluster every phase's check finds nothing to change.
+		d := k.bootstrap(ctx, "", 0, "--dry-run")
+		if d.err != nil || d.report["changes"] != false {
+			t.Errorf("dry run on the converged lab: %v, report %v\n%s", d.err, d.report, d.stderr)
+		}
+		for _, name := range k.phases() {
+			if ev, _ := d.phase(name); ev.Changed {
+				t.Errorf("dry run: phase %s would change something: %s", name, ev.Detail)
+			}
+		}
 		r := k.mustBootstrap(ctx)
 		for _, name := range k.phases() {
 			if ev, _ := r.phase(name); ev.Changed {
@@ -196,7 +208,7 @@ func (k *k8sLab) timeline(t *testing.T, r bootstrapRun, start time.Time) {
 			fmt.Fprintf(&b, "  %-10s %6.1fs %5.1f%%  %s\n", name, ev.Duration, 100*ev.Duration/total, ev.Detail)
 		}
 	}
-	store := nodestate.Open(bootstrap.NodesDir(k.state))
+	store := nodestate.Open(statedir.Nodes(k.state))
 	for _, node := range k8sNodes {
 		evs, err := store.Events(node)
 		if err != nil {
@@ -210,11 +222,11 @@ func (k *k8sLab) timeline(t *testing.T, r bootstrapRun, start time.Time) {
 				ev.Time = ev.Reported // the node's clock when it reported (delivery may lag)
 			}
 			switch ev.Status {
-			case nodestate.StatusRunning:
+			case agentapi.StatusRunning:
 				if _, ok := began[ev.Step]; !ok {
 					began[ev.Step] = ev.Time
 				}
-			case nodestate.StatusDone:
+			case agentapi.StatusDone:
 				took := 0.0
 				if s, ok := began[ev.Step]; ok {
 					took = ev.Time.Sub(s).Seconds()

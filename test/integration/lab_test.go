@@ -15,6 +15,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/applianced"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -113,7 +114,7 @@ func newLab(t *testing.T, prefix string) *lab {
 		t.Fatalf("lab.sh up: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if _, err := bootstrap.StopServer(l.state); err != nil {
+		if _, err := applianced.Stop(l.state); err != nil {
 			t.Errorf("stop appliance serve: %v", err)
 		}
 		down := exec.Command(labSh, "down")

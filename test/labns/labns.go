@@ -14,6 +14,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -69,15 +72,59 @@ type NS struct {
 func New(t testing.TB, prefix string) *NS {
 	t.Helper()
 	RequireRoot(t)
+	reapOrphans(t)
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	ns := &NS{Name: prefix + "-" + hex.EncodeToString(b), t: t}
 	if out, err := exec.Command("ip", "netns", "add", ns.Name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", ns.Name, err, out)
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns.Name).Run() })
+	owner := filepath.Join(ownerDir, ns.Name)
+	if err := os.MkdirAll(ownerDir, 0o700); err == nil {
+		_ = os.WriteFile(owner, []byte(strconv.Itoa(os.Getpid())), 0o600)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "del", ns.Name).Run()
+		_ = os.Remove(owner)
+	})
 	ns.MustRun("ip", "link", "set", "lo", "up")
 	return ns
+}
+
+// ownerDir records, per namespace New made, the PID of the test process that owns it.
+const ownerDir = "/run/appliance-test-netns"
+
+// reapOrphans removes what test processes killed mid-run (a timeout, a CI limit) left behind: every
+// namespace recorded in ownerDir whose owner process is gone, after killing the processes still
+// inside it (peers a test started there: ipmi_sim, sshd, keepalived). Namespaces of live test
+// processes, and any namespace not recorded there, are never touched.
+func reapOrphans(t testing.TB) {
+	ents, err := os.ReadDir(ownerDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(ownerDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // its test process still runs
+		}
+		out, _ := exec.Command("ip", "netns", "pids", e.Name()).Output()
+		for _, f := range strings.Fields(string(out)) {
+			if p, err := strconv.Atoi(f); err == nil && p > 1 {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		_ = os.Remove(filepath.Join(ownerDir, e.Name()))
+		t.Logf("removed namespace %s left by killed test process %d", e.Name(), pid)
+	}
 }
 
 // Path is the namespace's bind-mount path, usable with netns.GetFromPath or nftables.WithNetNSFd.

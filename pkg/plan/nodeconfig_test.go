@@ -1,4 +1,4 @@
-package bootstrap
+package plan
 
 import (
 	"fmt"
@@ -42,9 +42,9 @@ func TestNodeConfigFor(t *testing.T) {
 		t.Errorf("cp2: %+v", cp2)
 	}
 	k := cp2.Keepalived
-	if k == nil || k.Priority != ControlPlaneBasePriority-1 || k.VirtualRouterID != 7 || k.AuthPass != "pw" ||
+	if k == nil || k.Priority != agentapi.VRRPControlPlaneBasePriority-1 || k.VirtualRouterID != 7 || k.AuthPass != "pw" ||
 		!slices.Equal(k.Peers, []netip.Addr{a("10.0.0.11"), app}) {
-		t.Errorf("cp2 keepalived: %+v (want priority %d, peers cp1's control-plane address and the appliance)", k, ControlPlaneBasePriority-1)
+		t.Errorf("cp2 keepalived: %+v (want priority %d, peers cp1's control-plane address and the appliance)", k, agentapi.VRRPControlPlaneBasePriority-1)
 	}
 	if w, _ := NodeConfigFor(c, c.Nodes[3], app, nil, "pw", nil, nil); w.Keepalived != nil || w.Mirrors == nil {
 		t.Errorf("worker: %+v", w)
@@ -67,7 +67,7 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secrets, _, err := pki.EnsureKubeadmSecrets(dir, BootstrapTokenTTL, now)
+	secrets, _, err := pki.EnsureKubeadmSecrets(dir, pki.BootstrapTokenTTL, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 			t.Errorf("%s: action %q after %q pod CIDR %s, want %+v", n.Name, k.Action, k.After, k.PodCIDR, want[i])
 		}
 		if k.ControlPlaneEndpoint != "10.100.0.100:6443" || k.BootstrapToken != secrets.BootstrapToken ||
-			!k.BootstrapTokenExpires.Equal(now.Add(BootstrapTokenTTL)) || len(k.CACertHashes) != 1 || k.CACertHashes[0] != pki.PinHash(ca.Cert) {
+			!k.BootstrapTokenExpires.Equal(now.Add(pki.BootstrapTokenTTL)) || len(k.CACertHashes) != 1 || k.CACertHashes[0] != agentapi.PinOf(ca.Cert) {
 			t.Errorf("%s: endpoint %q token/expiry/hashes wrong: %+v", n.Name, k.ControlPlaneEndpoint, k)
 		}
 		if (k.CAKeyPEM != "") != (i == 0) {

@@ -1,4 +1,4 @@
-package bootstrap
+package plan
 
 import (
 	"errors"
@@ -10,7 +10,6 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
@@ -63,8 +62,8 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		PodSubnet:             c.Networks.Pods,
 		ServiceSubnet:         c.Networks.Services,
 		BootstrapToken:        cluster.Kubeadm.BootstrapToken,
-		BootstrapTokenExpires: cluster.Kubeadm.Expires(BootstrapTokenTTL),
-		CACertHashes:          []string{pki.PinHash(cluster.CA.Cert)},
+		BootstrapTokenExpires: cluster.Kubeadm.Expires(pki.BootstrapTokenTTL),
+		CACertHashes:          []string{agentapi.PinOf(cluster.CA.Cert)},
 		CACertPEM:             string(cluster.CA.CertPEM),
 		IgnorePreflightErrors: slices.Clone(c.Kubernetes.IgnorePreflightErrors),
 	}
@@ -101,7 +100,7 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 			k.PodCIDR = p
 			continue
 		}
-		via, ok := workloadAddr(c, node)
+		via, ok := WorkloadPlaneAddress(c, node)
 		if !ok {
 			return nil, fmt.Errorf("nodes[%d] (%s) has no address inside networks.workloadPlane.cidrs", i, node.Name)
 		}
@@ -133,35 +132,4 @@ func nthSubnet(pods netip.Prefix, i int) (netip.Prefix, error) {
 	}
 	addr, _ := netip.AddrFromSlice(a)
 	return netip.PrefixFrom(addr, bits), nil
-}
-
-// workloadAddr is n's first static address inside a workload-plane CIDR (CIDRs in order).
-func workloadAddr(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
-	for _, p := range c.Networks.WorkloadPlane.CIDRs {
-		for _, a := range n.Addresses {
-			if p.Contains(a) {
-				return a, true
-			}
-		}
-	}
-	return netip.Addr{}, false
-}
-
-// kubeadmGate sets nc.Kubernetes.Proceed and WaitingFor at the moment the node fetches its config:
-// it may run kubeadm when it has no After node or that node reported its kubeadm step done.
-func kubeadmGate(nodes *nodestate.Store) func(node string, nc *agentapi.NodeConfig) {
-	return func(_ string, nc *agentapi.NodeConfig) {
-		k := nc.Kubernetes
-		if k == nil {
-			return
-		}
-		k.Proceed, k.WaitingFor = true, ""
-		if k.After == "" {
-			return
-		}
-		st, err := nodes.Get(k.After)
-		if err != nil || st.Steps[nodestate.StepKubeadm].Status != nodestate.StatusDone {
-			k.Proceed, k.WaitingFor = false, k.After
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package bootstrap
+package applianced
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/pkg/version"
 	"github.com/airgap-appliance/appliance/registry"
 )
@@ -53,7 +54,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.StateDir != "" {
 		stateDir = o.StateDir
 	}
-	pkiDir := PKIDir(stateDir)
+	pkiDir := statedir.PKI(stateDir)
 	cert, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "serving.crt"), filepath.Join(pkiDir, "serving.key"))
 	if err != nil {
 		return fmt.Errorf("load serving certificate (run `appliance bootstrap` first): %w", err)
@@ -70,7 +71,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return fmt.Errorf("bundle.path: %w", err)
 	}
-	reg, err := registry.NewHandler(ctx, RegistryDir(stateDir), log.With("component", "registry"))
+	reg, err := registry.NewHandler(ctx, statedir.Registry(stateDir), log.With("component", "registry"))
 	if err != nil {
 		return err
 	}
@@ -83,15 +84,15 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return fmt.Errorf("load CA certificate (run `appliance bootstrap` first): %w", err)
 	}
-	store := nodestate.Open(NodesDir(stateDir))
-	agent := server.NewAgentAPI(RenderedDir(stateDir), tokens, store, log.With("component", "agent"))
+	store := nodestate.Open(statedir.Nodes(stateDir))
+	agent := server.NewAgentAPI(statedir.Rendered(stateDir), tokens, store, log.With("component", "agent"))
 	agent.Gate = kubeadmGate(store)
 	srv, err := server.New(server.Options{
 		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
 		Certificate: cert,
 		Registry:    reg,
 		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
-		Ignition:    server.NewIgnitionStore(RenderedDir(stateDir), tokens),
+		Ignition:    server.NewIgnitionStore(statedir.Rendered(stateDir), tokens),
 		Agent:       agent,
 		CAPEM:       caPEM,
 		Artifacts:   artifacts,

@@ -1,23 +1,12 @@
-package bootstrap
+package plan
 
 import (
 	"net/netip"
-	"path/filepath"
 	"slices"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 )
-
-// ControlPlaneBasePriority is the VRRP priority of the first control-plane node in the inventory;
-// each later one gets one less (never below 1). The hostagent's API health track script adds
-// hostagent.APIHealthWeight while the node's API answers, so the appliance's own instance must sit
-// strictly between ControlPlaneBasePriority and ControlPlaneBasePriority+APIHealthWeight-(number of
-// control planes): it outranks control planes whose API is down and yields to those whose API is up.
-const ControlPlaneBasePriority = 100
-
-// NodesDir is STATE/nodes: the per-node records of pkg/nodestate (status.json, events.jsonl).
-func NodesDir(stateDir string) string { return filepath.Join(stateDir, "nodes") }
 
 // NodeConfigFor derives node n's agentapi.NodeConfig from the configuration c (defaulted and
 // validated): its roles and the cluster's networks; NodeNetworks = the control-plane and
@@ -25,7 +14,7 @@ func NodesDir(stateDir string) string { return filepath.Join(stateDir, "nodes") 
 // duplicates; the appliance's control-plane address applianceAddr; the API VIP and port; mirrors and
 // caPEM as given. Control-plane nodes get a keepalived instance when c enables keepalived: VRID from
 // c, auth vrrpAuthPass (1..8 bytes, or "" for VRRPv3 without authentication), priority
-// ControlPlaneBasePriority minus the node's index among the control planes, and as peers the other
+// agentapi.VRRPControlPlaneBasePriority minus the node's index among the control planes, and as peers the other
 // control planes' control-plane addresses (each one's first static address inside a control-plane
 // CIDR; a control plane without one cannot be named and is left out) plus applianceAddr.
 //
@@ -34,23 +23,13 @@ func NodesDir(stateDir string) string { return filepath.Join(stateDir, "nodes") 
 // With c.Kubernetes enabled, cluster (the cluster CA and kubeadm join secrets) must be set and the
 // node also gets its agentapi.KubernetesConfig (see kubernetesFor).
 func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, vrrpAuthPass string, mirrors []agentapi.Mirror, cluster *ClusterSecrets) (agentapi.NodeConfig, error) {
-	roles := make([]string, 0, len(n.Roles))
-	for _, r := range n.Roles {
-		roles = append(roles, string(r))
-	}
-	var nets []netip.Prefix
-	for _, p := range slices.Concat(c.Networks.ControlPlane.CIDRs, c.Networks.WorkloadPlane.CIDRs, []netip.Prefix{c.Networks.Pods}) {
-		if p.IsValid() && !slices.Contains(nets, p) {
-			nets = append(nets, p)
-		}
-	}
 	nc := agentapi.NodeConfig{
 		Node:               n.Name,
-		Roles:              roles,
+		Roles:              Roles(n),
 		ClusterName:        c.ClusterName,
 		ControlPlaneCIDRs:  slices.Clone(c.Networks.ControlPlane.CIDRs),
 		WorkloadPlaneCIDRs: slices.Clone(c.Networks.WorkloadPlane.CIDRs),
-		NodeNetworks:       nets,
+		NodeNetworks:       NodeFirewallSources(c),
 		ApplianceAddress:   applianceAddr,
 		APIServerVIP:       c.APIServer.VIP,
 		APIServerPort:      c.APIServer.Port,
@@ -70,14 +49,14 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 	if !n.HasRole(config.RoleControlPlane) || !c.APIServer.Keepalived.IsEnabled() {
 		return nc, nil
 	}
-	prio := ControlPlaneBasePriority
+	prio := agentapi.VRRPControlPlaneBasePriority
 	var peers []netip.Addr
 	for i, cp := range c.ControlPlaneNodes() {
 		if cp.Name == n.Name {
-			prio = max(ControlPlaneBasePriority-i, 1)
+			prio = max(agentapi.VRRPControlPlaneBasePriority-i, 1)
 			continue
 		}
-		if a, ok := controlPlaneAddr(c, cp); ok && !slices.Contains(peers, a) {
+		if a, ok := ControlPlaneAddress(c, cp); ok && !slices.Contains(peers, a) {
 			peers = append(peers, a)
 		}
 	}
@@ -91,16 +70,4 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		Peers:           peers,
 	}
 	return nc, nil
-}
-
-// controlPlaneAddr is n's first static address inside a control-plane CIDR (CIDRs in order).
-func controlPlaneAddr(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
-	for _, p := range c.Networks.ControlPlane.CIDRs {
-		for _, a := range n.Addresses {
-			if p.Contains(a) {
-				return a, true
-			}
-		}
-	}
-	return netip.Addr{}, false
 }

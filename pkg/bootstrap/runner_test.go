@@ -1,0 +1,202 @@
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// fakePhase records what the runner did with it. The first phase of a test list plays load: it sets
+// the state directory.
+type fakePhase struct {
+	name     string
+	stateDir string // set by the load stand-in
+	changed  bool
+	err      error
+	loader   bool
+	check    func(st *State) // runs inside Run
+	log      *[]string
+}
+
+func (f *fakePhase) Name() string { return f.name }
+func (f *fakePhase) Run(_ context.Context, st *State) (Result, error) {
+	*f.log = append(*f.log, "run "+f.name)
+	if f.stateDir != "" {
+		st.StateDir = f.stateDir
+	}
+	if f.check != nil {
+		f.check(st)
+	}
+	return Result{Changed: f.changed, Detail: f.name + " detail"}, f.err
+}
+
+// loaderPhase is a fakePhase that can read its result back (Loader).
+type loaderPhase struct{ *fakePhase }
+
+func (l loaderPhase) Load(_ context.Context, st *State) error {
+	*l.log = append(*l.log, "load "+l.name)
+	return nil
+}
+
+func phasesFor(dir string, log *[]string, extra ...*fakePhase) []Phase {
+	out := []Phase{&fakePhase{name: "load", stateDir: dir, log: log}}
+	for _, p := range extra {
+		p.log = log
+		if p.loader {
+			out = append(out, loaderPhase{p})
+		} else {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func TestRunnerLockJournalAndOrder(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	var log []string
+	var lockedDuringRun error
+	phases := phasesFor(dir, &log,
+		&fakePhase{name: "a", changed: true, check: func(st *State) {
+			// The runner holds the state directory's lock while phases run.
+			unlock, err := lockStateDir(st.StateDir)
+			if err == nil {
+				unlock()
+			}
+			lockedDuringRun = err
+		}},
+		&fakePhase{name: "b", loader: true},
+		&fakePhase{name: "c"})
+	var out bytes.Buffer
+	sum, err := runPhases(context.Background(), Options{SkipPhases: []string{"b"}, Progress: &out}, phases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(lockedDuringRun, ErrLocked) {
+		t.Errorf("taking the lock inside a phase = %v, want ErrLocked (the runner holds it)", lockedDuringRun)
+	}
+	if want := []string{"run load", "run a", "load b", "run c"}; !slices.Equal(log, want) {
+		t.Errorf("calls %v, want %v (a skipped Loader phase is loaded, not run)", log, want)
+	}
+	if !sum.Changed {
+		t.Error("summary not changed although phase a changed something")
+	}
+	evs, err := ReadJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		got = append(got, ev.Phase+":"+ev.Status)
+	}
+	if want := []string{"load:done", "a:done", "b:skipped", "c:done"}; !slices.Equal(got, want) {
+		t.Errorf("journal %v, want %v", got, want)
+	}
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("state directory: %v %v, want 0700", st, err)
+	}
+	if !strings.Contains(out.String(), "[2/4] a: a detail") || !strings.Contains(out.String(), "[3/4] b: skipped") {
+		t.Errorf("progress:\n%s", out.String())
+	}
+	// The lock is released when Run returns.
+	unlock, err := lockStateDir(dir)
+	if err != nil {
+		t.Fatalf("lock after Run: %v", err)
+	}
+	unlock()
+}
+
+func TestRunnerRefusesBadSkipsBeforeAnything(t *testing.T) {
+	for _, skip := range []string{"load", "nosuch"} {
+		dir := filepath.Join(t.TempDir(), "state")
+		var log []string
+		_, err := runPhases(context.Background(), Options{SkipPhases: []string{skip}}, phasesFor(dir, &log, &fakePhase{name: "a"}))
+		if err == nil || !strings.Contains(err.Error(), skip) {
+			t.Errorf("--skip-phases %s: %v, want an error naming it", skip, err)
+		}
+		if len(log) != 0 {
+			t.Errorf("--skip-phases %s: phases ran: %v", skip, log)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--skip-phases %s: state directory created", skip)
+		}
+	}
+}
+
+func TestRunnerStopsAtFailure(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	var log []string
+	_, err := runPhases(context.Background(), Options{}, phasesFor(dir, &log,
+		&fakePhase{name: "a", err: errors.New("boom")}, &fakePhase{name: "b"}))
+	if err == nil || !strings.Contains(err.Error(), "phase a: boom") {
+		t.Fatalf("err = %v", err)
+	}
+	if slices.Contains(log, "run b") {
+		t.Error("a phase ran after a failure")
+	}
+	evs, _ := ReadJournal(dir)
+	if len(evs) != 2 || evs[1].Status != StatusFailed || evs[1].Error != "boom" {
+		t.Errorf("journal %+v, want load done and a failed", evs)
+	}
+}
+
+func TestRunnerDryRunWritesNothing(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	var log []string
+	sum, err := runPhases(context.Background(), Options{DryRun: true}, phasesFor(dir, &log, &fakePhase{name: "a", changed: true}))
+	if err != nil || !sum.Changed {
+		t.Fatalf("dry run: %v, changed %v", err, sum.Changed)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Error("a dry run on a fresh state created the state directory")
+	}
+	// On an existing state directory: locked, but no journal is written.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runPhases(context.Background(), Options{DryRun: true}, phasesFor(dir, &log, &fakePhase{name: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(statedir.Journal(dir)); !errors.Is(err, os.ErrNotExist) {
+		t.Error("a dry run wrote the journal")
+	}
+}
+
+func TestWriteRendered(t *testing.T) {
+	state := t.TempDir()
+	files := map[string][]byte{"cp1/hostagent.yaml": []byte("a"), "cp1/ignition/3.5.0.json": []byte("{}"), "appliance/firewall.json": []byte("{}")}
+	written, removed, err := writeRendered(state, files, false)
+	if err != nil || len(written) != 3 || len(removed) != 0 {
+		t.Fatalf("first write: %v %v %v", written, removed, err)
+	}
+	for _, p := range []string{filepath.Join(statedir.Rendered(state), "cp1", "hostagent.yaml"), filepath.Join(statedir.Appliance(state), "firewall.json")} {
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v %v, want 0600", p, st, err)
+		}
+	}
+	if written, removed, _ := writeRendered(state, files, false); len(written)+len(removed) != 0 {
+		t.Errorf("second write changed %v %v", written, removed)
+	}
+	// A node gone from the plan: dry run reports its files, removes nothing; the real run removes them.
+	delete(files, "cp1/ignition/3.5.0.json")
+	files["cp1/hostagent.yaml"] = []byte("b")
+	written, removed, _ = writeRendered(state, files, true)
+	if !slices.Equal(written, []string{"cp1/hostagent.yaml"}) || len(removed) != 1 {
+		t.Errorf("dry run: written %v removed %v", written, removed)
+	}
+	if b, _ := os.ReadFile(filepath.Join(statedir.Rendered(state), "cp1", "hostagent.yaml")); string(b) != "a" {
+		t.Error("dry run wrote a file")
+	}
+	if _, removed, _ = writeRendered(state, files, false); len(removed) != 1 {
+		t.Errorf("removed %v", removed)
+	}
+	if _, err := os.Stat(filepath.Join(statedir.Rendered(state), "cp1", "ignition")); !errors.Is(err, os.ErrNotExist) {
+		t.Error("empty ignition directory left behind")
+	}
+}

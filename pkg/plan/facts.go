@@ -1,0 +1,90 @@
+package plan
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/airgap-appliance/appliance/firewall"
+	"github.com/airgap-appliance/appliance/pkg/config"
+)
+
+// The facts derived from bootstrap.yaml that more than one artefact needs, each in one place.
+
+// ControlPlaneAddress is n's control-plane address: its first static address inside a control-plane
+// CIDR, the CIDRs tried in order (as the node's hostagent resolves its own). ok is false for a node
+// without one (BMC-booted nodes may get theirs by DHCP).
+func ControlPlaneAddress(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
+	return firstIn(c.Networks.ControlPlane.CIDRs, n.Addresses)
+}
+
+// WorkloadPlaneAddress is n's first static address inside a workload-plane CIDR (CIDRs in order).
+func WorkloadPlaneAddress(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
+	return firstIn(c.Networks.WorkloadPlane.CIDRs, n.Addresses)
+}
+
+func firstIn(cidrs []netip.Prefix, addrs []netip.Addr) (netip.Addr, bool) {
+	for _, p := range cidrs {
+		for _, a := range addrs {
+			if p.Contains(a) {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// ControlPlaneAddresses are the control-plane addresses of every control-plane node that has one,
+// in document order, without duplicates: the VRRP speakers of the API VIP besides the bootstrap host.
+func ControlPlaneAddresses(c *config.BootstrapConfiguration) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range c.ControlPlaneNodes() {
+		if a, ok := ControlPlaneAddress(c, n); ok && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// NodeNetworks are the networks nodes live on: the control-plane CIDRs, then the workload-plane
+// CIDRs, without duplicates. The bootstrap host's firewall accepts node traffic from these.
+func NodeNetworks(c *config.BootstrapConfiguration) []netip.Prefix {
+	var nets []netip.Prefix
+	for _, p := range slices.Concat(c.Networks.ControlPlane.CIDRs, c.Networks.WorkloadPlane.CIDRs) {
+		if p.IsValid() && !slices.Contains(nets, p) {
+			nets = append(nets, p)
+		}
+	}
+	return nets
+}
+
+// NodeFirewallSources are the sources a node's own firewall accepts cluster traffic from:
+// NodeNetworks plus the pod CIDR, because pods reach host-network ports on nodes (the kubelet, the
+// API server from in-cluster clients); the bootstrap host serves nodes, never pods.
+func NodeFirewallSources(c *config.BootstrapConfiguration) []netip.Prefix {
+	nets := NodeNetworks(c)
+	if p := c.Networks.Pods; p.IsValid() && !slices.Contains(nets, p) {
+		nets = append(nets, p)
+	}
+	return nets
+}
+
+// Roles are n's roles as the node↔appliance contract spells them (agentapi: "control-plane", "worker").
+func Roles(n config.Node) []string {
+	out := make([]string, 0, len(n.Roles))
+	for _, r := range n.Roles {
+		out = append(out, string(r))
+	}
+	return out
+}
+
+// ApplianceFirewall is the bootstrap host's firewall: the port table's bootstrap role, reachable
+// from NodeNetworks, VRRP accepted from ControlPlaneAddresses.
+func ApplianceFirewall(c *config.BootstrapConfiguration) firewall.Spec {
+	return firewall.Spec{
+		Roles:        []firewall.Role{firewall.RoleBootstrap},
+		NodeNetworks: NodeNetworks(c),
+		VRRPPeers:    ControlPlaneAddresses(c),
+		HTTPSPort:    c.Server.Port,
+		APIPort:      c.APIServer.Port,
+	}
+}

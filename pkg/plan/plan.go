@@ -1,0 +1,246 @@
+// Package plan derives, from a validated bootstrap.yaml and what the earlier phases established
+// (resolved addresses, PKI, the registries the bundle serves), everything the appliance hands out and
+// applies: per node its hostagent configuration, its node config (agent API), its kernel command line
+// (BMC-booted nodes) and its Ignition config in every supported spec version; and for the bootstrap
+// host its own firewall spec and keepalived configuration.
+//
+// Build is pure: no disk, no network, no clock; it returns bytes, and the render phase writes exactly
+// those (Plan.Files). Built twice from the same inputs it gives identical bytes (a test checks it), and
+// the golden files under testdata/ pin them (`go test ./pkg/plan -update` rewrites them).
+package plan
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path"
+	"slices"
+
+	"github.com/airgap-appliance/appliance/firewall"
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/ignition"
+	"github.com/airgap-appliance/appliance/pkg/keepalived"
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/registry"
+)
+
+// Inputs are what Build derives the plan from.
+type Inputs struct {
+	// Config is the defaulted, validated configuration.
+	Config *config.BootstrapConfiguration
+	// ControlPlane is the bootstrap host's own control-plane address (resolve phase): interface,
+	// address/prefix and the configured CIDR it matched.
+	ControlPlane netresolve.Address
+	// ApplianceURL is https://<control-plane address>:<server.port>, what nodes are given.
+	ApplianceURL string
+	// CA is the appliance CA (pki phase); nodes pin its key (agentapi.PinOf).
+	CA *pki.CA
+	// Tokens maps node name → bearer token (secret).
+	Tokens map[string]string
+	// VRRPAuth is the keepalived PASS secret (secret); "" for VRRPv3 without authentication.
+	VRRPAuth string
+	// Cluster is the Kubernetes cluster CA and kubeadm join secrets; nil without Kubernetes.
+	Cluster *ClusterSecrets
+	// Registries are the registry hosts the bundle's images come from (bundle phase), e.g.
+	// "registry.k8s.io"; each gets a containerd mirror on the appliance.
+	Registries []string
+	// HostagentSHA256 is the hex SHA-256 of the hostagent binary served at /artifacts/hostagent.
+	HostagentSHA256 string
+	// Snippets are each node's user Ignition snippets in merge order (ReadSnippets reads them).
+	Snippets map[string][]ignition.Snippet
+}
+
+// NodeArtefacts is what one node is given. Every byte slice is a file the render phase writes 0600
+// under STATE/rendered/<node>/ (RelPaths in Plan.Files): several hold the node token.
+type NodeArtefacts struct {
+	Name string
+	// AgentConfig is hostagent.yaml (agentapi.Configuration): who the node is, the appliance URL, CA
+	// pin and token.
+	AgentConfig []byte
+	// NodeConfig is the agentapi.NodeConfig the agent API serves, and NodeConfigJSON its file.
+	NodeConfig     agentapi.NodeConfig
+	NodeConfigJSON []byte
+	// KernelCmdline is the kernel command line of a BMC-booted node (ipmi, redfish), with a trailing
+	// newline; nil for SSH nodes.
+	KernelCmdline []byte
+	// Ignition maps spec version → config; a version a user snippet rules out is absent (see Notes).
+	Ignition map[string][]byte
+	// Notes say which Ignition versions are left out and why; Warnings are Ignition's warnings on
+	// user snippets.
+	Notes, Warnings []string
+}
+
+// Plan is the outcome of Build.
+type Plan struct {
+	Nodes []NodeArtefacts
+	// Firewall is the bootstrap host's own nftables spec (ApplianceFirewall).
+	Firewall firewall.Spec
+	// Keepalived is the bootstrap host's VRRP instance for the API VIP; nil when keepalived is
+	// disabled or there is no VIP.
+	Keepalived *keepalived.Config
+}
+
+// File names in a node's rendered directory and in the appliance's own (statedir.Appliance).
+const (
+	AgentConfigFile    = "hostagent.yaml"
+	NodeConfigFile     = "nodeconfig.json"
+	KernelCmdlineFile  = "kernel-cmdline"
+	IgnitionDir        = "ignition"
+	FirewallFile       = "firewall.json"
+	KeepalivedFile     = "keepalived.json"
+	ApplianceDirectory = "appliance"
+)
+
+// Build derives the plan. Errors name the node or the input that is missing; nothing is half-built.
+func Build(in Inputs) (*Plan, error) {
+	c := in.Config
+	if c == nil || in.CA == nil {
+		return nil, errors.New("plan: configuration and CA are required")
+	}
+	pin := agentapi.PinOf(in.CA.Cert)
+	mirrors := make([]agentapi.Mirror, 0, len(in.Registries))
+	for _, host := range in.Registries {
+		component, err := registry.HostComponent(host)
+		if err != nil {
+			return nil, err
+		}
+		mirrors = append(mirrors, agentapi.Mirror{Registry: host, Endpoint: in.ApplianceURL + "/v2/" + component})
+	}
+	p := &Plan{Firewall: ApplianceFirewall(c)}
+	for _, n := range c.Nodes {
+		a := NodeArtefacts{Name: n.Name, Ignition: map[string][]byte{}}
+		var err error
+		a.AgentConfig, err = agentapi.Configuration{
+			Node: n.Name, Roles: Roles(n), ApplianceURL: in.ApplianceURL, CAPin: pin, Token: in.Tokens[n.Name],
+		}.Marshal()
+		if err != nil {
+			return nil, err
+		}
+		a.NodeConfig, err = NodeConfigFor(c, n, in.ControlPlane.Prefix.Addr(), in.CA.CertPEM, in.VRRPAuth, mirrors, in.Cluster)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		nc, err := json.MarshalIndent(a.NodeConfig, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		a.NodeConfigJSON = append(nc, '\n')
+		if n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish {
+			a.KernelCmdline = []byte(KernelCmdline(in.ApplianceURL, pin, n.Name, in.Tokens[n.Name]) + "\n")
+		}
+		doc, err := ignition.Render(ignition.Params{
+			Node: n.Name, ApplianceURL: in.ApplianceURL, CAPEM: in.CA.CertPEM, Mirrors: mirrors,
+			HostagentURL: in.ApplianceURL + "/artifacts/hostagent", HostagentSHA256: in.HostagentSHA256,
+			HostagentConfig: a.AgentConfig, Snippets: in.Snippets[n.Name],
+		})
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		for _, v := range ignition.SupportedVersions {
+			data, warnings, err := doc.Marshal(v)
+			if errors.Is(err, ignition.ErrNotAcceptable) {
+				// A snippet needs a newer spec: clients that only speak v get 406 from the server.
+				a.Notes = append(a.Notes, fmt.Sprintf("%s: no spec %s (%v)", n.Name, v, err))
+				continue
+			} else if err != nil {
+				return nil, fmt.Errorf("node %s, Ignition spec %s: %w", n.Name, v, err)
+			}
+			for _, w := range warnings {
+				a.Warnings = append(a.Warnings, fmt.Sprintf("%s: Ignition %s: %s", n.Name, v, w))
+			}
+			a.Ignition[v] = data
+		}
+		p.Nodes = append(p.Nodes, a)
+	}
+	kc, err := ApplianceKeepalived(c, in.ControlPlane, in.VRRPAuth)
+	if err != nil {
+		return nil, err
+	}
+	p.Keepalived = kc
+	return p, nil
+}
+
+// Files lists every file of the plan as path (relative to the state directory's rendered root for
+// nodes, "appliance/…" for the bootstrap host's own) → contents, in a stable order of keys when
+// sorted. The appliance's keepalived file holds the VRRP secret: like every file here, write it 0600.
+func (p *Plan) Files() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for _, n := range p.Nodes {
+		out[path.Join(n.Name, AgentConfigFile)] = n.AgentConfig
+		out[path.Join(n.Name, NodeConfigFile)] = n.NodeConfigJSON
+		if n.KernelCmdline != nil {
+			out[path.Join(n.Name, KernelCmdlineFile)] = n.KernelCmdline
+		}
+		for v, data := range n.Ignition {
+			out[path.Join(n.Name, IgnitionDir, v+".json")] = data
+		}
+	}
+	fw, err := json.MarshalIndent(p.Firewall, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	out[path.Join(ApplianceDirectory, FirewallFile)] = append(fw, '\n')
+	if p.Keepalived != nil {
+		kc, err := json.MarshalIndent(p.Keepalived, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		out[path.Join(ApplianceDirectory, KeepalivedFile)] = append(kc, '\n')
+	}
+	return out, nil
+}
+
+// Node returns the artefacts of the named node.
+func (p *Plan) Node(name string) (NodeArtefacts, bool) {
+	i := slices.IndexFunc(p.Nodes, func(n NodeArtefacts) bool { return n.Name == name })
+	if i < 0 {
+		return NodeArtefacts{}, false
+	}
+	return p.Nodes[i], true
+}
+
+// KernelCmdline is the kernel command line of a node booted by its BMC: the appliance URL and CA
+// pin (the node fetches the CA and accepts it only if its SubjectPublicKeyInfo hashes to the pin),
+// and Ignition's config URL with the node token.
+func KernelCmdline(applianceURL, caPin, node, token string) string {
+	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin +
+		" ignition.config.url=" + applianceURL + "/ignition/" + node + "?token=" + token
+}
+
+// ApplianceKeepalived is the bootstrap host's VRRP instance for the API VIP: unicast from its
+// control-plane address cp (interface cp.Interface) to every control plane's ControlPlaneAddress, the
+// cluster's VRID, auth, priority agentapi.VRRPAppliancePriority, the VIP with the prefix length of
+// cp's CIDR. nil (no error) when keepalived is disabled or there is no VIP.
+func ApplianceKeepalived(c *config.BootstrapConfiguration, cp netresolve.Address, auth string) (*keepalived.Config, error) {
+	vip := c.APIServer.VIP
+	if !c.APIServer.Keepalived.IsEnabled() || !vip.IsValid() {
+		return nil, nil
+	}
+	if !cp.Prefix.IsValid() || cp.Interface == "" {
+		return nil, errors.New("keepalived: the bootstrap host's control-plane address is not resolved (resolve phase)")
+	}
+	return &keepalived.Config{
+		RouterID: "appliance",
+		Instances: []keepalived.Instance{{
+			Name:            agentapi.VRRPInstanceName,
+			Interface:       cp.Interface,
+			SourceIP:        cp.Prefix.Addr(),
+			Peers:           ControlPlaneAddresses(c),
+			VIP:             vipPrefix(vip, cp),
+			VirtualRouterID: c.APIServer.Keepalived.VirtualRouterID,
+			Priority:        agentapi.VRRPAppliancePriority,
+			AuthPass:        auth,
+		}},
+	}, nil
+}
+
+func vipPrefix(vip netip.Addr, cp netresolve.Address) netip.Prefix {
+	bits := cp.Prefix.Bits()
+	if cp.CIDR.IsValid() {
+		bits = cp.CIDR.Bits()
+	}
+	return netip.PrefixFrom(vip, bits)
+}

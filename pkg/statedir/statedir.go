@@ -1,0 +1,63 @@
+// Package statedir is the layout of the appliance's state directory (bootstrap.yaml stateDir, or
+// --state-dir): one function per file or folder, so the phases that write them, `appliance serve`
+// that reads them and the commands that show them agree on every path. Nothing here touches the disk.
+//
+//	STATE/
+//	  bootstrap.lock         flock held by a bootstrap run (Lock)
+//	  journal.jsonl          0600, one phase outcome per line (Journal)
+//	  bundle-verify.json     the bundle verification stamp (BundleVerifyStamp)
+//	  pki/                   CA, serving certificate, tokens/<node>, vrrp-auth (PKI)
+//	    kubernetes/          the cluster CA and kubeadm join secrets (ClusterPKI)
+//	  kubernetes/admin.conf  0600 cluster-admin kubeconfig (AdminKubeconfig)
+//	  registry/              distribution's filesystem-driver root (Registry)
+//	  rendered/<node>/       what the render phase writes per node (Rendered, RenderedNode)
+//	  nodes/<node>/          pkg/nodestate's records (Nodes)
+//	  serve/                 pid and serve.log of a detached `appliance serve` (Serve)
+//	  appliance/             the bootstrap host's own rendered firewall.json and keepalived.json (Appliance)
+//	  keepalived/            keepalived's runtime files and the VIP hand-off marker (Keepalived)
+package statedir
+
+import "path/filepath"
+
+// Lock is STATE/bootstrap.lock: the flock a bootstrap run holds for its whole run.
+func Lock(state string) string { return filepath.Join(state, "bootstrap.lock") }
+
+// Journal is STATE/journal.jsonl: the append-only record of phase outcomes.
+func Journal(state string) string { return filepath.Join(state, "journal.jsonl") }
+
+// BundleVerifyStamp is STATE/bundle-verify.json: what the bundle phase last verified (pkg/bundle).
+func BundleVerifyStamp(state string) string { return filepath.Join(state, "bundle-verify.json") }
+
+// PKI is STATE/pki: CA (ca.crt, ca.key 0600), serving certificate, tokens/<node> (0600), vrrp-auth (0600).
+func PKI(state string) string { return filepath.Join(state, "pki") }
+
+// ClusterPKI is STATE/pki/kubernetes: the Kubernetes cluster CA and the kubeadm join secrets.
+func ClusterPKI(state string) string { return filepath.Join(PKI(state), "kubernetes") }
+
+// AdminKubeconfig is STATE/kubernetes/admin.conf: a cluster-admin kubeconfig (0600) for the operator,
+// server https://VIP:port.
+func AdminKubeconfig(state string) string { return filepath.Join(state, "kubernetes", "admin.conf") }
+
+// Registry is STATE/registry: the distribution filesystem-driver root.
+func Registry(state string) string { return filepath.Join(state, "registry") }
+
+// Rendered is STATE/rendered: per-node artefacts of the render phase.
+func Rendered(state string) string { return filepath.Join(state, "rendered") }
+
+// RenderedNode is STATE/rendered/<node>: that node's hostagent.yaml, nodeconfig.json,
+// kernel-cmdline and ignition/<spec version>.json.
+func RenderedNode(state, node string) string { return filepath.Join(Rendered(state), node) }
+
+// Nodes is STATE/nodes: the per-node records of pkg/nodestate (status.json, events.jsonl).
+func Nodes(state string) string { return filepath.Join(state, "nodes") }
+
+// Serve is STATE/serve: pid and serve.log of a detached `appliance serve`.
+func Serve(state string) string { return filepath.Join(state, "serve") }
+
+// Appliance is STATE/appliance: what the render phase derives for the bootstrap host itself
+// (pkg/plan: firewall.json, keepalived.json; 0600, the latter holds the VRRP secret).
+func Appliance(state string) string { return filepath.Join(state, "appliance") }
+
+// Keepalived is STATE/keepalived: the bootstrap host's keepalived runtime (config, pid files) and the
+// VIP hand-off marker.
+func Keepalived(state string) string { return filepath.Join(state, "keepalived") }
