@@ -16,7 +16,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
-	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -98,7 +97,7 @@ func controlPlaneAPIUp(cfg *config.BootstrapConfiguration, store *nodestate.Stor
 // (statedir.Appliance/keepalived.json, pkg/plan.ApplianceKeepalived). ok is false when there is none
 // (keepalived disabled, no VIP).
 func ReadKeepalived(stateDir string) (kc keepalived.Config, ok bool, err error) {
-	path := filepath.Join(statedir.Appliance(stateDir), plan.KeepalivedFile)
+	path := filepath.Join(statedir.Appliance(stateDir), statedir.KeepalivedFile)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return kc, false, nil

@@ -183,24 +183,24 @@ func (renderPhase) Load(_ context.Context, st *State) error {
 // bootstrap host's firewall spec and each node's hostagent.yaml and node config.
 func loadRendered(st *State) (*plan.Plan, error) {
 	p := &plan.Plan{}
-	b, err := os.ReadFile(filepath.Join(statedir.Appliance(st.StateDir), plan.FirewallFile))
+	b, err := os.ReadFile(filepath.Join(statedir.Appliance(st.StateDir), statedir.FirewallFile))
 	if err != nil {
 		return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
 	}
 	if err := json.Unmarshal(b, &p.Firewall); err != nil {
-		return nil, fmt.Errorf("%s: %w", plan.FirewallFile, err)
+		return nil, fmt.Errorf("%s: %w", statedir.FirewallFile, err)
 	}
 	for _, n := range st.Config.Nodes {
 		dir := statedir.RenderedNode(st.StateDir, n.Name)
 		a := plan.NodeArtefacts{Name: n.Name}
-		if a.AgentConfig, err = os.ReadFile(filepath.Join(dir, plan.AgentConfigFile)); err != nil {
+		if a.AgentConfig, err = os.ReadFile(filepath.Join(dir, statedir.AgentConfigFile)); err != nil {
 			return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
 		}
-		if a.NodeConfigJSON, err = os.ReadFile(filepath.Join(dir, plan.NodeConfigFile)); err != nil {
+		if a.NodeConfigJSON, err = os.ReadFile(filepath.Join(dir, statedir.NodeConfigFile)); err != nil {
 			return nil, fmt.Errorf("render skipped but its output is missing: %w (run without --skip-phases render)", err)
 		}
 		if err := json.Unmarshal(a.NodeConfigJSON, &a.NodeConfig); err != nil {
-			return nil, fmt.Errorf("%s/%s: %w", n.Name, plan.NodeConfigFile, err)
+			return nil, fmt.Errorf("%s/%s: %w", n.Name, statedir.NodeConfigFile, err)
 		}
 		p.Nodes = append(p.Nodes, a)
 	}

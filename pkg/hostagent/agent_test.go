@@ -19,6 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -48,7 +49,7 @@ func newAppliance(t *testing.T, nc agentapi.NodeConfig) *appliance {
 	if err := os.MkdirAll(filepath.Join(rendered, nc.Node), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(rendered, nc.Node, server.NodeConfigFile), b, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(rendered, nc.Node, statedir.NodeConfigFile), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tokens := map[string]string{nc.Node: "token-" + nc.Node, "other": "token-other"}
@@ -172,7 +173,7 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 	nc.Mirrors = []agentapi.Mirror{{Registry: "registry.k8s.io", Endpoint: "https://" + app.addr + "/v2/registry.k8s.io"}}
 	nc.CAPEM = string(app.ca.CertPEM)
 	b, _ := json.Marshal(nc)
-	if err := os.WriteFile(filepath.Join(app.stateD, "rendered", "w1", server.NodeConfigFile), b, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(app.stateD, "rendered", "w1", statedir.NodeConfigFile), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	root := t.TempDir()

@@ -24,6 +24,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
@@ -83,16 +84,9 @@ type Plan struct {
 	Keepalived *keepalived.Config
 }
 
-// File names in a node's rendered directory and in the appliance's own (statedir.Appliance).
-const (
-	AgentConfigFile    = "hostagent.yaml"
-	NodeConfigFile     = "nodeconfig.json"
-	KernelCmdlineFile  = "kernel-cmdline"
-	IgnitionDir        = "ignition"
-	FirewallFile       = "firewall.json"
-	KeepalivedFile     = "keepalived.json"
-	ApplianceDirectory = "appliance"
-)
+// ApplianceDirectory is the first path element of the bootstrap host's own files in Plan.Files
+// (they go to statedir.Appliance; node files to statedir.RenderedNode).
+const ApplianceDirectory = "appliance"
 
 // Build derives the plan. Errors name the node or the input that is missing; nothing is half-built.
 func Build(in Inputs) (*Plan, error) {
@@ -169,26 +163,26 @@ func Build(in Inputs) (*Plan, error) {
 func (p *Plan) Files() (map[string][]byte, error) {
 	out := map[string][]byte{}
 	for _, n := range p.Nodes {
-		out[path.Join(n.Name, AgentConfigFile)] = n.AgentConfig
-		out[path.Join(n.Name, NodeConfigFile)] = n.NodeConfigJSON
+		out[path.Join(n.Name, statedir.AgentConfigFile)] = n.AgentConfig
+		out[path.Join(n.Name, statedir.NodeConfigFile)] = n.NodeConfigJSON
 		if n.KernelCmdline != nil {
-			out[path.Join(n.Name, KernelCmdlineFile)] = n.KernelCmdline
+			out[path.Join(n.Name, statedir.KernelCmdlineFile)] = n.KernelCmdline
 		}
 		for v, data := range n.Ignition {
-			out[path.Join(n.Name, IgnitionDir, v+".json")] = data
+			out[path.Join(n.Name, statedir.IgnitionDir, v+".json")] = data
 		}
 	}
 	fw, err := json.MarshalIndent(p.Firewall, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	out[path.Join(ApplianceDirectory, FirewallFile)] = append(fw, '\n')
+	out[path.Join(ApplianceDirectory, statedir.FirewallFile)] = append(fw, '\n')
 	if p.Keepalived != nil {
 		kc, err := json.MarshalIndent(p.Keepalived, "", "  ")
 		if err != nil {
 			return nil, err
 		}
-		out[path.Join(ApplianceDirectory, KeepalivedFile)] = append(kc, '\n')
+		out[path.Join(ApplianceDirectory, statedir.KeepalivedFile)] = append(kc, '\n')
 	}
 	return out, nil
 }

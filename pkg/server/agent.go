@@ -15,11 +15,8 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
-
-// NodeConfigFile is the name of a node's rendered agentapi.NodeConfig (JSON, 0600) inside its
-// directory under the rendered dir: STATE/rendered/<node>/nodeconfig.json.
-const NodeConfigFile = "nodeconfig.json"
 
 // MaxReportBytes bounds the body of POST agentapi.ReportPathV1.
 const MaxReportBytes = 64 << 10
@@ -150,13 +147,13 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // readNodeConfig reads Dir/<node>/nodeconfig.json.
 func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, error) {
-	b, err := os.ReadFile(filepath.Join(a.Dir, node, NodeConfigFile))
+	b, err := os.ReadFile(filepath.Join(a.Dir, node, statedir.NodeConfigFile))
 	if err != nil {
 		return nil, nil, err
 	}
 	var nc agentapi.NodeConfig
 	if err := json.Unmarshal(b, &nc); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", filepath.Join(a.Dir, node, NodeConfigFile), err)
+		return nil, nil, fmt.Errorf("%s: %w", filepath.Join(a.Dir, node, statedir.NodeConfigFile), err)
 	}
 	return b, &nc, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // newAgentServer is a Server with the Ignition store and agent API over one rendered dir where
@@ -25,7 +26,7 @@ func newAgentServer(t *testing.T) (*Server, *nodestate.Store, string) {
 	if err := os.MkdirAll(filepath.Join(rendered, "cp1"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(rendered, "cp1", NodeConfigFile), nc, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(rendered, "cp1", statedir.NodeConfigFile), nc, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tokens := map[string]string{"cp1": "tok-cp1", "cp2": "tok-cp2"}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/airgap-appliance/appliance/pkg/ignition"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // IgnitionStore serves the Ignition configs the render phase wrote to
@@ -62,7 +63,7 @@ func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not acceptable: this appliance serves Ignition spec "+strings.Join(ignition.SupportedVersions, ", "), http.StatusNotAcceptable)
 		return
 	}
-	data, err := s.files.read(filepath.Join(s.Dir, node, "ignition", version+".json"))
+	data, err := s.files.read(filepath.Join(s.Dir, node, statedir.IgnitionDir, version+".json"))
 	if errors.Is(err, fs.ErrNotExist) {
 		// Authorized but not rendered (yet, or the node's snippets need a newer spec version).
 		http.Error(w, "no Ignition config rendered for this node in spec "+version+"; rerun `appliance bootstrap` (render phase)", http.StatusNotFound)

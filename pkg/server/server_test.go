@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/tls"
-	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 )
 
 func selfSigned(t testing.TB) tls.Certificate {

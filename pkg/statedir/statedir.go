@@ -61,3 +61,14 @@ func Appliance(state string) string { return filepath.Join(state, "appliance") }
 // Keepalived is STATE/keepalived: the bootstrap host's keepalived runtime (config, pid files) and the
 // VIP hand-off marker.
 func Keepalived(state string) string { return filepath.Join(state, "keepalived") }
+
+// File and folder names inside RenderedNode (written by the render phase from pkg/plan, read by the
+// HTTPS front and the power phase) and inside Appliance.
+const (
+	AgentConfigFile   = "hostagent.yaml"  // agentapi.Configuration; holds the node token
+	NodeConfigFile    = "nodeconfig.json" // agentapi.NodeConfig the agent API serves
+	KernelCmdlineFile = "kernel-cmdline"  // BMC-booted nodes only; holds the node token
+	IgnitionDir       = "ignition"        // <spec version>.json, one per supported Ignition version
+	FirewallFile      = "firewall.json"   // Appliance: the bootstrap host's firewall.Spec
+	KeepalivedFile    = "keepalived.json" // Appliance: the bootstrap host's keepalived.Config (VRRP secret)
+)
