@@ -235,6 +235,12 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 	defer unlock()
 	st.Node = node
 	if r.BootID != st.BootID {
+		// A new boot: nothing the previous boot reached still holds (a rebooted node is not ready
+		// until it says so again), so its state starts over. Without a previous boot (new record,
+		// or the power phase's Set just forgot it) the state stays what Set made it.
+		if st.BootID != "" {
+			st.State, st.Reason = agentapi.StateBooting, ""
+		}
 		st.BootID, st.Steps = r.BootID, nil
 	}
 	if last, ok := st.Steps[r.Step]; ok && last.Status == r.Status && last.Detail == r.Detail {

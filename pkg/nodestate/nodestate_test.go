@@ -167,6 +167,22 @@ func TestRecordIdempotentAndBootReset(t *testing.T) {
 	if evs[2].BootID != "b2" || evs[2].Step != "config" || evs[0].State != agentapi.StateAgentConnected {
 		t.Errorf("events: %+v", evs)
 	}
+	// A ready node that reboots is not ready in its new boot until it says so (the first report of
+	// boot b2 used to leave the old boot's "ready" in place while b2's steps ran).
+	for _, step := range []string{"config", "firewall", "containerd", "ready"} {
+		if _, _, err := s.Record("n2", nil, rep("b1", step, "done", "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _ := s.Get("n2"); st.State != agentapi.StateReady {
+		t.Fatalf("n2 after b1: %s, want ready", st.State)
+	}
+	if st, _, _ := s.Record("n2", nil, rep("b2", "config", "running", "")); st.State != agentapi.StateBooting {
+		t.Errorf("n2's first report of a new boot: state %s, want booting", st.State)
+	}
+	if st, _, _ := s.Record("n2", nil, rep("b2", "config", "done", "")); st.State != agentapi.StateAgentConnected {
+		t.Errorf("n2 config done in the new boot: state %s, want agent-connected", st.State)
+	}
 	for _, f := range []string{StatusFile, EventsFile} {
 		fi, err := os.Stat(filepath.Join(dir, "n1", f))
 		if err != nil || fi.Mode().Perm() != 0o600 {
