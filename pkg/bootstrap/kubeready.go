@@ -129,23 +129,28 @@ func conditionTrue(cs []condition, typ string) bool {
 }
 
 // kubeNotReady asks the API which configured nodes are not yet ready in Kubernetes' own terms: the
-// Node object exists with condition Ready=True and, on a control plane, the four static pods
-// (controlPlaneComponents) are Running with condition Ready=True. It returns node name → what is
+// Node object exists with condition Ready=True, the node's kube-proxy pod is Running and Ready, and, on
+// a control plane, the four static pods (controlPlaneComponents) are Running with condition Ready=True. It returns node name → what is
 // missing (e.g. "Node NotReady", "kube-scheduler not Ready"); an empty map means all are ready.
 func kubeNotReady(ctx context.Context, api *adminAPI, nodes []config.Node) (map[string]string, error) {
 	var nl nodeList
 	if err := api.get(ctx, "/api/v1/nodes", &nl); err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	var pl podList
+	var pl, proxies podList
 	if err := api.get(ctx, "/api/v1/namespaces/kube-system/pods?labelSelector="+url.QueryEscape("tier=control-plane"), &pl); err != nil {
 		return nil, fmt.Errorf("list control-plane pods: %w", err)
 	}
-	return notReady(nl, pl, nodes), nil
+	if err := api.get(ctx, "/api/v1/namespaces/kube-system/pods?labelSelector="+url.QueryEscape("k8s-app=kube-proxy"), &proxies); err != nil {
+		return nil, fmt.Errorf("list kube-proxy pods: %w", err)
+	}
+	return notReady(nl, pl, proxies, nodes), nil
 }
 
-// notReady is kubeNotReady's decision on the two lists it fetched.
-func notReady(nl nodeList, pl podList, nodes []config.Node) map[string]string {
+// notReady is kubeNotReady's decision on the lists it fetched: nodes, control-plane static pods and
+// kube-proxy pods (kubeadm's kube-proxy DaemonSet, label k8s-app=kube-proxy: without it the node's
+// Services do not work, and right after a join it can sit in CreateContainerConfigError for seconds).
+func notReady(nl nodeList, pl, proxies podList, nodes []config.Node) map[string]string {
 	nodeReady := map[string]bool{}
 	for _, n := range nl.Items {
 		nodeReady[n.Metadata.Name] = conditionTrue(n.Status.Conditions, "Ready")
@@ -153,6 +158,12 @@ func notReady(nl nodeList, pl podList, nodes []config.Node) map[string]string {
 	podReady := map[string]bool{} // "node/component"
 	for _, p := range pl.Items {
 		podReady[p.Spec.NodeName+"/"+p.Metadata.Labels["component"]] = p.Status.Phase == "Running" && conditionTrue(p.Status.Conditions, "Ready")
+	}
+	proxyReady := map[string]bool{}
+	for _, p := range proxies.Items {
+		if p.Status.Phase == "Running" && conditionTrue(p.Status.Conditions, "Ready") {
+			proxyReady[p.Spec.NodeName] = true
+		}
 	}
 	missing := map[string]string{}
 	for _, n := range nodes {
@@ -165,17 +176,23 @@ func notReady(nl nodeList, pl podList, nodes []config.Node) map[string]string {
 			missing[n.Name] = "Node NotReady"
 			continue
 		}
+		var notReady []string
+		if !proxyReady[n.Name] {
+			notReady = append(notReady, "kube-proxy")
+		}
 		if !n.HasRole(config.RoleControlPlane) {
+			if len(notReady) > 0 {
+				missing[n.Name] = "pods not Ready: " + strings.Join(notReady, ", ")
+			}
 			continue
 		}
-		var notReady []string
 		for _, c := range controlPlaneComponents {
 			if !podReady[n.Name+"/"+c] {
 				notReady = append(notReady, c)
 			}
 		}
 		if len(notReady) > 0 {
-			missing[n.Name] = "static pods not Ready: " + strings.Join(notReady, ", ")
+			missing[n.Name] = "pods not Ready: " + strings.Join(notReady, ", ")
 		}
 	}
 	return missing

@@ -29,30 +29,43 @@ const podsJSON = `{"kind":"PodList","items":[
  {"metadata":{"labels":{"component":"kube-apiserver","tier":"control-plane"}},"spec":{"nodeName":"cp2"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"False"}]}},
  {"metadata":{"labels":{"component":"kube-controller-manager","tier":"control-plane"}},"spec":{"nodeName":"cp2"},"status":{"phase":"Pending"}}]}`
 
+const proxiesJSON = `{"kind":"PodList","items":[
+ {"metadata":{"labels":{"k8s-app":"kube-proxy"}},"spec":{"nodeName":"cp1"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}},
+ {"metadata":{"labels":{"k8s-app":"kube-proxy"}},"spec":{"nodeName":"cp2"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}},
+ {"metadata":{"labels":{"k8s-app":"kube-proxy"}},"spec":{"nodeName":"w1"},"status":{"phase":"Pending","conditions":[{"type":"Ready","status":"False","reason":"ContainersNotReady"}]}}]}`
+
 func TestNotReady(t *testing.T) {
 	var nl nodeList
-	var pl podList
+	var pl, proxies podList
 	if err := json.Unmarshal([]byte(nodesJSON), &nl); err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal([]byte(podsJSON), &pl); err != nil {
 		t.Fatal(err)
 	}
+	if err := json.Unmarshal([]byte(proxiesJSON), &proxies); err != nil {
+		t.Fatal(err)
+	}
 	cp := []config.Role{config.RoleControlPlane}
 	nodes := []config.Node{{Name: "cp1", Roles: cp}, {Name: "cp2", Roles: cp}, {Name: "cp3", Roles: cp}, {Name: "w1", Roles: []config.Role{config.RoleWorker}}}
-	got := notReady(nl, pl, nodes)
+	got := notReady(nl, pl, proxies, nodes)
 	want := map[string]string{
-		"cp2": "static pods not Ready: kube-apiserver, kube-controller-manager, kube-scheduler",
+		"cp2": "pods not Ready: kube-apiserver, kube-controller-manager, kube-scheduler",
 		"cp3": "Node NotReady",
 		"w1":  "no Node object yet",
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("notReady (-want +got):\n%s", d)
 	}
-	// A worker needs only its Node Ready.
+	// A worker needs its Node Ready and its kube-proxy Running and Ready.
 	nl.Items = append(nl.Items, nl.Items[0])
 	nl.Items[len(nl.Items)-1].Metadata.Name = "w1"
-	if got := notReady(nl, pl, nodes[3:]); len(got) != 0 {
+	if got := notReady(nl, pl, proxies, nodes[3:]); got["w1"] != "pods not Ready: kube-proxy" {
+		t.Errorf("worker whose kube-proxy is pending reported as %v", got)
+	}
+	proxies.Items[2].Status.Phase = "Running"
+	proxies.Items[2].Status.Conditions[0].Status = "True"
+	if got := notReady(nl, pl, proxies, nodes[3:]); len(got) != 0 {
 		t.Errorf("ready worker reported as %v", got)
 	}
 }

@@ -20,7 +20,7 @@ const DefaultConvergeTimeout = 15 * time.Minute
 // each node's current step on a live line (nodeBoard); with Kubernetes it then requires the API to
 // answer /readyz through the VIP to the admin kubeconfig's client certificate, verified against the
 // cluster CA, and every configured node to be ready in Kubernetes' own terms: its Node Ready and, on
-// a control plane, its four static pods Running and Ready (kubeNotReady). It fails, listing the nodes
+// a control plane, its four static pods Running and Ready, and on every node kube-proxy (kubeNotReady). It fails, listing the nodes
 // and their reasons, if a node failed or the wait (Options.ConvergeTimeout) ran out; nodes that made
 // it stay as they are, and a rerun picks up the rest.
 type convergePhase struct{}
@@ -98,7 +98,7 @@ func convergeKubernetes(ctx context.Context, st *State, board *nodeBoard, limit 
 	}
 	err = waitKubeReady(ctx, api, st.Config.Nodes, max(limit, 2*time.Minute), func(node, missing string) {
 		if missing == "" {
-			board.set(node, "ready · Node Ready"+map[bool]string{true: ", static pods Running", false: ""}[isControlPlane(st, node)])
+			board.set(node, "ready · Node Ready, "+map[bool]string{true: "static pods and kube-proxy", false: "kube-proxy"}[isControlPlane(st, node)]+" Running")
 		} else {
 			board.set(node, "ready (hostagent) · waiting for Kubernetes: "+missing)
 		}
@@ -107,7 +107,7 @@ func convergeKubernetes(ctx context.Context, st *State, board *nodeBoard, limit 
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Detail: fmt.Sprintf("%d nodes ready (Node Ready, control-plane static pods Running); %s/readyz ok with %s",
+	return Result{Detail: fmt.Sprintf("%d nodes ready (Node Ready, kube-proxy and control-plane static pods Running); %s/readyz ok with %s",
 		len(st.Config.Nodes), api.server, statedir.AdminKubeconfig(st.StateDir))}, nil
 }
 
