@@ -1,85 +1,18 @@
 package config
 
-import (
-	"errors"
-	"fmt"
-	"sort"
-	"strings"
+import "github.com/airgap-appliance/appliance/pkg/strictyaml"
+
+// The error types are pkg/strictyaml's, shared by every document of the appliance, so that the CLI
+// reports them all the same way: `path: message (line N)`, one per line.
+type (
+	// FieldError is one problem with one field of the document: Path (the field path in YAML keys,
+	// e.g. "networks.controlPlane.cidrs[1]" or "nodes[0].power.kind"; empty for problems with the
+	// document as a whole), Line (1-based, 0 when unknown) and Msg (what is wrong and what to do).
+	FieldError = strictyaml.FieldError
+	// ErrorList is every error found in a document. It implements error (one FieldError per line),
+	// matches ErrInvalid with errors.Is and yields its *FieldError values to errors.As.
+	ErrorList = strictyaml.ErrorList
 )
 
 // ErrInvalid is matched (errors.Is) by every ErrorList: the configuration was read but is not valid.
-var ErrInvalid = errors.New("invalid configuration")
-
-// FieldError is one problem with one field of the document.
-type FieldError struct {
-	// Path is the field path in YAML keys, e.g. "networks.controlPlane.cidrs[1]" or
-	// "nodes[0].power.kind"; empty for problems with the document as a whole (syntax, empty file).
-	Path string
-	// Line is the 1-based line in the source document, 0 when unknown (e.g. a configuration built in
-	// Go, or a field that is absent from the document and has no present ancestor).
-	Line int
-	// Msg says what is wrong and what to do about it.
-	Msg string
-}
-
-// Error renders `path: msg (line N)`; the path is left out when empty and the line when 0.
-func (e *FieldError) Error() string {
-	var b strings.Builder
-	if e.Path != "" {
-		b.WriteString(e.Path)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Msg)
-	if e.Line > 0 {
-		fmt.Fprintf(&b, " (line %d)", e.Line)
-	}
-	return b.String()
-}
-
-// ErrorList is every error found in a document. It implements error (one FieldError per line) and
-// matches ErrInvalid with errors.Is.
-type ErrorList []*FieldError
-
-// Error joins the errors, one per line.
-func (l ErrorList) Error() string {
-	msgs := make([]string, len(l))
-	for i, e := range l {
-		msgs[i] = e.Error()
-	}
-	return strings.Join(msgs, "\n")
-}
-
-// Is reports whether target is ErrInvalid.
-func (l ErrorList) Is(target error) bool { return target == ErrInvalid }
-
-// Unwrap returns the FieldErrors as errors, for errors.As on a single *FieldError.
-func (l ErrorList) Unwrap() []error {
-	out := make([]error, len(l))
-	for i, e := range l {
-		out[i] = e
-	}
-	return out
-}
-
-// sortByLine orders errors by source line (unknown lines last), keeping the order of equal lines.
-func sortByLine(l []*FieldError) {
-	sort.SliceStable(l, func(i, j int) bool {
-		a, b := l[i].Line, l[j].Line
-		if a == 0 || b == 0 {
-			return a != 0 && b == 0
-		}
-		return a < b
-	})
-}
-
-// pathCovers reports whether an error at path p makes an error at path q redundant: q is p or lies
-// under p ("nodes[0]" covers "nodes[0].power.kind" but not "nodes[01]").
-func pathCovers(p, q string) bool {
-	if !strings.HasPrefix(q, p) {
-		return false
-	}
-	if len(q) == len(p) || p == "" {
-		return true
-	}
-	return q[len(p)] == '.' || q[len(p)] == '['
-}
+var ErrInvalid = strictyaml.ErrInvalid

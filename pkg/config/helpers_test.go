@@ -4,13 +4,14 @@ import (
 	"crypto/ed25519"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/airgap-appliance/appliance/pkg/strictyaml/strictyamltest"
 )
 
 // cmpConfig compares configurations ignoring the recorded source lines and nil-vs-empty slices.
@@ -33,37 +34,12 @@ func labConfig(t testing.TB) *BootstrapConfiguration {
 	return c
 }
 
-// errPaths returns the sorted paths of errs.
-func errPaths(errs []*FieldError) []string {
-	var out []string
-	for _, e := range errs {
-		out = append(out, e.Path)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// findErr returns the first error at path, or nil.
-func findErr(errs []*FieldError, path string) *FieldError {
-	for _, e := range errs {
-		if e.Path == path {
-			return e
-		}
-	}
-	return nil
-}
-
-// requireErr fails unless errs holds an error at path whose message contains msg (and, when line > 0,
-// whose line is line).
-func requireErr(t *testing.T, errs []*FieldError, path, msg string, line int) {
-	t.Helper()
-	for _, e := range errs {
-		if e.Path == path && strings.Contains(e.Msg, msg) && (line == 0 || e.Line == line) {
-			return
-		}
-	}
-	t.Errorf("no error at %s containing %q (line %d); got:\n%s", path, msg, line, ErrorList(errs).Error())
-}
+// Error helpers shared with the other documents decoded by pkg/strictyaml.
+var (
+	errPaths   = strictyamltest.Paths   // sorted paths of errs
+	findErr    = strictyamltest.Find    // first error at path, or nil
+	requireErr = strictyamltest.Require // fails unless errs holds an error at path containing msg (at line, if > 0)
+)
 
 // testHostKey returns a deterministic ed25519 public key as one authorized_keys line, and the private key.
 func testHostKey(t testing.TB) (string, ed25519.PrivateKey) {

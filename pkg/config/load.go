@@ -41,27 +41,13 @@ func Load(path string, opts ValidateOptions) (*BootstrapConfiguration, []*FieldE
 // load is Load on bytes: decode, default, validate, and merge the errors. A validation error on a
 // field whose value could not be decoded is dropped (the decode error already says what is wrong).
 func load(data []byte, opts ValidateOptions) (*BootstrapConfiguration, []*FieldError, ErrorList) {
-	r := decodeAll(data)
-	if r.fatal {
-		return nil, nil, r.errs
+	c, r := decode(data)
+	if c == nil {
+		return nil, nil, r.Errors
 	}
-	SetDefaults(r.cfg)
-	warnings, verrs := Validate(r.cfg, opts)
-	errs := r.errs
-	for _, e := range verrs {
-		covered := false
-		for _, p := range r.covers {
-			if pathCovers(p, e.Path) {
-				covered = true
-				break
-			}
-		}
-		if !covered {
-			errs = append(errs, e)
-		}
-	}
-	sortByLine(errs)
-	return r.cfg, warnings, errs
+	SetDefaults(c)
+	warnings, verrs := Validate(c, opts)
+	return c, warnings, r.Merge(verrs)
 }
 
 // Marshal renders c as YAML: keys in the order of the struct fields, two-space indentation, empty

@@ -2,9 +2,10 @@
 // (apiVersion appliance.airgap.dev/v1alpha1), and the three steps every consumer runs on it, in the
 // manner of kubeadm's apis/kubeadm/v1beta4 and the Talos config decoder:
 //
-//  1. Decode: strict YAML decoding. Unknown or duplicate keys, values of the wrong type and values that
-//     do not parse (CIDRs, IP addresses, ports) are reported together, each as a FieldError with the
-//     field path and the line, e.g. `networks.controlPlane.cidrs[1]: "10.0.0.0/33" is not a CIDR (line 7)`.
+//  1. Decode: strict YAML decoding (pkg/strictyaml). Unknown or duplicate keys, values of the wrong type
+//     and values that do not parse (CIDRs, IP addresses, ports) are reported together, each as a
+//     FieldError with the field path and the line, e.g. `networks.controlPlane.cidrs[1]: "10.0.0.0/33"
+//     is not a CIDR (line 7)`.
 //  2. SetDefaults: an explicit, idempotent function that fills every unset field with its default, so
 //     `appliance config defaults` can print the effective document.
 //  3. Validate: semantic checks across the whole document, returning every error at once (ErrorList)
@@ -15,6 +16,8 @@ package config
 
 import (
 	"net/netip"
+
+	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
 
 // APIVersion is the only apiVersion this package accepts.
@@ -56,7 +59,7 @@ type BootstrapConfiguration struct {
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
-	lines map[string]int
+	lines strictyaml.Lines
 }
 
 // Kubernetes configures the cluster hostagent builds with kubeadm on the nodes.
@@ -104,7 +107,7 @@ type APIServer struct {
 	// must lie inside a controlPlane CIDR. Never equal to a node address.
 	VIP netip.Addr `yaml:"vip"`
 	// Port is the API server port (TCP). Default DefaultAPIServerPort.
-	Port uint16 `yaml:"port" config:"nonzero"`
+	Port uint16 `yaml:"port" strictyaml:"nonzero"`
 	// Keepalived configures the VRRP daemon that moves the VIP between control planes.
 	Keepalived Keepalived `yaml:"keepalived"`
 }
@@ -115,7 +118,7 @@ type Keepalived struct {
 	Enabled *bool `yaml:"enabled"`
 	// VirtualRouterID is the VRRP VRID, 1..255. Default DefaultVirtualRouterID(clusterName). Two
 	// clusters on one L2 segment must not share it.
-	VirtualRouterID uint8 `yaml:"virtualRouterID" config:"nonzero"`
+	VirtualRouterID uint8 `yaml:"virtualRouterID" strictyaml:"nonzero"`
 	// AuthPasswordFile optionally names a file holding the VRRP PASS authentication secret: 1 to 8
 	// bytes (keepalived truncates longer ones), one trailing newline ignored (see ReadSecretFile).
 	AuthPasswordFile string `yaml:"authPasswordFile,omitempty"`
@@ -135,7 +138,7 @@ type Server struct {
 	// ListenAddress is the IP the server binds. Default 0.0.0.0 (all IPv4 addresses).
 	ListenAddress netip.Addr `yaml:"listenAddress"`
 	// Port is the TCP port. Default DefaultServerPort.
-	Port uint16 `yaml:"port" config:"nonzero"`
+	Port uint16 `yaml:"port" strictyaml:"nonzero"`
 	// Names are extra DNS SANs for the serving certificate, each a DNS-1123 subdomain.
 	Names []string `yaml:"names"`
 }

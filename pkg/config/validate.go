@@ -71,19 +71,7 @@ func (v *validator) warnf(path, format string, args ...any) {
 }
 
 // line returns the source line of path, or of its nearest ancestor present in the document, or 0.
-func (v *validator) line(path string) int {
-	for path != "" {
-		if l, ok := v.c.lines[path]; ok {
-			return l
-		}
-		i := strings.LastIndexAny(path, ".[")
-		if i < 0 {
-			return 0
-		}
-		path = path[:i]
-	}
-	return 0
-}
+func (v *validator) line(path string) int { return v.c.lines.Line(path) }
 
 func (v *validator) typeMeta() {
 	if v.c.APIVersion != APIVersion {
