@@ -43,6 +43,7 @@ func newRootCommand() *cobra.Command {
 		newStopCommand(),
 		newStatusCommand(g),
 		newPowerCommand(g),
+		newBundleCommand(g),
 		newVersionCommand(),
 	)
 	root.SetErr(os.Stderr)

@@ -22,6 +22,16 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("bundle.path: %w", err)
 	}
+	// The signature first: nothing of a bundle its maker did not sign is read further.
+	keys, err := st.Config.Bundle.TrustedKeys()
+	if err != nil {
+		return Result{}, err
+	}
+	sig, err := b.VerifySignature(keys)
+	if err != nil {
+		return Result{}, fmt.Errorf("bundle.path: %w", err)
+	}
+	signed := "signed by " + sig.KeyID
 	if st.Options.DryRun {
 		// Verify without the stamp (which it would rewrite) and check the registry without linking.
 		vr, err := b.Verify(ctx, "")
@@ -33,7 +43,7 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 			return Result{}, err
 		}
 		st.Images = ir
-		detail := fmt.Sprintf("verified %d files (%s), %d images from %d registries", vr.Files, humanBytes(vr.Bytes), len(ir.Images), len(ir.Registries))
+		detail := fmt.Sprintf("%s, verified %d files (%s), %d images from %d registries", signed, vr.Files, humanBytes(vr.Bytes), len(ir.Images), len(ir.Registries))
 		if ok {
 			return Result{Detail: detail + " already pullable"}, nil
 		}
@@ -58,8 +68,8 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	st.Images = ir
 	return Result{
 		Changed: vr.Changed || ir.Changed,
-		Detail: fmt.Sprintf("verified %d files (%s; %d hashed, %d unchanged since last check), %d images pullable from %d registries (%d blobs: %d linked, %d copied)",
-			vr.Files, humanBytes(vr.Bytes), vr.Hashed, vr.Cached, len(ir.Images), len(ir.Registries), ir.Blobs, ir.Linked, ir.Copied),
+		Detail: fmt.Sprintf("%s, verified %d files (%s; %d hashed, %d unchanged since last check), %d images pullable from %d registries (%d blobs: %d linked, %d copied)",
+			signed, vr.Files, humanBytes(vr.Bytes), vr.Hashed, vr.Cached, len(ir.Images), len(ir.Registries), ir.Blobs, ir.Linked, ir.Copied),
 	}, nil
 }
 

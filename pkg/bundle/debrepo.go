@@ -148,10 +148,12 @@ func parseReleaseSHA256(r io.Reader) (map[string]control.FileHash, error) {
 
 // packageEntry is the part of a Packages paragraph the chain check needs.
 type packageEntry struct {
-	Package  string
-	Filename string
-	Size     int64
-	SHA256   string
+	Package      string
+	Version      string
+	Architecture string
+	Filename     string
+	Size         int64
+	SHA256       string
 }
 
 // parsePackages reads a Packages index (deb822 paragraphs, Debian Policy §5.3 / repository format)
@@ -170,7 +172,8 @@ func parsePackages(r io.Reader) ([]packageEntry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("paragraph %d: %w", n, err)
 		}
-		e := packageEntry{Package: para.Values["Package"], Filename: para.Values["Filename"], SHA256: para.Values["SHA256"]}
+		e := packageEntry{Package: para.Values["Package"], Version: para.Values["Version"], Architecture: para.Values["Architecture"],
+			Filename: para.Values["Filename"], SHA256: para.Values["SHA256"]}
 		size, serr := strconv.ParseInt(para.Values["Size"], 10, 64)
 		switch {
 		case e.Package == "":

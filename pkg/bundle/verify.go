@@ -242,7 +242,8 @@ type more []error
 func (m more) Error() string   { return fmt.Sprintf("... and %d more", len(m)) }
 func (m more) Unwrap() []error { return m }
 
-// scanTree lists every regular file under dir (relative slash paths) except SHA256SUMS at the top,
+// scanTree lists every regular file under dir (relative slash paths) except SHA256SUMS and its
+// signature SHA256SUMS.sig at the top,
 // and records non-regular entries (symlinks, devices, sockets) as problems.
 func scanTree(dir string) (map[string]fs.FileInfo, map[string]error, error) {
 	present := map[string]fs.FileInfo{}
@@ -260,7 +261,7 @@ func scanTree(dir string) (map[string]fs.FileInfo, map[string]error, error) {
 			return fmt.Errorf("scan bundle %s: %w", dir, err)
 		}
 		rel = filepath.ToSlash(rel)
-		if d.IsDir() || rel == SumsFile {
+		if d.IsDir() || rel == SumsFile || rel == SignatureFile {
 			return nil
 		}
 		if !d.Type().IsRegular() {

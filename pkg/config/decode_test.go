@@ -206,6 +206,7 @@ nodes:
 		{"networks.controlPlane.cidrs[1]", 6, `"10.100.1.0/33" is not a CIDR`},
 		{"apiServer.vip", 9, "10.9.0.100 is outside every networks.controlPlane.cidrs"},
 		{"apiServer.port", 10, `"6443" is not valid`},
+		{"bundle.publicKeys", 11, "is required: pin the public key"},
 		{"colour", 13, `unknown field "colour"`},
 		{"nodes", 14, "etcd"}, // the warning; checked below
 		{"nodes[1].name", 19, `"cp1" is also nodes[0].name`},

@@ -14,7 +14,7 @@ func TestSetDefaults(t *testing.T) {
 networks:
   controlPlane: {cidrs: [10.100.0.0/24, 10.101.0.0/24]}
 apiServer: {vip: 10.100.0.100}
-bundle: {path: /srv/bundle}
+bundle: {path: /srv/bundle, publicKeys: ["ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="]}
 nodes:
 - name: cp1
   roles: [control-plane]
@@ -53,7 +53,7 @@ nodes:
 			Port:       6443,
 			Keepalived: Keepalived{Enabled: &enabled, VirtualRouterID: DefaultVirtualRouterID("lab")},
 		},
-		Bundle:   Bundle{Path: "/srv/bundle"},
+		Bundle:   Bundle{Path: "/srv/bundle", PublicKeys: []string{"ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="}},
 		Server:   Server{ListenAddress: addr("0.0.0.0"), Port: 8443},
 		StateDir: "/var/lib/appliance",
 		Nodes: []Node{

@@ -53,6 +53,11 @@ func newFileFixture(t *testing.T) *fileFixture {
 	}
 	c := labConfig(t)
 	c.Bundle.Path = bundle
+	pub := filepath.Join(dir, "bundle-signing.pub")
+	if err := os.WriteFile(pub, []byte("ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U=\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Bundle.PublicKeyFiles = []string{pub}
 	c.StateDir = filepath.Join(dir, "state")
 	c.APIServer.Keepalived.AuthPasswordFile = vrrp
 	c.Ignition.All = []string{snippet}
@@ -103,6 +108,13 @@ func TestCheckFiles(t *testing.T) {
 			"bundle.path", "does not exist: unpack the offline bundle there", false},
 		{"bundle is a file", func(t *testing.T, f *fileFixture) { f.c.Bundle.Path = f.c.Nodes[0].Power.PrivateKeyFile },
 			"bundle.path", "is not a directory", false},
+		{"bundle key file missing", func(t *testing.T, f *fileFixture) {
+			f.c.Bundle.PublicKeyFiles = []string{filepath.Join(f.dir, "nopub")}
+		},
+			"bundle.publicKeyFiles[0]", "does not exist", false},
+		{"bundle key file holds no key", func(t *testing.T, f *fileFixture) {
+			f.c.Bundle.PublicKeyFiles = []string{f.c.Nodes[1].Power.KnownHostsFile}
+		}, "bundle.publicKeyFiles[0]", `does not start with "ed25519:"`, false},
 		{"private key missing", func(t *testing.T, f *fileFixture) { f.c.Nodes[1].Power.PrivateKeyFile = filepath.Join(f.dir, "nokey") },
 			"nodes[1].power.privateKeyFile", "does not exist", false},
 		{"private key is a public key", func(t *testing.T, f *fileFixture) {

@@ -99,7 +99,7 @@ func Example() *BootstrapConfiguration {
 			Services: netip.MustParsePrefix("10.96.0.0/16"),
 		},
 		APIServer: APIServer{VIP: netip.MustParseAddr("10.100.0.100")},
-		Bundle:    Bundle{Path: "/var/cache/appliance/bundle"},
+		Bundle:    Bundle{Path: "/var/cache/appliance/bundle", PublicKeys: []string{"ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="}},
 		Server:    Server{Names: []string{"appliance.lab"}},
 		Nodes: []Node{
 			cp("cp1", "10.100.0.11", "10.200.0.11", "52:54:00:00:00:11"),

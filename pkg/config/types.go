@@ -15,8 +15,12 @@
 package config
 
 import (
+	"crypto/ed25519"
+	"fmt"
 	"net/netip"
+	"os"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
 
@@ -131,6 +135,39 @@ func (k Keepalived) IsEnabled() bool { return k.Enabled == nil || *k.Enabled }
 type Bundle struct {
 	// Path is the bundle directory. Required; with ValidateOptions.CheckFiles it must exist.
 	Path string `yaml:"path"`
+	// PublicKeys pin the keys the bundle may be signed with, each "ed25519:<base64 of the 32-byte
+	// key>" as `appliance bundle inspect` prints it (pkg/bundle.PublicKeyString). A bundle whose
+	// SHA256SUMS.sig does not verify under one of PublicKeys or PublicKeyFiles is refused. At least
+	// one key is required in one of the two lists.
+	PublicKeys []string `yaml:"publicKeys"`
+	// PublicKeyFiles are files that each hold one such key (one line): the form for keys
+	// distributed as files.
+	PublicKeyFiles []string `yaml:"publicKeyFiles"`
+}
+
+// TrustedKeys reads the pinned bundle keys: PublicKeys, then the keys in PublicKeyFiles. Errors name
+// the field path.
+func (b Bundle) TrustedKeys() ([]ed25519.PublicKey, error) {
+	var out []ed25519.PublicKey
+	for i, k := range b.PublicKeys {
+		pub, err := bundle.ParsePublicKey(k)
+		if err != nil {
+			return nil, fmt.Errorf("bundle.publicKeys[%d]: %w", i, err)
+		}
+		out = append(out, pub)
+	}
+	for i, f := range b.PublicKeyFiles {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("bundle.publicKeyFiles[%d]: %w", i, err)
+		}
+		pub, err := bundle.ParsePublicKey(string(data))
+		if err != nil {
+			return nil, fmt.Errorf("bundle.publicKeyFiles[%d]: %s: %w", i, f, err)
+		}
+		out = append(out, pub)
+	}
+	return out, nil
 }
 
 // Server is the appliance's HTTPS server.

@@ -19,6 +19,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 )
 
 // ValidateOptions tunes Validate.
@@ -384,6 +386,27 @@ func (v *validator) paths() {
 			v.errorf("bundle.path", "%s cannot be read: %v", b, err)
 		case !st.IsDir():
 			v.errorf("bundle.path", "%s is not a directory: point it at the unpacked bundle directory", b)
+		}
+	}
+	bk := v.c.Bundle
+	if len(bk.PublicKeys) == 0 && len(bk.PublicKeyFiles) == 0 {
+		v.errorf("bundle.publicKeys", "is required: pin the public key the bundle is signed with (\"ed25519:…\", as `appliance bundle inspect DIR` prints it), or name a file holding it in bundle.publicKeyFiles; an unsigned bundle is refused")
+	}
+	for i, k := range bk.PublicKeys {
+		if _, err := bundle.ParsePublicKey(k); err != nil {
+			v.errorf(fmt.Sprintf("bundle.publicKeys[%d]", i), "%v", err)
+		}
+	}
+	for i, f := range bk.PublicKeyFiles {
+		p := fmt.Sprintf("bundle.publicKeyFiles[%d]", i)
+		if f == "" {
+			v.errorf(p, "is empty: name a file holding one \"ed25519:…\" key")
+		} else if v.opts.CheckFiles && v.file(p, f, false) {
+			if data, err := os.ReadFile(f); err != nil {
+				v.errorf(p, "%s cannot be read: %v", f, err)
+			} else if _, err := bundle.ParsePublicKey(string(data)); err != nil {
+				v.errorf(p, "%s: %v", f, err)
+			}
 		}
 	}
 	ig := v.c.Ignition

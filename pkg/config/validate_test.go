@@ -108,6 +108,12 @@ func TestValidateErrors(t *testing.T) {
 			[]string{"stateDir"}, "is not absolute"},
 		{"missing bundle path", func(c *BootstrapConfiguration) { c.Bundle.Path = "" },
 			[]string{"bundle.path"}, "is required"},
+		{"no bundle key pinned", func(c *BootstrapConfiguration) { c.Bundle.PublicKeys, c.Bundle.PublicKeyFiles = nil, nil },
+			[]string{"bundle.publicKeys"}, "is required: pin the public key"},
+		{"bundle key not ed25519", func(c *BootstrapConfiguration) { c.Bundle.PublicKeys = []string{"ssh-ed25519 AAAA"} },
+			[]string{"bundle.publicKeys[0]"}, `does not start with "ed25519:"`},
+		{"bundle key too short", func(c *BootstrapConfiguration) { c.Bundle.PublicKeys = []string{"ed25519:AAAA"} },
+			[]string{"bundle.publicKeys[0]"}, "is not the base64 of a 32-byte Ed25519 public key"},
 		{"empty ignition entry", func(c *BootstrapConfiguration) { c.Ignition.Worker = []string{""}; c.Nodes[0].Ignition = []string{""} },
 			[]string{"ignition.worker[0]", "nodes[0].ignition[0]"}, "is empty"},
 		{"no nodes", func(c *BootstrapConfiguration) { c.Nodes = nil },
@@ -286,12 +292,12 @@ func TestValidateNil(t *testing.T) {
 
 func TestValidateLinesFromDocument(t *testing.T) {
 	c := labConfig(t)
-	c.Nodes[2].Name = "cp1" // lab.yaml line 32: "- name: cp3"
+	c.Nodes[2].Name = "cp1" // lab.yaml line 33: "- name: cp3"
 	c.Nodes[3].Power.Username = ""
 	c.Nodes[3].Power.BootDevice = "usb"
 	_, errs := Validate(c, ValidateOptions{})
-	requireErr(t, errs, "nodes[2].name", `"cp1" is also nodes[0].name`, 32)
-	requireErr(t, errs, "nodes[3].power.username", "is required for kind ipmi", 45)
+	requireErr(t, errs, "nodes[2].name", `"cp1" is also nodes[0].name`, 33)
+	requireErr(t, errs, "nodes[3].power.username", "is required for kind ipmi", 46)
 	// bootDevice is absent from the document: the line is its nearest present ancestor, "power:".
-	requireErr(t, errs, "nodes[3].power.bootDevice", "is not a boot device", 42)
+	requireErr(t, errs, "nodes[3].power.bootDevice", "is not a boot device", 43)
 }

@@ -83,7 +83,7 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	})
 	n.script(t, "nodes.sh", "up")
 	var buf bytes.Buffer
-	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
+	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
 		t.Fatal(err)
 	}
 	mustWrite(t, l.config, buf.String())

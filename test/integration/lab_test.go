@@ -142,7 +142,7 @@ func newLab(t *testing.T, prefix string) *lab {
 	l.config = filepath.Join(l.dir, "bootstrap.yaml")
 	var buf bytes.Buffer
 	if err := configTemplate.Execute(&buf, map[string]string{
-		"Bundle": bundlePath, "State": l.state, "Creds": creds, "Name": prefix,
+		"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Creds": creds, "Name": prefix,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +161,7 @@ apiServer:
   vip: 10.100.0.100
 bundle:
   path: {{.Bundle}}
+  publicKeyFiles: [{{.BundleKey}}]
 server:
   port: 8443
   names: [appliance.lab]

@@ -19,6 +19,8 @@ var (
 	binDir     string // built appliance + hostagent
 	repoRoot   string
 	bundlePath string
+	// bundleKey is the file holding the fixture bundle's public key (test/fixtures/build-bundle.sh).
+	bundleKey string
 )
 
 func TestMain(m *testing.M) {
@@ -27,6 +29,10 @@ func TestMain(m *testing.M) {
 	bundlePath = os.Getenv("APPLIANCE_BUNDLE")
 	if bundlePath == "" {
 		bundlePath = filepath.Join(labns.FixtureCache(), "bundle")
+	}
+	bundleKey = os.Getenv("APPLIANCE_BUNDLE_KEY")
+	if bundleKey == "" {
+		bundleKey = filepath.Join(labns.FixtureCache(), "bundle-signing.pub")
 	}
 	dir, err := os.MkdirTemp("", "appliance-it-bin-")
 	if err != nil {

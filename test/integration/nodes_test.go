@@ -77,7 +77,7 @@ func newNodeLab(t *testing.T, prefix string) *nodeLab {
 func (n *nodeLab) writeConfig(t *testing.T, withBadNode bool) {
 	var buf bytes.Buffer
 	if err := nodeConfigTemplate.Execute(&buf, map[string]any{
-		"Bundle": bundlePath, "State": n.state, "Lab": n.labDir, "Name": n.prefix, "Dir": n.dir, "Bad": withBadNode, "K8s": false,
+		"Bundle": bundlePath, "BundleKey": bundleKey, "State": n.state, "Lab": n.labDir, "Name": n.prefix, "Dir": n.dir, "Bad": withBadNode, "K8s": false,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +105,7 @@ apiServer:
   vip: 10.100.0.100
 bundle:
   path: {{.Bundle}}
+  publicKeyFiles: [{{.BundleKey}}]
 stateDir: {{.State}}
 nodes:
 - name: cp1
@@ -304,13 +305,17 @@ func TestNodesConverge(t *testing.T) {
 			t.Fatalf("copy bundle: %v %s", err, out)
 		}
 		pub, _ := os.ReadFile(filepath.Join(n.labDir, "ssh", "host_ed25519.pub"))
+		bundlePub, err := os.ReadFile(bundleKey)
+		if err != nil {
+			t.Fatalf("the fixture bundle's public key: %v", err)
+		}
 		mustWriteMode(t, filepath.Join(root, "root/sd.yaml"), `apiVersion: appliance.airgap.dev/v1alpha1
 kind: BootstrapConfiguration
 clusterName: sd
 kubernetes: {enabled: false}
 networks: {controlPlane: {cidrs: [10.100.0.0/24]}, services: 10.96.0.0/16}
 apiServer: {keepalived: {enabled: false}}
-bundle: {path: /srv/bundle}
+bundle: {path: /srv/bundle, publicKeys: ["`+strings.TrimSpace(string(bundlePub))+`"]}
 stateDir: /var/lib/appliance
 nodes:
 - name: n1
