@@ -18,7 +18,7 @@ STAGE := test/stage.sh
 DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
-	containernetworking-plugins libc-bin
+	containernetworking-plugins libc-bin debian-archive-keyring gpgv
 
 .PHONY: help
 help: ## list the targets

@@ -123,6 +123,10 @@ type Upstream struct {
 	// PlainHTTP allows plain HTTP to the registry itself (HTTPS is still tried first). Never set it
 	// for a registry across an untrusted network.
 	PlainHTTP bool
+	// MirrorsOnly never contacts the registry itself: its images come from Mirrors or not at all
+	// (a build host that may reach only the corporate mirror; tests that must not leave the machine).
+	// Needs at least one mirror.
+	MirrorsOnly bool
 }
 
 // EventKind names an Event.
@@ -450,6 +454,9 @@ func newMirrorer(layoutDir string, refs []string, o MirrorOptions) (*mirrorer, [
 		if u.PlainHTTP {
 			plain[key] = true
 		}
+		if u.MirrorsOnly && len(u.Mirrors) == 0 {
+			errs = append(errs, fmt.Errorf("upstreams[%s]: mirrorsOnly without mirrors would reach nothing: name a mirror", host))
+		}
 		m.upstreams[key] = u
 	}
 
@@ -537,6 +544,9 @@ func (m *mirrorer) newJob(ref string) (*imageJob, error) {
 			return nil, fmt.Errorf("%w: %q at mirror %s: %w", ErrInvalidReference, ref, s, err)
 		}
 		job.endpoints = append(job.endpoints, endpoint{label: strings.TrimSuffix(ep.host+"/"+ep.prefix, "/"), repo: repo})
+	}
+	if up.MirrorsOnly {
+		return job, nil
 	}
 	var nopts []name.Option
 	if up.PlainHTTP {

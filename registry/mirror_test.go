@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -26,213 +24,30 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"golang.org/x/crypto/bcrypt"
 	"golang.org/x/sys/unix"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/upstream"
 )
 
 // ---- real peer: Debian's docker-registry (distribution 2.8) as a separate process ----
 
-// mtRegistry is one docker-registry process on 127.0.0.1 with its own storage, TLS certificate (from
-// a CA made by pkitest) and htpasswd basic auth, unless plain/noAuth.
-type mtRegistry struct {
-	bin      string
-	host     string // 127.0.0.1:PORT
-	dir      string
-	cfgPath  string
-	logPath  string
-	caFile   string
-	certDir  string // ca.crt only, for skopeo --cert-dir
-	pool     *x509.CertPool
-	plain    bool
-	auth     bool
-	user     string
-	password string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-}
-
-type mtRegistryOpts struct {
-	plain  bool // plain HTTP, no TLS (and then no auth)
-	noAuth bool
-}
-
-func mtStartRegistry(t testing.TB, o mtRegistryOpts) *mtRegistry {
+// mtOptions returns MirrorOptions trusting r's CA with the right credentials.
+func mtOptions(t testing.TB, r *upstream.Registry, c *mtCounter) MirrorOptions {
 	t.Helper()
-	bin := labns.RequireTool(t, "docker-registry")
-	dir := t.TempDir()
-	r := &mtRegistry{bin: bin, dir: dir, plain: o.plain, auth: !o.plain && !o.noAuth, user: "builder", password: "s3cret-" + randHex(),
-		cfgPath: filepath.Join(dir, "config.yml"), logPath: filepath.Join(dir, "registry.log"), certDir: filepath.Join(dir, "certs")}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	kc, err := DockerConfigKeychain(r.DockerConfig(t, r.Password))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.host = l.Addr().String()
-	_ = l.Close()
-
-	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: %s\n",
-		filepath.Join(dir, "storage"), r.host)
-	if !r.plain {
-		caPEM, leaf := pkitest.Issue(t)
-		r.pool = x509.NewCertPool()
-		r.pool.AppendCertsFromPEM(caPEM)
-		var chain bytes.Buffer
-		for _, der := range leaf.Certificate {
-			_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-		}
-		key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.caFile = filepath.Join(dir, "ca.pem")
-		mtWrite(t, r.caFile, caPEM)
-		mtWrite(t, filepath.Join(r.certDir, "ca.crt"), caPEM)
-		mtWrite(t, filepath.Join(dir, "tls.crt"), chain.Bytes())
-		mtWrite(t, filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}))
-		cfg += fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
-	}
-	if r.auth {
-		// bcrypt's minimum cost: the registry checks the hash on every request.
-		h, err := bcrypt.GenerateFromPassword([]byte(r.password), bcrypt.MinCost)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mtWrite(t, filepath.Join(dir, "htpasswd"), []byte(r.user+":"+string(h)+"\n"))
-		cfg += fmt.Sprintf("auth:\n  htpasswd:\n    realm: appliance-mirror-test\n    path: %s\n", filepath.Join(dir, "htpasswd"))
-	}
-	mtWrite(t, r.cfgPath, []byte(cfg))
-	r.start(t)
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *mtRegistry) scheme() string {
-	if r.plain {
-		return "http"
-	}
-	return "https"
-}
-
-// start runs the process and waits until /v2/ answers.
-func (r *mtRegistry) start(t testing.TB) {
-	t.Helper()
-	logf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	r.cmd = exec.Command(r.bin, "serve", r.cfgPath)
-	r.cmd.Stdout, r.cmd.Stderr = logf, logf
-	r.cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
-	if err := r.cmd.Start(); err != nil {
-		t.Fatalf("start docker-registry: %v", err)
-	}
-	r.exited = make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(r.cmd, r.exited)
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: r.pool}}}
-	defer client.CloseIdleConnections()
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		select {
-		case <-r.exited:
-			b, _ := os.ReadFile(r.logPath)
-			t.Fatalf("docker-registry exited at start:\n%s", b)
-		default:
-		}
-		resp, err := client.Get(r.scheme() + "://" + r.host + "/v2/")
-		if err == nil {
-			_ = resp.Body.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(r.logPath)
-			t.Fatalf("docker-registry not answering on %s: %v\n%s", r.host, err, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stop kills the process this test started (by its PID) and waits for it.
-func (r *mtRegistry) stop() {
-	if r.cmd == nil || r.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-r.exited:
-	default:
-		_ = r.cmd.Process.Kill()
-		<-r.exited
-	}
-}
-
-func (r *mtRegistry) ref(t testing.TB, repoTag string) name.Reference {
-	t.Helper()
-	var opts []name.Option
-	if r.plain {
-		opts = append(opts, name.Insecure)
-	}
-	ref, err := name.ParseReference(r.host+"/"+repoTag, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ref
-}
-
-func (r *mtRegistry) remoteOpts() []remote.Option {
-	opts := []remote.Option{remote.WithTransport(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: r.pool}})}
-	if r.auth {
-		opts = append(opts, remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password}))
-	}
-	return opts
-}
-
-// push uploads img as HOST/repoTag and returns its digest.
-func (r *mtRegistry) push(t testing.TB, repoTag string, img v1.Image) v1.Hash {
-	t.Helper()
-	if err := remote.Write(r.ref(t, repoTag), img, r.remoteOpts()...); err != nil {
-		t.Fatalf("push %s: %v", repoTag, err)
-	}
-	h, _ := img.Digest()
-	return h
-}
-
-func (r *mtRegistry) pushIndex(t testing.TB, repoTag string, idx v1.ImageIndex) v1.Hash {
-	t.Helper()
-	if err := remote.WriteIndex(r.ref(t, repoTag), idx, r.remoteOpts()...); err != nil {
-		t.Fatalf("push index %s: %v", repoTag, err)
-	}
-	h, _ := idx.Digest()
-	return h
-}
-
-// dockerConfig writes a Docker config.json holding user:password for this registry and returns its path.
-func (r *mtRegistry) dockerConfig(t testing.TB, password string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "config.json")
-	auth := base64.StdEncoding.EncodeToString([]byte(r.user + ":" + password))
-	mtWrite(t, p, fmt.Appendf(nil, `{"auths": {%q: {"auth": %q}}}`, r.host, auth))
-	return p
-}
-
-// options returns MirrorOptions trusting this registry's CA with the right credentials.
-func (r *mtRegistry) options(t testing.TB, c *mtCounter) MirrorOptions {
-	t.Helper()
-	kc, err := DockerConfigKeychain(r.dockerConfig(t, r.password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := MirrorOptions{RootCAs: r.pool, Keychain: kc}
+	o := MirrorOptions{RootCAs: r.Pool, Keychain: kc}
 	if c != nil {
 		o.WrapTransport = c.wrap
 	}
@@ -481,22 +296,22 @@ func mtWrite(t testing.TB, p string, b []byte) {
 // TLS with basic auth, checks the layout with skopeo and the appliance's own Import, and checks that a
 // rerun downloads nothing.
 func TestMirrorPullsByTagAndDigest(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
+	reg := upstream.Start(t, upstream.Options{})
 	app := mtImage(t, "linux/amd64", 2, 4096)
-	appDigest := reg.push(t, "team/app:v1", app)
-	toolDigest := reg.push(t, "lib/tool:2", mtImage(t, "", 2, 2048))
+	appDigest := reg.Push(t, "team/app:v1", app)
+	toolDigest := reg.Push(t, "lib/tool:2", mtImage(t, "", 2, 2048))
 	docker, err := random.Image(2048, 2) // Docker schema 2 media types
 	if err != nil {
 		t.Fatal(err)
 	}
-	dockerDigest := reg.push(t, "lib/docker:1", docker)
+	dockerDigest := reg.Push(t, "lib/docker:1", docker)
 
-	byTag := reg.host + "/team/app:v1"
-	byDigest := reg.host + "/lib/tool@" + toolDigest.String()
-	dockerRef := reg.host + "/lib/docker:1"
+	byTag := reg.Host + "/team/app:v1"
+	byDigest := reg.Host + "/lib/tool@" + toolDigest.String()
+	dockerRef := reg.Host + "/lib/docker:1"
 	dir := filepath.Join(t.TempDir(), "images")
 	c := &mtCounter{}
-	o := reg.options(t, c)
+	o := mtOptions(t, reg, c)
 	var mu sync.Mutex
 	var events []Event
 	o.Progress = func(e Event) { mu.Lock(); events = append(events, e); mu.Unlock() }
@@ -607,16 +422,16 @@ func TestMirrorPullsByTagAndDigest(t *testing.T) {
 // filtered index that skopeo, pkg/bundle's verifier and the appliance (Import + handler) accept;
 // "all" and a digest reference keep the registry's index unchanged.
 func TestMirrorPlatformFilter(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
+	reg := upstream.Start(t, upstream.Options{})
 	idx := mtIndex(t, "linux/amd64", "linux/arm64")
-	upstream := reg.pushIndex(t, "multi:1", idx)
+	upstream := reg.PushIndex(t, "multi:1", idx)
 	im, _ := idx.IndexManifest()
 	amd64, arm64 := im.Manifests[0], im.Manifests[1]
-	ref := reg.host + "/multi:1"
+	ref := reg.Host + "/multi:1"
 
 	bdir := t.TempDir()
 	dir := filepath.Join(bdir, bundle.ImagesPath)
-	res, err := Mirror(t.Context(), dir, []string{ref}, reg.options(t, nil))
+	res, err := Mirror(t.Context(), dir, []string{ref}, mtOptions(t, reg, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,14 +515,14 @@ func TestMirrorPlatformFilter(t *testing.T) {
 	}
 
 	// "all" keeps the registry's index; so does a reference pinning the index digest.
-	pinnedRef := reg.host + "/multi@" + upstream.String()
+	pinnedRef := reg.Host + "/multi@" + upstream.String()
 	for name, tc := range map[string]struct {
 		ref       string
 		platforms []string
 	}{"all": {ref, []string{"all"}}, "pinned digest": {pinnedRef, nil}} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			o := reg.options(t, nil)
+			o := mtOptions(t, reg, nil)
 			o.Platforms = tc.platforms
 			res, err := Mirror(t.Context(), dir, []string{tc.ref}, o)
 			if err != nil {
@@ -727,7 +542,7 @@ func TestMirrorPlatformFilter(t *testing.T) {
 	}
 
 	t.Run("no matching platform", func(t *testing.T) {
-		o := reg.options(t, nil)
+		o := mtOptions(t, reg, nil)
 		o.Platforms = []string{"linux/s390x"}
 		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, o)
 		if !errors.Is(err, ErrNoPlatform) || !strings.Contains(err.Error(), "linux/amd64, linux/arm64") || !strings.HasPrefix(err.Error(), ref+": ") {
@@ -735,8 +550,8 @@ func TestMirrorPlatformFilter(t *testing.T) {
 		}
 	})
 	t.Run("single image of another platform", func(t *testing.T) {
-		reg.push(t, "armonly:1", mtImage(t, "linux/arm64", 1, 512))
-		_, err := Mirror(t.Context(), t.TempDir(), []string{reg.host + "/armonly:1"}, reg.options(t, nil))
+		reg.Push(t, "armonly:1", mtImage(t, "linux/arm64", 1, 512))
+		_, err := Mirror(t.Context(), t.TempDir(), []string{reg.Host + "/armonly:1"}, mtOptions(t, reg, nil))
 		if !errors.Is(err, ErrNoPlatform) || !strings.Contains(err.Error(), "linux/arm64") {
 			t.Fatalf("err = %v, want ErrNoPlatform", err)
 		}
@@ -746,9 +561,9 @@ func TestMirrorPlatformFilter(t *testing.T) {
 // TestMirrorErrors checks that each failure is one line naming the image and its cause, that 401 and
 // 404 are not retried, that nothing is fetched for invalid input, and that other images still land.
 func TestMirrorErrors(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
-	reg.push(t, "team/app:v1", mtImage(t, "", 1, 512))
-	good := reg.host + "/team/app:v1"
+	reg := upstream.Start(t, upstream.Options{})
+	reg.Push(t, "team/app:v1", mtImage(t, "", 1, 512))
+	good := reg.Host + "/team/app:v1"
 
 	oneLine := func(t *testing.T, err error, ref string, subs ...string) {
 		t.Helper()
@@ -773,11 +588,11 @@ func TestMirrorErrors(t *testing.T) {
 
 	t.Run("wrong password", func(t *testing.T) {
 		c := &mtCounter{}
-		kc, err := DockerConfigKeychain(reg.dockerConfig(t, "wrong"))
+		kc, err := DockerConfigKeychain(reg.DockerConfig(t, "wrong"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = Mirror(t.Context(), t.TempDir(), []string{good}, MirrorOptions{RootCAs: reg.pool, Keychain: kc, WrapTransport: c.wrap})
+		_, err = Mirror(t.Context(), t.TempDir(), []string{good}, MirrorOptions{RootCAs: reg.Pool, Keychain: kc, WrapTransport: c.wrap})
 		if !errors.Is(err, ErrUpstreamAuth) {
 			t.Fatalf("err = %v, want ErrUpstreamAuth", err)
 		}
@@ -787,7 +602,7 @@ func TestMirrorErrors(t *testing.T) {
 		}
 	})
 	t.Run("no credentials", func(t *testing.T) {
-		_, err := Mirror(t.Context(), t.TempDir(), []string{good}, MirrorOptions{RootCAs: reg.pool})
+		_, err := Mirror(t.Context(), t.TempDir(), []string{good}, MirrorOptions{RootCAs: reg.Pool})
 		if !errors.Is(err, ErrUpstreamAuth) {
 			t.Fatalf("err = %v, want ErrUpstreamAuth", err)
 		}
@@ -795,8 +610,8 @@ func TestMirrorErrors(t *testing.T) {
 	})
 	t.Run("missing tag", func(t *testing.T) {
 		c := &mtCounter{}
-		ref := reg.host + "/team/app:nope"
-		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, reg.options(t, c))
+		ref := reg.Host + "/team/app:nope"
+		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, mtOptions(t, reg, c))
 		if !errors.Is(err, ErrUpstreamNotFound) {
 			t.Fatalf("err = %v, want ErrUpstreamNotFound", err)
 		}
@@ -806,15 +621,15 @@ func TestMirrorErrors(t *testing.T) {
 		}
 	})
 	t.Run("missing repository", func(t *testing.T) {
-		ref := reg.host + "/nobody/here:1"
-		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, reg.options(t, nil))
+		ref := reg.Host + "/nobody/here:1"
+		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, mtOptions(t, reg, nil))
 		if !errors.Is(err, ErrUpstreamNotFound) {
 			t.Fatalf("err = %v, want ErrUpstreamNotFound", err)
 		}
 		oneLine(t, err, ref, "404")
 	})
 	t.Run("unknown CA", func(t *testing.T) {
-		o := reg.options(t, nil)
+		o := mtOptions(t, reg, nil)
 		o.RootCAs = nil // the system's roots do not know the test CA
 		_, err := Mirror(t.Context(), t.TempDir(), []string{good}, o)
 		if !errors.Is(err, ErrUpstreamUnreachable) {
@@ -835,8 +650,8 @@ func TestMirrorErrors(t *testing.T) {
 	})
 	t.Run("one bad image does not stop the others", func(t *testing.T) {
 		dir := t.TempDir()
-		bad := reg.host + "/team/app:missing"
-		res, err := Mirror(t.Context(), dir, []string{bad, good}, reg.options(t, nil))
+		bad := reg.Host + "/team/app:missing"
+		res, err := Mirror(t.Context(), dir, []string{bad, good}, mtOptions(t, reg, nil))
 		if !errors.Is(err, ErrUpstreamNotFound) || strings.Contains(err.Error(), good+":") {
 			t.Fatalf("err = %v", err)
 		}
@@ -850,11 +665,11 @@ func TestMirrorErrors(t *testing.T) {
 	})
 	t.Run("invalid input reported at once, nothing fetched", func(t *testing.T) {
 		c := &mtCounter{}
-		o := reg.options(t, c)
+		o := mtOptions(t, reg, c)
 		o.Platforms = []string{"linux"}
-		o.Upstreams = map[string]Upstream{reg.host: {Mirrors: []string{"ftp://x"}}}
+		o.Upstreams = map[string]Upstream{reg.Host: {Mirrors: []string{"ftp://x"}}}
 		_, err := Mirror(t.Context(), t.TempDir(), []string{good, "busybox:1.36", "registry.k8s.io/Pause:1"}, o)
-		for _, want := range []string{"platforms[0]:", "upstreams[" + reg.host + "].mirrors[0]:", "refs[1]:", "refs[2]:"} {
+		for _, want := range []string{"platforms[0]:", "upstreams[" + reg.Host + "].mirrors[0]:", "refs[1]:", "refs[2]:"} {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("err = %v, want it to contain %q", err, want)
 			}
@@ -876,7 +691,7 @@ func TestMirrorErrors(t *testing.T) {
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Mirror(t.Context(), dir, []string{good}, reg.options(t, nil)); !errors.Is(err, ErrLayoutBusy) {
+		if _, err := Mirror(t.Context(), dir, []string{good}, mtOptions(t, reg, nil)); !errors.Is(err, ErrLayoutBusy) {
 			t.Fatalf("err = %v, want ErrLayoutBusy", err)
 		}
 	})
@@ -885,13 +700,13 @@ func TestMirrorErrors(t *testing.T) {
 // TestMirrorRefetchesDamagedBlobs damages blobs the ways a crash or a careless hand would and checks
 // that a rerun fetches exactly those again.
 func TestMirrorRefetchesDamagedBlobs(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
+	reg := upstream.Start(t, upstream.Options{})
 	img := mtImage(t, "", 3, 8192)
-	reg.push(t, "team/app:v1", img)
-	ref := reg.host + "/team/app:v1"
+	reg.Push(t, "team/app:v1", img)
+	ref := reg.Host + "/team/app:v1"
 	dir := t.TempDir()
 	c := &mtCounter{}
-	o := reg.options(t, c)
+	o := mtOptions(t, reg, c)
 	first, err := Mirror(t.Context(), dir, []string{ref}, o)
 	if err != nil {
 		t.Fatal(err)
@@ -930,19 +745,19 @@ func TestMirrorRefetchesDamagedBlobs(t *testing.T) {
 // TestMirrorConcurrentImages mirrors 5 images sharing a base layer at once (run it with -race): every
 // image lands, and the shared layer is downloaded once.
 func TestMirrorConcurrentImages(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
+	reg := upstream.Start(t, upstream.Options{})
 	base := static.NewLayer(bytes.Repeat([]byte("shared base layer "), 1<<15), types.OCIUncompressedLayer)
 	baseDigest, _ := base.Digest()
 	var refs []string
 	want := map[string]v1.Hash{}
 	for i := range 5 {
-		ref := fmt.Sprintf("%s/team/app%d:v%d", reg.host, i, i)
-		want[ref] = reg.push(t, fmt.Sprintf("team/app%d:v%d", i, i), mtBigImage(t, uint64(i), 2, 256<<10, base))
+		ref := fmt.Sprintf("%s/team/app%d:v%d", reg.Host, i, i)
+		want[ref] = reg.Push(t, fmt.Sprintf("team/app%d:v%d", i, i), mtBigImage(t, uint64(i), 2, 256<<10, base))
 		refs = append(refs, ref)
 	}
 	dir := t.TempDir()
 	c := &mtCounter{}
-	o := reg.options(t, c)
+	o := mtOptions(t, reg, c)
 	o.Concurrency = 5
 	var events sync.Map
 	o.Progress = func(e Event) { events.Store(e.Kind, true) } // exercised concurrently under -race
@@ -971,21 +786,21 @@ func TestMirrorConcurrentImages(t *testing.T) {
 // TestMirrorThroughMirrorsAndPlainHTTP serves images through a plain-HTTP pull-through-style mirror
 // (another docker-registry) in front of the TLS upstream.
 func TestMirrorThroughMirrorsAndPlainHTTP(t *testing.T) {
-	up := mtStartRegistry(t, mtRegistryOpts{})
-	cache := mtStartRegistry(t, mtRegistryOpts{plain: true})
+	up := upstream.Start(t, upstream.Options{})
+	cache := upstream.Start(t, upstream.Options{Plain: true})
 	inCache := mtImage(t, "", 1, 4096)
-	up.push(t, "team/app:v1", inCache)
-	cache.push(t, "proxy/team/app:v1", inCache)
-	up.push(t, "team/other:v1", mtImage(t, "", 1, 4096))
+	up.Push(t, "team/app:v1", inCache)
+	cache.Push(t, "proxy/team/app:v1", inCache)
+	up.Push(t, "team/other:v1", mtImage(t, "", 1, 4096))
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := l.Addr().String()
 	_ = l.Close()
 
-	refA, refB := up.host+"/team/app:v1", up.host+"/team/other:v1"
+	refA, refB := up.Host+"/team/app:v1", up.Host+"/team/other:v1"
 	c := &mtCounter{}
-	o := up.options(t, c)
+	o := mtOptions(t, up, c)
 	o.Retries = -1
-	o.Upstreams = map[string]Upstream{up.host: {Mirrors: []string{"https://" + dead, "http://" + cache.host + "/proxy"}}}
+	o.Upstreams = map[string]Upstream{up.Host: {Mirrors: []string{"https://" + dead, "http://" + cache.Host + "/proxy"}}}
 	res, err := Mirror(t.Context(), t.TempDir(), []string{refA, refB}, o)
 	if err != nil {
 		t.Fatal(err)
@@ -993,21 +808,21 @@ func TestMirrorThroughMirrorsAndPlainHTTP(t *testing.T) {
 	if len(res.Images) != 2 {
 		t.Fatalf("images %+v", res.Images)
 	}
-	if n := c.count("GET", cache.host+"/v2/proxy/team/app/blobs/"); n != 2 {
+	if n := c.count("GET", cache.Host+"/v2/proxy/team/app/blobs/"); n != 2 {
 		t.Errorf("%d blob GETs from the mirror for the cached image, want 2: %v", n, c.reqs)
 	}
-	if n := c.count("GET", up.host, "/team/app/blobs/"); n != 0 {
+	if n := c.count("GET", up.Host, "/team/app/blobs/"); n != 0 {
 		t.Errorf("the cached image's blobs came from the upstream: %v", c.reqs)
 	}
-	if n := c.count("GET", up.host, "/team/other/blobs/"); n != 2 {
+	if n := c.count("GET", up.Host, "/team/other/blobs/"); n != 2 {
 		t.Errorf("%d upstream blob GETs for the uncached image, want 2 (fallback): %v", n, c.reqs)
 	}
 
 	t.Run("mirror without http:// is never used over plain HTTP", func(t *testing.T) {
 		c := &mtCounter{}
-		o := up.options(t, c)
+		o := mtOptions(t, up, c)
 		o.Retries = -1
-		o.Upstreams = map[string]Upstream{up.host: {Mirrors: []string{cache.host + "/proxy"}}}
+		o.Upstreams = map[string]Upstream{up.Host: {Mirrors: []string{cache.Host + "/proxy"}}}
 		if _, err := Mirror(t.Context(), t.TempDir(), []string{refA}, o); err != nil {
 			t.Fatal(err)
 		}
@@ -1016,12 +831,12 @@ func TestMirrorThroughMirrorsAndPlainHTTP(t *testing.T) {
 		}
 	})
 	t.Run("plain HTTP registry needs PlainHTTP", func(t *testing.T) {
-		ref := cache.host + "/proxy/team/app:v1"
+		ref := cache.Host + "/proxy/team/app:v1"
 		_, err := Mirror(t.Context(), t.TempDir(), []string{ref}, MirrorOptions{Retries: -1})
 		if !errors.Is(err, ErrUpstreamUnreachable) || !strings.Contains(err.Error(), "plain HTTP") {
 			t.Fatalf("err = %v, want a refusal of plain HTTP", err)
 		}
-		res, err := Mirror(t.Context(), t.TempDir(), []string{ref}, MirrorOptions{Upstreams: map[string]Upstream{cache.host: {PlainHTTP: true}}})
+		res, err := Mirror(t.Context(), t.TempDir(), []string{ref}, MirrorOptions{Upstreams: map[string]Upstream{cache.Host: {PlainHTTP: true}}})
 		if err != nil || len(res.Images) != 1 {
 			t.Fatalf("with PlainHTTP: %v", err)
 		}
@@ -1031,11 +846,11 @@ func TestMirrorThroughMirrorsAndPlainHTTP(t *testing.T) {
 // TestMirrorRetriesTransientErrors starts Mirror while the registry is down and brings it back: the
 // connection refusals are retried with backoff and the pull completes.
 func TestMirrorRetriesTransientErrors(t *testing.T) {
-	reg := mtStartRegistry(t, mtRegistryOpts{})
-	reg.push(t, "team/app:v1", mtImage(t, "", 1, 1024))
-	reg.stop()
-	ref := reg.host + "/team/app:v1"
-	o := reg.options(t, nil)
+	reg := upstream.Start(t, upstream.Options{})
+	reg.Push(t, "team/app:v1", mtImage(t, "", 1, 1024))
+	reg.Stop()
+	ref := reg.Host + "/team/app:v1"
+	o := mtOptions(t, reg, nil)
 	var mu sync.Mutex
 	var retries []Event
 	o.Progress = func(e Event) {
@@ -1069,7 +884,7 @@ wait:
 			}
 		}
 	}
-	reg.start(t)
+	reg.Run(t)
 	out = <-done
 	if out.err != nil || len(out.res.Images) != 1 {
 		t.Fatalf("Mirror across a registry restart: %v", out.err)
@@ -1164,9 +979,9 @@ func mtChild() {
 	os.Exit(0)
 }
 
-func mtChildCmd(t *testing.T, reg *mtRegistry, test string, p mtChildParams, wrap ...string) *exec.Cmd {
+func mtChildCmd(t *testing.T, reg *upstream.Registry, test string, p mtChildParams, wrap ...string) *exec.Cmd {
 	t.Helper()
-	p.CAFile, p.DockerConfig = reg.caFile, reg.dockerConfig(t, reg.password)
+	p.CAFile, p.DockerConfig = reg.CAFile, reg.DockerConfig(t, reg.Password)
 	b, _ := json.Marshal(p)
 	argv := append(slices.Clone(wrap), os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -1181,10 +996,10 @@ func TestMirrorKillResume(t *testing.T) {
 	if os.Getenv(mtChildEnv) != "" {
 		mtChild()
 	}
-	reg := mtStartRegistry(t, mtRegistryOpts{})
+	reg := upstream.Start(t, upstream.Options{})
 	img := mtBigImage(t, 42, 3, 20<<20)
-	want := reg.push(t, "big/image:v1", img)
-	ref := reg.host + "/big/image:v1"
+	want := reg.Push(t, "big/image:v1", img)
+	ref := reg.Host + "/big/image:v1"
 	dir := t.TempDir()
 
 	completed, maxBlobs, midBlob := false, 0, 0
@@ -1228,7 +1043,7 @@ func TestMirrorKillResume(t *testing.T) {
 	}
 	t.Logf("%d kills landed in the middle of a blob", midBlob)
 
-	res, err := Mirror(t.Context(), dir, []string{ref}, reg.options(t, nil))
+	res, err := Mirror(t.Context(), dir, []string{ref}, mtOptions(t, reg, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1258,9 +1073,9 @@ func TestMirrorDiskFull(t *testing.T) {
 	}
 	labns.RequireRoot(t)
 	unshare := labns.RequireTool(t, "unshare")
-	reg := mtStartRegistry(t, mtRegistryOpts{})
-	reg.push(t, "big/image:v1", mtBigImage(t, 7, 3, 1<<20))
-	ref := reg.host + "/big/image:v1"
+	reg := upstream.Start(t, upstream.Options{})
+	reg.Push(t, "big/image:v1", mtBigImage(t, 7, 3, 1<<20))
+	ref := reg.Host + "/big/image:v1"
 	dir := t.TempDir()
 	cmd := mtChildCmd(t, reg, "TestMirrorDiskFull", mtChildParams{Layout: dir, Refs: []string{ref}},
 		unshare, "--mount", "--propagation", "private", "sh", "-c",
@@ -1290,13 +1105,13 @@ func TestMirrorDiskFull(t *testing.T) {
 // an empty layout each time, "warm" over a complete layout (a rerun: hashing only). MB/s is of image
 // bytes.
 func BenchmarkMirror(b *testing.B) {
-	reg := mtStartRegistry(b, mtRegistryOpts{})
+	reg := upstream.Start(b, upstream.Options{})
 	var refs []string
 	for i := range 3 {
-		reg.push(b, fmt.Sprintf("bench/img%d:v1", i), mtBigImage(b, uint64(100+i), 2, 8<<20))
-		refs = append(refs, fmt.Sprintf("%s/bench/img%d:v1", reg.host, i))
+		reg.Push(b, fmt.Sprintf("bench/img%d:v1", i), mtBigImage(b, uint64(100+i), 2, 8<<20))
+		refs = append(refs, fmt.Sprintf("%s/bench/img%d:v1", reg.Host, i))
 	}
-	o := reg.options(b, nil)
+	o := mtOptions(b, reg, nil)
 	warm := b.TempDir()
 	res, err := Mirror(b.Context(), warm, refs, o)
 	if err != nil {

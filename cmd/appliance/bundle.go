@@ -16,9 +16,9 @@ import (
 func newBundleCommand(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bundle",
-		Short: "Check and inspect air-gap bundles",
+		Short: "Make, check and inspect air-gap bundles",
 	}
-	cmd.AddCommand(newBundleVerifyCommand(), newBundleInspectCommand(g))
+	cmd.AddCommand(newBundleCreateCommand(g), newBundleVerifyCommand(), newBundleInspectCommand(g))
 	return cmd
 }
 

@@ -126,6 +126,9 @@ type Registry struct {
 	// "https://harbor.corp.example/v2/proxy-k8s"), without credentials, query or fragment, no
 	// duplicates. Optional.
 	Mirrors []string `yaml:"mirrors,omitempty"`
+	// MirrorsOnly: never contact the registry itself, only its mirrors (a build host that may reach
+	// nothing but the corporate mirror). Requires mirrors.
+	MirrorsOnly bool `yaml:"mirrorsOnly,omitempty"`
 	// CAFile is a PEM file of CA certificates trusted, in addition to the system roots, for TLS to
 	// this registry and its mirrors. Optional.
 	CAFile string `yaml:"caFile,omitempty"`

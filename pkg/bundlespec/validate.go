@@ -189,6 +189,9 @@ func (v *validator) registries() {
 			}
 			seen[key] = mp
 		}
+		if reg.MirrorsOnly && len(reg.Mirrors) == 0 {
+			v.errorf(path+".mirrorsOnly", "is true but %s has no mirrors: its images could come from nowhere; name a mirror or drop mirrorsOnly", path)
+		}
 		if reg.CAFile != "" && v.filePath(path+".caFile", reg.CAFile) && v.opts.CheckFiles {
 			if data, ok := v.readFile(path+".caFile", reg.CAFile); ok && !x509.NewCertPool().AppendCertsFromPEM(data) {
 				v.errorf(path+".caFile", "%s holds no PEM certificate: name the CA bundle (-----BEGIN CERTIFICATE-----)", reg.CAFile)

@@ -142,6 +142,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{"registries.hosts[quay.io:99999]"}, `has an invalid port "99999"`},
 		{"registry host bare IPv6", func(s *BundleSpecification) { setHost(s, "fd00::5", Registry{}) },
 			[]string{"registries.hosts[fd00::5]"}, "without brackets"},
+		{"mirrorsOnly without mirrors", func(s *BundleSpecification) { setHost(s, "quay.io", Registry{MirrorsOnly: true}) },
+			[]string{"registries.hosts[quay.io].mirrorsOnly"}, "has no mirrors"},
 		{"mirror http", mirrors("http://mirror.corp"),
 			[]string{"registries.hosts[docker.io].mirrors[0]"}, "is plain HTTP"},
 		{"mirror not a URL", mirrors("mirror.corp"),

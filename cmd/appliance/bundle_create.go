@@ -1,0 +1,165 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
+	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/registry"
+)
+
+func newBundleCreateCommand(g *globalFlags) *cobra.Command {
+	var specPath, out, name string
+	cmd := &cobra.Command{
+		Use:   "create --spec FILE --out DIR",
+		Short: "Make a signed air-gap bundle from a BundleSpecification: images from their registries, then finalize and sign",
+		Long: `Mirrors every image the spec names (kubeadm's list for kubernetes.version, images.install,
+images.extra) from its registry or mirrors into DIR/images, pinned by digest and verified as it arrives,
+then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig, Ed25519, the key of
+signing.bundleKeyFile, created on first use). Killed at any moment, the same command finishes the job
+without fetching again what is there; until it has finished, DIR does not verify as a bundle.
+Packages (the Debian repository) are not made by this command yet.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			spec, err := bundlespec.Load(specPath, bundlespec.ValidateOptions{CheckFiles: true})
+			if err != nil {
+				return fmt.Errorf("%s is not valid:\n%w", specPath, err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
+			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name,
+				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
+			p.finish()
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"dir": res.Dir, "signedBy": res.Signature.KeyID,
+					"publicKey": res.Signature.PublicKey, "bom": res.BOM})
+			}
+			w := cmd.ErrOrStderr()
+			fmt.Fprintf(w, "\nbundle %s: %d images (%d blobs fetched, %d reused)\n", res.Dir, len(res.BOM.Images),
+				res.Images.Fetched.Blobs, res.Images.Reused.Blobs)
+			fmt.Fprintf(w, "signed by %s with %s%s\n", res.Signature.KeyID, res.KeyFile, map[bool]string{true: " (created now: back it up)", false: ""}[res.KeyCreated])
+			fmt.Fprintf(w, "pin it in bootstrap.yaml:\n  bundle:\n    publicKeys: [%q]\n", res.Signature.PublicKey)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&specPath, "spec", "", "BundleSpecification file (required)")
+	cmd.Flags().StringVar(&out, "out", "", "bundle directory, created or completed (required)")
+	cmd.Flags().StringVar(&name, "name", "", "bundle name in bundle.yaml (default k8s-<version>)")
+	_ = cmd.MarkFlagRequired("spec")
+	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+// createProgress renders bundle create's events: one live line on a terminal (images done, bytes,
+// blobs, rate, ETA), plain lines otherwise (each step and image, and a progress line every 10 s), or
+// every event as a JSON line.
+type createProgress struct {
+	w, jsonOut     io.Writer
+	tty, json      bool
+	start, printed time.Time
+	images, done   int
+	total, got     int64 // bytes of every resolved image; bytes in place (fetched or reused)
+	fetched        int64
+	blobs, blobsOK int
+	inflight       map[string]int64 // blob digest → bytes received so far
+}
+
+func newCreateProgress(w, jsonOut io.Writer, jsonEvents bool) *createProgress {
+	p := &createProgress{w: w, jsonOut: jsonOut, json: jsonEvents, start: time.Now(), inflight: map[string]int64{}}
+	if f, ok := w.(*os.File); ok {
+		p.tty = term.IsTerminal(int(f.Fd()))
+	}
+	return p
+}
+
+func (p *createProgress) event(ev bundlecreate.Event) {
+	if p.json {
+		_ = json.NewEncoder(p.jsonOut).Encode(ev)
+		return
+	}
+	if ev.Image == nil {
+		p.clear()
+		fmt.Fprintf(p.w, "%s: %s %s\n", ev.Step, ev.Status, ev.Detail)
+		return
+	}
+	im := ev.Image
+	switch im.Kind {
+	case registry.EventImageStart:
+		p.images++
+	case registry.EventImageResolved:
+		p.total += im.Size
+		p.blobs += im.Blobs
+	case registry.EventBlobReused:
+		p.got += im.Size
+		p.blobsOK++
+	case registry.EventBlobProgress:
+		p.inflight[im.Digest] = im.Done
+	case registry.EventBlobFetched:
+		delete(p.inflight, im.Digest)
+		p.got += im.Size
+		p.fetched += im.Size
+		p.blobsOK++
+	case registry.EventRetry:
+		p.clear()
+		fmt.Fprintf(p.w, "  retry %s in %s: %s\n", im.Ref, im.Delay.Round(time.Millisecond), im.Error)
+	case registry.EventImageDone:
+		p.done++
+		if !p.tty {
+			status := "ok"
+			if im.Error != "" {
+				status = "FAILED: " + im.Error
+			}
+			fmt.Fprintf(p.w, "  %s %s %.1f MiB %s\n", im.Ref, im.Digest, float64(im.Size)/(1<<20), status)
+		}
+	}
+	if p.tty || time.Since(p.printed) > 10*time.Second {
+		p.line()
+	}
+}
+
+// line prints the aggregate: images, bytes, blobs, rate of bytes fetched, ETA.
+func (p *createProgress) line() {
+	p.printed = time.Now()
+	got := p.got
+	for _, n := range p.inflight {
+		got += n
+	}
+	secs := time.Since(p.start).Seconds()
+	rate := float64(p.fetched) / max(secs, 0.001)
+	eta := "-"
+	if rate > 0 && p.total > got {
+		eta = (time.Duration(float64(p.total-got)/rate) * time.Second).Round(time.Second).String()
+	}
+	s := fmt.Sprintf("  images %d/%d  %.1f/%.1f MiB  blobs %d/%d  %.1f MiB/s  ETA %s",
+		p.done, p.images, float64(got)/(1<<20), float64(p.total)/(1<<20), p.blobsOK, p.blobs, rate/(1<<20), eta)
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\x1b[2K%s", s)
+	} else {
+		fmt.Fprintln(p.w, s)
+	}
+}
+
+func (p *createProgress) clear() {
+	if p.tty {
+		fmt.Fprint(p.w, "\r\x1b[2K")
+	}
+}
+
+func (p *createProgress) finish() {
+	if p.tty {
+		fmt.Fprintln(p.w)
+	}
+}

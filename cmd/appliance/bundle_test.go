@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/random"
+
+	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
+	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/test/upstream"
+)
+
+// runCLI runs the appliance command line with args and returns stdout, stderr and the error.
+func runCLI(args ...string) (string, string, error) {
+	root := newRootCommand()
+	var out, errb bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), errb.String(), err
+}
+
+// TestBundleCreateVerifyInspect drives `appliance bundle create`, `verify` and `inspect` against a real
+// upstream registry (Debian's docker-registry, TLS + basic auth, registry.k8s.io's only mirror).
+func TestBundleCreateVerifyInspect(t *testing.T) {
+	up := upstream.Start(t, upstream.Options{})
+	dir := t.TempDir()
+	spec := bundlespec.Example()
+	spec.Images.Install, spec.Images.Extra = nil, nil
+	spec.Registries = bundlespec.Registries{Hosts: map[string]bundlespec.Registry{
+		"registry.k8s.io": {Mirrors: []string{"https://" + up.Host}, MirrorsOnly: true, CAFile: up.CAFile,
+			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}}}}
+	// The spec must name a real keyring for its apt sources (packages are not fetched by this test).
+	const keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+	if _, err := os.Stat(keyring); err != nil {
+		t.Fatalf("%s: %v (package debian-archive-keyring)", keyring, err)
+	}
+	for i := range spec.Apt.Sources {
+		spec.Apt.Sources[i].SignedBy = keyring
+	}
+	// Signing keys: the defaults, created on first use under the user's configuration directory.
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
+	spec.Signing = bundlespec.Signing{}
+	spec.Output = bundlespec.Output{}
+	bundlespec.SetDefaults(spec)
+	refs, err := bundlecreate.Images(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range refs {
+		img, _ := random.Image(512, 1)
+		up.Push(t, strings.TrimPrefix(r, "registry.k8s.io/"), img)
+	}
+	data, err := bundlespec.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specFile := filepath.Join(dir, "bundle-spec.yaml")
+	if err := os.WriteFile(specFile, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "bundle")
+
+	stdout, stderr, err := runCLI("bundle", "create", "--spec", specFile, "--out", out, "-o", "json")
+	if err != nil {
+		t.Fatalf("bundle create: %v\n%s", err, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var final struct {
+		SignedBy, PublicKey string
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &final); err != nil || final.PublicKey == "" {
+		t.Fatalf("last JSON line %q: %v", lines[len(lines)-1], err)
+	}
+	if len(lines) < len(refs) {
+		t.Errorf("only %d JSON event lines for %d images", len(lines), len(refs))
+	}
+
+	if _, err := os.Stat(filepath.Join(dir, "config", "appliance", "signing", bundlespec.DefaultBundleKeyFileName)); err != nil {
+		t.Errorf("the bundle key was not created in the default signing directory: %v", err)
+	}
+	if _, stderr, err := runCLI("bundle", "verify", out, "--public-key", final.PublicKey); err != nil {
+		t.Fatalf("bundle verify with the maker's key: %v\n%s", err, stderr)
+	}
+	other := "ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="
+	if _, _, err := runCLI("bundle", "verify", out, "--public-key", other); err == nil || !strings.Contains(err.Error(), "not trusted") {
+		t.Errorf("bundle verify with another key: %v, want a refusal naming the untrusted key", err)
+	}
+	stdout, _, err = runCLI("bundle", "inspect", out)
+	if err != nil || !strings.Contains(stdout, "registry.k8s.io/kube-apiserver:"+spec.Kubernetes.Version) || !strings.Contains(stdout, final.SignedBy) {
+		t.Errorf("bundle inspect: %v\n%s", err, stdout)
+	}
+}

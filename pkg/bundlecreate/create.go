@@ -1,0 +1,257 @@
+// Package bundlecreate makes an air-gap bundle on the connected side (`appliance bundle create`): from a
+// BundleSpecification (pkg/bundlespec) it mirrors the images from their registries into the bundle's
+// OCI layout (registry.Mirror), builds the Debian repository the nodes install from (Packages), then
+// finalizes the bundle: bundle.yaml and SHA256SUMS (pkg/bundle.Create) and the Ed25519 signature over
+// them (pkg/bundle.Sign), in that order, last.
+//
+// Resumable: the output directory is written in place. Before anything else the finalizing files
+// (SHA256SUMS.sig, SHA256SUMS, bundle.yaml) are removed, so a bundle that is being made, or whose
+// making was killed, never verifies; a rerun of the same command keeps every verified blob and
+// downloaded package and fetches only what is missing.
+package bundlecreate
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+
+	km "github.com/airgap-appliance/appliance/kubeadm-manifests"
+	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/registry"
+)
+
+// ImageRepository is where kubeadm's images come from (kubeadm's default imageRepository); the
+// appliance mirrors them under the same name, which nodes pull through containerd's hosts.toml.
+const ImageRepository = "registry.k8s.io"
+
+// Options are the inputs of Create.
+type Options struct {
+	// Spec is the defaulted, validated specification (bundlespec.Load).
+	Spec *bundlespec.BundleSpecification
+	// Out is the bundle directory, created if missing.
+	Out string
+	// Name is the bundle's name in bundle.yaml (pkg/bundle.Metadata.Name rules); empty means
+	// "k8s-" + the Kubernetes version without "v".
+	Name string
+	// Packages builds Out/repo/debian for the spec's packages. nil leaves the bundle without packages
+	// (an images-only bundle, e.g. for an update that carries images only).
+	Packages func(ctx context.Context, spec *bundlespec.BundleSpecification, repoDir string, progress func(Event)) (PackagesResult, error)
+	// Progress receives every Event (serialized); nil discards them.
+	Progress func(Event)
+	// Log receives details for debugging, never secrets; nil discards them.
+	Log *slog.Logger
+	// Now is the clock for bundle.yaml's created field; nil means time.Now.
+	Now func() time.Time
+	// WrapTransport is passed to registry.Mirror (tests count requests with it).
+	WrapTransport func(http.RoundTripper) http.RoundTripper
+}
+
+// PackagesResult is what the Packages step put into the bundle.
+type PackagesResult struct {
+	// Packages counts the .debs in the repository; Fetched of them were downloaded by this run.
+	Packages, Fetched int
+	// Bytes is their total size.
+	Bytes int64
+}
+
+// Event reports progress: the images' events as registry.Mirror gives them (Image set), or a step
+// of the bundle (Step: "images", "packages", "finalize"; Status: "started", "done", "failed").
+type Event struct {
+	Step   string          `json:"step"`
+	Status string          `json:"status,omitempty"`
+	Detail string          `json:"detail,omitempty"`
+	Image  *registry.Event `json:"image,omitempty"`
+}
+
+// Result is what Create made.
+type Result struct {
+	Dir string
+	// Images is registry.Mirror's result; Packages the Packages step's.
+	Images   registry.MirrorResult
+	Packages PackagesResult
+	// Signature names the key that signed the bundle; KeyCreated says the key was made by this run
+	// (its file is the spec's signing.bundleKeyFile or the default in bundlespec.DefaultSigningDir).
+	Signature  bundle.Signature
+	KeyFile    string
+	KeyCreated bool
+	// BOM is the finished bundle's bill of materials.
+	BOM bundle.BOM
+}
+
+// Images returns every image the bundle carries for spec: kubeadm's own list for the Kubernetes
+// version (kubeadm-manifests.Images, equal to `kubeadm config images list`), then images.install and
+// images.extra, without duplicates, in that order.
+func Images(spec *bundlespec.BundleSpecification) ([]string, error) {
+	kubeadm, err := km.Images(km.Cluster{KubernetesVersion: spec.Kubernetes.Version, ImageRepository: ImageRepository})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.version: %w", err)
+	}
+	var out []string
+	for _, r := range slices.Concat(kubeadm, spec.Images.Install, spec.Images.Extra) {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// Create makes (or completes) the bundle at o.Out. Errors: the first failing step's, each image's
+// failure on its own line naming the image; what was fetched stays for the rerun.
+func Create(ctx context.Context, o Options) (Result, error) {
+	res := Result{Dir: o.Out}
+	emit := func(ev Event) {
+		if o.Progress != nil {
+			o.Progress(ev)
+		}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	spec := o.Spec
+	refs, err := Images(spec)
+	if err != nil {
+		return res, err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return res, err
+	}
+	// Unfinalize first: from now until the signature is written, the directory is not a bundle.
+	for _, f := range []string{bundle.SignatureFile, bundle.SumsFile, bundle.MetadataFile} {
+		if err := os.Remove(filepath.Join(o.Out, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return res, err
+		}
+	}
+	priv, keyFile, created, err := signingKey(spec)
+	if err != nil {
+		return res, err
+	}
+	res.KeyFile, res.KeyCreated = keyFile, created
+
+	mo, err := mirrorOptions(spec)
+	if err != nil {
+		return res, err
+	}
+	mo.Log, mo.WrapTransport = o.Log, o.WrapTransport
+	mo.Progress = func(ev registry.Event) { emit(Event{Step: "images", Image: &ev}) }
+	emit(Event{Step: "images", Status: "started", Detail: fmt.Sprintf("%d images", len(refs))})
+	res.Images, err = registry.Mirror(ctx, filepath.Join(o.Out, bundle.ImagesPath), refs, mo)
+	if err != nil {
+		emit(Event{Step: "images", Status: "failed", Detail: err.Error()})
+		return res, fmt.Errorf("images:\n%w", err)
+	}
+	emit(Event{Step: "images", Status: "done", Detail: fmt.Sprintf("%d images, %d blobs (%d fetched, %d reused), %.1f MiB",
+		len(res.Images.Images), res.Images.Blobs, res.Images.Fetched.Blobs, res.Images.Reused.Blobs, float64(res.Images.Size)/(1<<20))})
+
+	if o.Packages != nil {
+		emit(Event{Step: "packages", Status: "started"})
+		res.Packages, err = o.Packages(ctx, spec, filepath.Join(o.Out, filepath.FromSlash(bundle.RepoPath)), emit)
+		if err != nil {
+			emit(Event{Step: "packages", Status: "failed", Detail: err.Error()})
+			return res, fmt.Errorf("packages: %w", err)
+		}
+		emit(Event{Step: "packages", Status: "done", Detail: fmt.Sprintf("%d packages (%d fetched), %.1f MiB",
+			res.Packages.Packages, res.Packages.Fetched, float64(res.Packages.Bytes)/(1<<20))})
+	}
+
+	emit(Event{Step: "finalize", Status: "started"})
+	name := o.Name
+	if name == "" {
+		name = "k8s-" + strings.TrimPrefix(spec.Kubernetes.Version, "v")
+	}
+	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: name,
+		KubernetesVersion: spec.Kubernetes.Version, Created: o.Now().UTC().Truncate(time.Second)}
+	if err := bundle.Create(ctx, o.Out, meta); err != nil {
+		return res, err
+	}
+	if err := bundle.Sign(o.Out, priv); err != nil {
+		return res, err
+	}
+	b, err := bundle.Open(o.Out)
+	if err != nil {
+		return res, err
+	}
+	if res.Signature, err = b.VerifySignature([]ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}); err != nil {
+		return res, err
+	}
+	if res.BOM, err = b.BillOfMaterials(); err != nil {
+		return res, err
+	}
+	emit(Event{Step: "finalize", Status: "done", Detail: "signed by " + res.Signature.KeyID})
+	return res, nil
+}
+
+// signingKey is the bundle signing key: spec.signing.bundleKeyFile, or bundle-signing.pem in
+// bundlespec.DefaultSigningDir, created (0600) on first use.
+func signingKey(spec *bundlespec.BundleSpecification) (ed25519.PrivateKey, string, bool, error) {
+	path := spec.Signing.BundleKeyFile
+	if path == "" {
+		dir, err := bundlespec.DefaultSigningDir()
+		if err != nil {
+			return nil, "", false, err
+		}
+		path = filepath.Join(dir, bundlespec.DefaultBundleKeyFileName)
+	}
+	priv, created, err := bundle.EnsureSigningKey(path)
+	if err != nil {
+		return nil, "", false, fmt.Errorf("signing.bundleKeyFile: %w", err)
+	}
+	return priv, path, created, nil
+}
+
+// mirrorOptions turns the spec's platforms and registries into registry.MirrorOptions: mirrors per
+// host, every caFile added to the trusted roots (besides the system's), and credentials from the
+// hosts' Docker config files, else the spec's default one, else anonymous.
+func mirrorOptions(spec *bundlespec.BundleSpecification) (registry.MirrorOptions, error) {
+	o := registry.MirrorOptions{Platforms: spec.Platforms, Upstreams: map[string]registry.Upstream{}}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	var chains []authn.Keychain
+	for host, r := range spec.Registries.Hosts {
+		o.Upstreams[strings.ToLower(host)] = registry.Upstream{Mirrors: r.Mirrors, MirrorsOnly: r.MirrorsOnly}
+		if r.CAFile != "" {
+			pem, err := os.ReadFile(r.CAFile)
+			if err != nil {
+				return o, fmt.Errorf("registries.hosts[%s].caFile: %w", host, err)
+			}
+			if !roots.AppendCertsFromPEM(pem) {
+				return o, fmt.Errorf("registries.hosts[%s].caFile: %s holds no PEM certificate", host, r.CAFile)
+			}
+		}
+		if f := r.Auth.DockerConfigFile; f != "" {
+			kc, err := registry.DockerConfigKeychain(f)
+			if err != nil {
+				return o, fmt.Errorf("registries.hosts[%s].auth.dockerConfigFile: %w", host, err)
+			}
+			chains = append(chains, kc)
+		}
+	}
+	if f := spec.Registries.Auth.DockerConfigFile; f != "" {
+		kc, err := registry.DockerConfigKeychain(f)
+		if err != nil {
+			return o, fmt.Errorf("registries.auth.dockerConfigFile: %w", err)
+		}
+		chains = append(chains, kc)
+	}
+	o.RootCAs = roots
+	if len(chains) > 0 {
+		o.Keychain = authn.NewMultiKeychain(chains...)
+	}
+	return o, nil
+}

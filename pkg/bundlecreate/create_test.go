@@ -1,0 +1,140 @@
+package bundlecreate
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/random"
+
+	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/registry"
+	"github.com/airgap-appliance/appliance/test/upstream"
+)
+
+// labSpec is a spec whose registry.k8s.io images come from a real local upstream registry (Debian's
+// docker-registry with TLS and basic auth) configured as registry.k8s.io's only mirror (mirrorsOnly:
+// the test never contacts the real registry.k8s.io, nor looks its name up).
+func labSpec(t *testing.T, up *upstream.Registry) *bundlespec.BundleSpecification {
+	t.Helper()
+	spec := bundlespec.Example()
+	spec.Images.Install, spec.Images.Extra = nil, []string{"registry.k8s.io/extra/tool:1.0"}
+	spec.Registries = bundlespec.Registries{Hosts: map[string]bundlespec.Registry{
+		"registry.k8s.io": {Mirrors: []string{"https://" + up.Host}, MirrorsOnly: true, CAFile: up.CAFile,
+			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}},
+	}}
+	spec.Signing.BundleKeyFile = filepath.Join(t.TempDir(), "keys", "bundle.pem")
+	bundlespec.SetDefaults(spec)
+	return spec
+}
+
+// pushAll pushes a small random image for every image the spec needs, under the repository path the
+// mirror is asked for (registry.k8s.io/kube-apiserver → kube-apiserver).
+func pushAll(t *testing.T, up *upstream.Registry, spec *bundlespec.BundleSpecification) []string {
+	t.Helper()
+	refs, err := Images(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range refs {
+		img, err := random.Image(1024, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up.Push(t, strings.TrimPrefix(r, "registry.k8s.io/"), img)
+	}
+	return refs
+}
+
+type countingTransport struct {
+	next  http.RoundTripper
+	blobs *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+		c.blobs.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
+func TestCreateImagesSignedAndResumable(t *testing.T) {
+	up := upstream.Start(t, upstream.Options{})
+	spec := labSpec(t, up)
+	refs := pushAll(t, up, spec)
+	if len(refs) != 8 || refs[0] != "registry.k8s.io/kube-apiserver:"+spec.Kubernetes.Version {
+		t.Fatalf("images %v: want kubeadm's seven and the extra one", refs)
+	}
+	out := filepath.Join(t.TempDir(), "bundle")
+	var blobGets atomic.Int64
+	var events []Event
+	o := Options{Spec: spec, Out: out,
+		Progress:      func(ev Event) { events = append(events, ev) },
+		WrapTransport: func(next http.RoundTripper) http.RoundTripper { return countingTransport{next, &blobGets} }}
+	res, err := Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if !res.KeyCreated || len(res.BOM.Images) != 8 || res.BOM.SignedBy != res.Signature.KeyID {
+		t.Fatalf("result: key created %v, %d images, signed by %q (%q)", res.KeyCreated, len(res.BOM.Images), res.BOM.SignedBy, res.Signature.KeyID)
+	}
+	// What bootstrap checks: the signature under the maker's key, then every file.
+	priv, _, err := bundle.EnsureSigningKey(spec.Signing.BundleKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.VerifySignature([]ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}); err != nil {
+		t.Fatalf("signature: %v", err)
+	}
+	if _, err := b.Verify(context.Background(), ""); err != nil {
+		t.Fatalf("bundle does not verify: %v", err)
+	}
+	// The appliance can serve it.
+	if _, err := registry.Import(context.Background(), b.ImagesDir(), t.TempDir(), nil); err != nil {
+		t.Fatalf("registry.Import: %v", err)
+	}
+	if got := blobGets.Load(); got == 0 {
+		t.Fatal("no blob was fetched")
+	}
+	var sawDone bool
+	for _, ev := range events {
+		sawDone = sawDone || (ev.Step == "finalize" && ev.Status == "done")
+	}
+	if !sawDone {
+		t.Error("no finalize done event")
+	}
+
+	// A rerun with nothing new fetches no blob and gives the same bundle content.
+	blobGets.Store(0)
+	res2, err := Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	if got := blobGets.Load(); got != 0 || res2.Images.Fetched.Blobs != 0 || res2.KeyCreated {
+		t.Errorf("rerun fetched %d blobs (%d per Mirror), key created %v; want none", got, res2.Images.Fetched.Blobs, res2.KeyCreated)
+	}
+
+	// A run that fails leaves a directory that is not a bundle: never half a bundle that verifies.
+	spec.Images.Extra = append(spec.Images.Extra, "registry.k8s.io/does-not-exist:1.0")
+	_, err = Create(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "does-not-exist") || !errors.Is(err, registry.ErrUpstreamNotFound) {
+		t.Fatalf("Create with a missing image: %v, want an error naming it", err)
+	}
+	if _, err := bundle.Open(out); err == nil {
+		t.Error("after a failed run the directory still opens as a bundle")
+	}
+	if _, err := os.Stat(filepath.Join(out, bundle.SignatureFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Error("after a failed run the old signature is still there")
+	}
+}
