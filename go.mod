@@ -3,6 +3,7 @@ module github.com/airgap-appliance/appliance
 go 1.26.0
 
 require (
+	github.com/ProtonMail/go-crypto v1.4.1
 	github.com/bmc-toolbox/bmclib/v2 v2.3.5
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/coreos/go-semver v0.3.1
@@ -36,7 +37,6 @@ require (
 require (
 	dario.cat/mergo v1.0.1 // indirect
 	github.com/Jeffail/gabs/v2 v2.7.0 // indirect
-	github.com/ProtonMail/go-crypto v1.4.1 // indirect
 	github.com/VictorLowther/simplexml v0.0.0-20180716164440-0bff93621230 // indirect
 	github.com/VictorLowther/soap v0.0.0-20150314151524-8e36fca84b22 // indirect
 	github.com/aws/aws-sdk-go-v2 v1.39.2 // indirect

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -21,13 +22,15 @@ func newBundleCreateCommand(g *globalFlags) *cobra.Command {
 	var specPath, out, name string
 	cmd := &cobra.Command{
 		Use:   "create --spec FILE --out DIR",
-		Short: "Make a signed air-gap bundle from a BundleSpecification: images from their registries, then finalize and sign",
+		Short: "Make a signed air-gap bundle from a BundleSpecification: images, packages, then finalize and sign",
 		Long: `Mirrors every image the spec names (kubeadm's list for kubernetes.version, images.install,
-images.extra) from its registry or mirrors into DIR/images, pinned by digest and verified as it arrives,
-then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig, Ed25519, the key of
-signing.bundleKeyFile, created on first use). Killed at any moment, the same command finishes the job
-without fetching again what is there; until it has finished, DIR does not verify as a bundle.
-Packages (the Debian repository) are not made by this command yet.`,
+images.extra) from its registry or mirrors into DIR/images, pinned by digest and verified as it arrives;
+has apt resolve packages and extraPackages to their full dependency closure from the spec's signed apt
+sources (each Release checked against its signedBy keyring) and lays them into DIR/repo/debian, signed
+with signing.repoKeyFile; then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig,
+Ed25519, signing.bundleKeyFile). Keys are created on first use. apt's state and the downloaded .debs
+stay in DIR.work. Killed at any moment, the same command finishes the job without fetching again what
+is there; until it has finished, DIR does not verify as a bundle.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec, err := bundlespec.Load(specPath, bundlespec.ValidateOptions{CheckFiles: true})
@@ -38,6 +41,7 @@ Packages (the Debian repository) are not made by this command yet.`,
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
 			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name,
+				Packages: bundlecreate.DebianPackages(filepath.Clean(out) + ".work"),
 				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
 			if err != nil {
@@ -48,8 +52,8 @@ Packages (the Debian repository) are not made by this command yet.`,
 					"publicKey": res.Signature.PublicKey, "bom": res.BOM})
 			}
 			w := cmd.ErrOrStderr()
-			fmt.Fprintf(w, "\nbundle %s: %d images (%d blobs fetched, %d reused)\n", res.Dir, len(res.BOM.Images),
-				res.Images.Fetched.Blobs, res.Images.Reused.Blobs)
+			fmt.Fprintf(w, "\nbundle %s: %d images (%d blobs fetched, %d reused), %d packages (%d downloaded)\n", res.Dir, len(res.BOM.Images),
+				res.Images.Fetched.Blobs, res.Images.Reused.Blobs, res.Packages.Packages, res.Packages.Fetched)
 			fmt.Fprintf(w, "signed by %s with %s%s\n", res.Signature.KeyID, res.KeyFile, map[bool]string{true: " (created now: back it up)", false: ""}[res.KeyCreated])
 			fmt.Fprintf(w, "pin it in bootstrap.yaml:\n  bundle:\n    publicKeys: [%q]\n", res.Signature.PublicKey)
 			return nil

@@ -27,7 +27,8 @@ func runCLI(args ...string) (string, string, error) {
 }
 
 // TestBundleCreateVerifyInspect drives `appliance bundle create`, `verify` and `inspect` against a real
-// upstream registry (Debian's docker-registry, TLS + basic auth, registry.k8s.io's only mirror).
+// upstream registry (Debian's docker-registry, TLS + basic auth, registry.k8s.io's only mirror) and a
+// signed upstream apt repository, both on loopback.
 func TestBundleCreateVerifyInspect(t *testing.T) {
 	up := upstream.Start(t, upstream.Options{})
 	dir := t.TempDir()
@@ -36,14 +37,12 @@ func TestBundleCreateVerifyInspect(t *testing.T) {
 	spec.Registries = bundlespec.Registries{Hosts: map[string]bundlespec.Registry{
 		"registry.k8s.io": {Mirrors: []string{"https://" + up.Host}, MirrorsOnly: true, CAFile: up.CAFile,
 			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}}}}
-	// The spec must name a real keyring for its apt sources (packages are not fetched by this test).
-	const keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
-	if _, err := os.Stat(keyring); err != nil {
-		t.Fatalf("%s: %v (package debian-archive-keyring)", keyring, err)
-	}
-	for i := range spec.Apt.Sources {
-		spec.Apt.Sources[i].SignedBy = keyring
-	}
+	// Packages from a signed upstream apt repository on loopback (the CLI test never leaves the machine).
+	apt := upstream.StartAptRepo(t, []upstream.Deb{{Name: "alpha", Version: "1.0", Arch: "amd64", Extra: "Depends: bravo\n"},
+		{Name: "bravo", Version: "2.0", Arch: "all"}})
+	spec.Apt = bundlespec.Apt{CAFile: apt.CAFile, Sources: []bundlespec.AptSource{
+		{URI: apt.URL, Suite: apt.Suite, Components: []string{"main"}, SignedBy: apt.Keyring}}}
+	spec.Packages, spec.ExtraPackages = []string{"alpha"}, nil
 	// Signing keys: the defaults, created on first use under the user's configuration directory.
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	spec.Signing = bundlespec.Signing{}
@@ -93,7 +92,8 @@ func TestBundleCreateVerifyInspect(t *testing.T) {
 		t.Errorf("bundle verify with another key: %v, want a refusal naming the untrusted key", err)
 	}
 	stdout, _, err = runCLI("bundle", "inspect", out)
-	if err != nil || !strings.Contains(stdout, "registry.k8s.io/kube-apiserver:"+spec.Kubernetes.Version) || !strings.Contains(stdout, final.SignedBy) {
+	if err != nil || !strings.Contains(stdout, "registry.k8s.io/kube-apiserver:"+spec.Kubernetes.Version) || !strings.Contains(stdout, final.SignedBy) ||
+		!strings.Contains(stdout, "bravo") || !strings.Contains(stdout, "2 packages") {
 		t.Errorf("bundle inspect: %v\n%s", err, stdout)
 	}
 }

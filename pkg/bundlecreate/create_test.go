@@ -138,3 +138,70 @@ func TestCreateImagesSignedAndResumable(t *testing.T) {
 		t.Error("after a failed run the old signature is still there")
 	}
 }
+
+// TestCreateWithPackages makes a whole bundle: images from the local upstream registry, packages
+// resolved by the real apt-get from a signed upstream apt repository served over HTTPS (its Release
+// signature checked against the spec's signedBy keyring), laid into the bundle's own signed repository.
+func TestCreateWithPackages(t *testing.T) {
+	up := upstream.Start(t, upstream.Options{})
+	apt := upstream.StartAptRepo(t, []upstream.Deb{
+		{Name: "alpha", Version: "1.0-1", Arch: "amd64", Extra: "Depends: bravo (>= 2.0)\n"},
+		{Name: "bravo", Version: "2.0-1", Arch: "all", Extra: "Pre-Depends: charlie\n"},
+		{Name: "charlie", Version: "3.0-1", Arch: "amd64"},
+		{Name: "unrelated", Version: "1.0-1", Arch: "amd64"},
+	})
+	spec := labSpec(t, up)
+	pushAll(t, up, spec)
+	spec.Apt = bundlespec.Apt{CAFile: apt.CAFile, Sources: []bundlespec.AptSource{
+		{URI: apt.URL, Suite: apt.Suite, Components: []string{"main"}, SignedBy: apt.Keyring}}}
+	spec.Packages, spec.ExtraPackages = []string{"alpha"}, nil
+	spec.Signing.RepoKeyFile = filepath.Join(t.TempDir(), "repo.asc")
+	if errs := bundlespec.Validate(spec, bundlespec.ValidateOptions{}); len(errs) > 0 {
+		t.Fatalf("spec: %v", errs)
+	}
+	out := filepath.Join(t.TempDir(), "bundle")
+	o := Options{Spec: spec, Out: out, Packages: DebianPackages(out + ".work")}
+	res, err := Create(context.Background(), o)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	var names []string
+	for _, p := range res.BOM.Packages {
+		names = append(names, p.Name+"="+p.Version)
+	}
+	if got := strings.Join(names, " "); got != "alpha=1.0-1 bravo=2.0-1 charlie=3.0-1" {
+		t.Errorf("bundle packages %q, want the closure of alpha only", got)
+	}
+	b, err := bundle.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Verify(context.Background(), ""); err != nil {
+		t.Fatalf("bundle does not verify: %v", err)
+	}
+	for _, f := range []string{"dists/stable/InRelease", "dists/stable/Release.gpg", RepoKeyringFile} {
+		if _, err := os.Stat(filepath.Join(b.RepoDir(), f)); err != nil {
+			t.Errorf("the bundle's repository lacks %s: %v", f, err)
+		}
+	}
+	fetched := apt.DebGets.Load()
+	if fetched != 3 || res.Packages.Packages != 3 {
+		t.Errorf("downloaded %d .debs, %d packages; want 3 and 3", fetched, res.Packages.Packages)
+	}
+	// Rerun: nothing downloaded again.
+	if _, err := Create(context.Background(), o); err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	if got := apt.DebGets.Load(); got != fetched {
+		t.Errorf("rerun downloaded %d more .debs, want 0", got-fetched)
+	}
+	// A package nobody has: one line naming it; the directory is not a bundle afterwards.
+	spec.ExtraPackages = []string{"no-such-package"}
+	_, err = Create(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "no-such-package") {
+		t.Fatalf("Create with an unknown package: %v, want an error naming it", err)
+	}
+	if _, err := bundle.Open(out); err == nil {
+		t.Error("after a failed run the directory still opens as a bundle")
+	}
+}

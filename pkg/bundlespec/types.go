@@ -149,6 +149,9 @@ type Apt struct {
 	// Sources are searched for Packages and their dependencies, like the entries of apt's
 	// sources.list: at least one, no two with the same URI and suite.
 	Sources []AptSource `yaml:"sources"`
+	// CAFile is a PEM file of extra CA certificates that https sources may chain to (besides the
+	// system's roots), e.g. a corporate mirror's CA. Optional.
+	CAFile string `yaml:"caFile,omitempty"`
 }
 
 // AptSource is one signed Debian repository (one line of sources.list, deb822 "Types: deb").

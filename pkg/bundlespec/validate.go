@@ -259,6 +259,11 @@ func (v *validator) apt() {
 		v.errorf("apt.sources", "at least one source is required: list the Debian repositories the packages come from, e.g. {uri: https://deb.debian.org/debian, suite: trixie, components: [main], signedBy: /usr/share/keyrings/debian-archive-keyring.gpg}")
 		return
 	}
+	if f := v.s.Apt.CAFile; f != "" && v.filePath("apt.caFile", f) && v.opts.CheckFiles {
+		if data, ok := v.readFile("apt.caFile", f); ok && !x509.NewCertPool().AppendCertsFromPEM(data) {
+			v.errorf("apt.caFile", "%s holds no PEM certificate: name the CA bundle (-----BEGIN CERTIFICATE-----)", f)
+		}
+	}
 	seen := map[[2]string]string{}
 	for i, src := range srcs {
 		path := fmt.Sprintf("apt.sources[%d]", i)
