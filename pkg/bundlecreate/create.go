@@ -123,6 +123,10 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	spec := o.Spec
+	if spec.Output.PartSize != 0 {
+		// Not silently ignored: an operator who asked for parts must not get one big directory.
+		return res, fmt.Errorf("output.partSize: splitting a bundle into parts is not implemented yet; remove it and split the directory with your own tools")
+	}
 	refs, err := Images(spec)
 	if err != nil {
 		return res, err

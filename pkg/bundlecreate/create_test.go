@@ -205,3 +205,13 @@ func TestCreateWithPackages(t *testing.T) {
 		t.Error("after a failed run the directory still opens as a bundle")
 	}
 }
+
+func TestCreateRefusesPartSize(t *testing.T) {
+	spec := bundlespec.Example()
+	bundlespec.SetDefaults(spec)
+	spec.Output.PartSize = 4 << 30
+	_, err := Create(context.Background(), Options{Spec: spec, Out: filepath.Join(t.TempDir(), "b")})
+	if err == nil || !strings.Contains(err.Error(), "output.partSize") {
+		t.Fatalf("Create with output.partSize = %v, want a refusal naming the field", err)
+	}
+}
