@@ -192,11 +192,7 @@ func (v *validator) registries() {
 		if reg.MirrorsOnly && len(reg.Mirrors) == 0 {
 			v.errorf(path+".mirrorsOnly", "is true but %s has no mirrors: its images could come from nowhere; name a mirror or drop mirrorsOnly", path)
 		}
-		if reg.CAFile != "" && v.filePath(path+".caFile", reg.CAFile) && v.opts.CheckFiles {
-			if data, ok := v.readFile(path+".caFile", reg.CAFile); ok && !x509.NewCertPool().AppendCertsFromPEM(data) {
-				v.errorf(path+".caFile", "%s holds no PEM certificate: name the CA bundle (-----BEGIN CERTIFICATE-----)", reg.CAFile)
-			}
-		}
+		v.caFile(path+".caFile", reg.CAFile)
 		v.auth(path+".auth", reg.Auth)
 	}
 }
@@ -225,6 +221,17 @@ func (v *validator) mirrorURL(path, s string) bool {
 		return true
 	}
 	return false
+}
+
+// caFile checks an optional PEM CA bundle file: a usable path and, with CheckFiles, at least one
+// certificate in it.
+func (v *validator) caFile(path, f string) {
+	if f == "" || !v.filePath(path, f) || !v.opts.CheckFiles {
+		return
+	}
+	if data, ok := v.readFile(path, f); ok && !x509.NewCertPool().AppendCertsFromPEM(data) {
+		v.errorf(path, "%s holds no PEM certificate: name the CA bundle (-----BEGIN CERTIFICATE-----)", f)
+	}
 }
 
 func (v *validator) auth(path string, a RegistryAuth) {
@@ -259,11 +266,7 @@ func (v *validator) apt() {
 		v.errorf("apt.sources", "at least one source is required: list the Debian repositories the packages come from, e.g. {uri: https://deb.debian.org/debian, suite: trixie, components: [main], signedBy: /usr/share/keyrings/debian-archive-keyring.gpg}")
 		return
 	}
-	if f := v.s.Apt.CAFile; f != "" && v.filePath("apt.caFile", f) && v.opts.CheckFiles {
-		if data, ok := v.readFile("apt.caFile", f); ok && !x509.NewCertPool().AppendCertsFromPEM(data) {
-			v.errorf("apt.caFile", "%s holds no PEM certificate: name the CA bundle (-----BEGIN CERTIFICATE-----)", f)
-		}
-	}
+	v.caFile("apt.caFile", v.s.Apt.CAFile)
 	seen := map[[2]string]string{}
 	for i, src := range srcs {
 		path := fmt.Sprintf("apt.sources[%d]", i)
