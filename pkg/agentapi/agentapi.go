@@ -59,6 +59,17 @@ func Parse(data []byte) (Configuration, error) {
 	return c, nil
 }
 
+// The appliance's apt trust on Debian-family nodes, installed at provisioning (pkg/provision) and used
+// by hostagent's packages step as the only source.
+const (
+	// RepoKeyringPath is the OpenPGP public keyring that signs the bundle's Debian repository (0644;
+	// /etc/apt/keyrings is Debian's place for keyrings an administrator adds, apt-secure(8)).
+	RepoKeyringPath = "/etc/apt/keyrings/appliance-repo.gpg"
+	// AptSourcePath is the appliance's apt source: one line, deb [signed-by=RepoKeyringPath]
+	// https://APPLIANCE/repo/debian stable main.
+	AptSourcePath = "/etc/apt/sources.list.d/appliance.list"
+)
+
 // HostagentUnitContents is the systemd unit (hostagent.service) that runs hostagent on every node,
 // installed by Ignition on booted nodes and over SSH on pre-installed ones. hostagent tells systemd
 // it is ready with sd_notify (Type=notify) once the node is configured.

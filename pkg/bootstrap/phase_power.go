@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
+
 	"github.com/cenkalti/backoff/v5"
 	"golang.org/x/sync/errgroup"
 
@@ -160,8 +162,17 @@ func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n conf
 		return "", false, fmt.Errorf("no rendered hostagent config for %s (render phase)", n.Name)
 	}
 	agentCfg := a.AgentConfig
+	b, err := bundle.Open(st.Config.Bundle.Path)
+	if err != nil {
+		return "", false, fmt.Errorf("bundle.path: %w", err)
+	}
+	keyring, err := b.RepoKeyring() // covered by the bundle's signature, checked by the bundle phase
+	if err != nil {
+		return "", false, fmt.Errorf("bundle.path: %w", err)
+	}
 	res, err := provision.Provision(ctx, client, provision.Host{
 		ApplianceURL: st.ApplianceURL, CAPEM: st.CA.CertPEM, Hostagent: hostagentBin, HostagentConfig: agentCfg,
+		RepoKeyring: keyring,
 	})
 	if err != nil {
 		return "", false, err

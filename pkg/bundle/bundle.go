@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -41,6 +42,10 @@ const (
 	SumsFile     = "SHA256SUMS"
 	ImagesPath   = "images"
 	RepoPath     = "repo/debian"
+	// RepoKeyringPath is the OpenPGP public keyring (binary, as apt's signed-by reads it) whose key
+	// signs the Debian repository's InRelease files; nodes get it at provisioning and name it in their
+	// apt source's signed-by option. Covered by SHA256SUMS, so the bundle signature vouches for it.
+	RepoKeyringPath = RepoPath + "/appliance-repo.gpg"
 )
 
 // RefNameAnnotation is the OCI annotation (image-spec annotations.md) that names each image in
@@ -227,6 +232,17 @@ func (b *Bundle) ImagesDir() string { return filepath.Join(b.Dir, ImagesPath) }
 
 // RepoDir is the Debian repository root, DIR/repo/debian (the directory apt's sources.list URI points to).
 func (b *Bundle) RepoDir() string { return filepath.Join(b.Dir, filepath.FromSlash(RepoPath)) }
+
+// RepoKeyring returns the repository's signing keyring (RepoKeyringPath), the bytes nodes install for
+// apt's signed-by. Errors: ErrMissing when the bundle has none (an unsigned repository, or none at
+// all), saying how to make a signed one. Verify checks that it signs every suite.
+func (b *Bundle) RepoKeyring() ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(b.Dir, filepath.FromSlash(RepoKeyringPath)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, &FileError{Path: RepoKeyringPath, Err: ErrMissing, Detail: "the bundle carries no signed Debian repository; make it with `appliance bundle create`"}
+	}
+	return data, err
+}
 
 // resolveDir makes dir absolute and resolves symlinks in it.
 func resolveDir(dir string) (string, error) {

@@ -9,18 +9,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/airgap-appliance/appliance/test/labns"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/airgap-appliance/appliance/test/labns"
 
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/airgap-appliance/appliance/pkg/debrepo"
 )
 
 var testMeta = Metadata{
@@ -72,6 +76,40 @@ func writeRepo(t testing.TB, dir string, debs map[string][]byte, shaOverride map
 	rel := fmt.Sprintf("Origin: test\nSuite: stable\nCodename: stable\nArchitectures: amd64\nComponents: main\nSHA256:\n %s %d main/binary-amd64/Packages\n %s %d main/binary-amd64/Packages.gz\n",
 		sha(pk.Bytes()), pk.Len(), sha(gz.Bytes()), gz.Len())
 	write(t, filepath.Join(suite, "Release"), []byte(rel))
+	signRepo(t, dir, repoSigner(t))
+}
+
+// testRepoSigner is one OpenPGP key for every test repository of this process (key generation is the
+// slow part of signing).
+var testRepoSigner = sync.OnceValues(func() (*debrepo.Signer, error) {
+	return debrepo.GenerateRepoKey(time.Now().Add(-time.Hour))
+})
+
+func repoSigner(t testing.TB) *debrepo.Signer {
+	t.Helper()
+	s, err := testRepoSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// signRepo clear-signs dists/stable/Release into InRelease with signer and writes the signer's public
+// keyring as the bundle's repository keyring, as bundle create does.
+func signRepo(t testing.TB, dir string, signer *debrepo.Signer) {
+	t.Helper()
+	rel, err := os.ReadFile(filepath.Join(dir, "dists", "stable", "Release"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := signer.ClearSign(rel, time.Now().Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "dists", "stable", "InRelease"), in)
+	if _, err := signer.WritePublicKeyring(filepath.Join(dir, filepath.Base(RepoKeyringPath))); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // newBundle builds a small but complete bundle in a temp dir: an OCI layout with one image and one
@@ -243,7 +281,7 @@ func TestVerifyDetects(t *testing.T) {
 			write(t, p, append(data, []byte("Package: gamma\nFilename: pool/main/a/alpha/alpha_1.0_amd64.deb\nSize: 1000\nSHA256: "+sha(bytes.Repeat([]byte("alpha deb "), 100))+"\n")...))
 			recreate(t, b)
 			return RepoPath + "/dists/stable/main/binary-amd64/Packages"
-		}, []error{ErrRepo, ErrMismatch}, "listed in repo/debian/dists/stable/Release"},
+		}, []error{ErrRepo, ErrMismatch}, "listed in repo/debian/dists/stable/"}, // InRelease or Release: both list it
 		{"Packages does not match deb", func(t *testing.T, b *Bundle) string {
 			writeRepo(t, b.RepoDir(), map[string][]byte{
 				"alpha": bytes.Repeat([]byte("alpha deb "), 100),
@@ -262,6 +300,35 @@ func TestVerifyDetects(t *testing.T) {
 			recreate(t, b)
 			return RepoPath + "/dists/stable/main/binary-amd64/Packages.xz"
 		}, []error{ErrRepo, ErrUnlisted}, "apt would reject it"},
+		{"unsigned repository", func(t *testing.T, b *Bundle) string {
+			os.Remove(filepath.Join(b.Dir, filepath.FromSlash(RepoKeyringPath)))
+			recreate(t, b)
+			return RepoKeyringPath
+		}, []error{ErrRepo, ErrMissing}, "the repository is unsigned"},
+		{"suite without InRelease", func(t *testing.T, b *Bundle) string {
+			os.Remove(filepath.Join(b.RepoDir(), "dists", "stable", "InRelease"))
+			recreate(t, b)
+			return RepoPath + "/dists/stable/InRelease"
+		}, []error{ErrRepo, ErrMissing}, "the suite is unsigned"},
+		{"InRelease signed by another key", func(t *testing.T, b *Bundle) string {
+			other, err := debrepo.GenerateRepoKey(time.Now().Add(-time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			keyring := filepath.Join(b.Dir, filepath.FromSlash(RepoKeyringPath))
+			kr, _ := os.ReadFile(keyring)
+			signRepo(t, b.RepoDir(), other)
+			write(t, keyring, kr) // the bundle's keyring stays the first key's
+			recreate(t, b)
+			return RepoPath + "/dists/stable/InRelease"
+		}, []error{ErrRepo, debrepo.ErrSignature}, "apt would refuse"},
+		{"Release differs from InRelease", func(t *testing.T, b *Bundle) string {
+			p := filepath.Join(b.RepoDir(), "dists", "stable", "Release")
+			data, _ := os.ReadFile(p)
+			write(t, p, append(data, "X-Extra: 1\n"...))
+			recreate(t, b)
+			return RepoPath + "/dists/stable/Release"
+		}, []error{ErrRepo, ErrMismatch}, "differs from the text"},
 		{"suite without Release", func(t *testing.T, b *Bundle) string {
 			write(t, filepath.Join(b.RepoDir(), "dists", "testing", "main", "binary-amd64", "Packages"), nil)
 			recreate(t, b)

@@ -2,19 +2,24 @@ package bundle
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"pault.ag/go/debian/control"
+
+	"github.com/airgap-appliance/appliance/pkg/debrepo"
 )
 
 // releaseFiles are the files of dists/<suite>/ that a Release file does not list.
@@ -92,6 +97,7 @@ func checkDebianRepo(dir string, facts map[string]*fileFacts) []error {
 				}
 			}
 		}
+		errs = append(errs, checkInRelease(dir, suiteDir, facts)...)
 		for _, p := range index[suite] {
 			base := path.Base(p)
 			if base != "Packages" && base != "Packages.gz" {
@@ -101,6 +107,35 @@ func checkDebianRepo(dir string, facts map[string]*fileFacts) []error {
 		}
 	}
 	return errs
+}
+
+// checkInRelease checks what the nodes' apt checks with signed-by: suiteDir's InRelease is
+// clear-signed by a key of the bundle's repository keyring (RepoKeyringPath), and its signed text is
+// the Release file beside it. A repository without the keyring or without InRelease is unsigned and
+// refused: nodes never trust a repository blindly ([trusted=yes]).
+func checkInRelease(dir, suiteDir string, facts map[string]*fileFacts) []error {
+	inRelease := suiteDir + "InRelease"
+	if _, ok := facts[RepoKeyringPath]; !ok {
+		return []error{repoErr(RepoKeyringPath, ErrMissing, "the repository is unsigned: nodes check its InRelease against this keyring (apt signed-by); make the bundle with `appliance bundle create`", "", "")}
+	}
+	data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(inRelease)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return []error{repoErr(inRelease, ErrMissing, "the suite is unsigned: nodes need a clear-signed InRelease (apt signed-by); make the bundle with `appliance bundle create`", "", "")}
+	} else if err != nil {
+		return []error{repoErr(inRelease, err, "", "", "")}
+	}
+	kr, err := debrepo.ReadKeyring(filepath.Join(dir, filepath.FromSlash(RepoKeyringPath)))
+	if err != nil {
+		return []error{repoErr(RepoKeyringPath, err, "", "", "")}
+	}
+	v, err := debrepo.VerifyInRelease(data, kr, time.Now())
+	if err != nil {
+		return []error{repoErr(inRelease, err, "nodes' apt would refuse the repository", "", "")}
+	}
+	if rel, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(suiteDir+"Release"))); err == nil && !bytes.Equal(rel, v.Signed) {
+		return []error{repoErr(suiteDir+"Release", ErrMismatch, "differs from the text "+inRelease+" signs", "", "")}
+	}
+	return nil
 }
 
 // readReleaseSHA256 parses a Release (or clear-signed InRelease; the signature is not checked here)

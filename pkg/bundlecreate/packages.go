@@ -18,7 +18,7 @@ import (
 const (
 	RepoSuite       = "stable"
 	RepoComponent   = "main"
-	RepoKeyringFile = "appliance-repo.gpg"
+	RepoKeyringFile = "appliance-repo.gpg" // bundle.RepoKeyringPath inside the repository
 )
 
 // DebianPackages is the Packages step with pkg/debrepo: apt itself resolves the spec's packages and

@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/ulikunitz/xz"
 )
 
 // Source is one signed Debian repository, one line of sources.list(5) ("deb [signed-by=Keyring] URI
@@ -106,7 +108,7 @@ const maxPackages = 1 << 30
 //     source otherwise with a *SignatureError naming the source, the suite and the key IDs seen.
 //  3. Refuse a Release whose Valid-Until has passed or whose Date lies in the future (ErrExpired).
 //  4. For every component, fetch the Packages index the Release lists for binary-arch
-//     (Packages.gz, else uncompressed Packages; other compressions are not supported), check its
+//     (Packages.xz, else Packages.gz, else uncompressed Packages), check its
 //     size and SHA-256 against the Release (ErrHashMismatch; the uncompressed text too when the
 //     Release lists it) and parse it.
 //
@@ -191,7 +193,7 @@ func fetchPackages(ctx context.Context, client *http.Client, src Source, rel *Re
 	}
 	plain, plainListed := rel.SHA256[dir+"Packages"]
 	var text []byte
-	for _, name := range []string{dir + "Packages.gz", dir + "Packages"} {
+	for _, name := range []string{dir + "Packages.xz", dir + "Packages.gz", dir + "Packages"} {
 		want, ok := rel.SHA256[name]
 		if !ok {
 			continue
@@ -206,12 +208,12 @@ func fetchPackages(ctx context.Context, client *http.Client, src Source, rel *Re
 		if err := checkHash(name, data, want); err != nil {
 			return nil, err
 		}
-		if strings.HasSuffix(name, ".gz") {
+		if strings.HasSuffix(name, ".gz") || strings.HasSuffix(name, ".xz") {
 			limit := int64(maxPackages)
 			if plainListed {
 				limit = plain.Size
 			}
-			if data, err = gunzip(data, limit); err != nil {
+			if data, err = decompress(name, data, limit); err != nil {
 				return nil, fmt.Errorf("%s: %w", name, err)
 			}
 			if plainListed {
@@ -224,8 +226,8 @@ func fetchPackages(ctx context.Context, client *http.Client, src Source, rel *Re
 		break
 	}
 	if text == nil {
-		return nil, fmt.Errorf("%w: the Release lists no fetchable %sPackages.gz or %sPackages (component %q, architecture %s; .xz-only repositories are not supported)",
-			ErrRelease, dir, dir, comp, arch)
+		return nil, fmt.Errorf("%w: the Release lists no fetchable %sPackages.xz, %sPackages.gz or %sPackages (component %q, architecture %s)",
+			ErrRelease, dir, dir, dir, comp, arch)
 	}
 	ps, err := ParsePackages(bytes.NewReader(text))
 	if err != nil {
@@ -249,14 +251,25 @@ func checkHash(name string, data []byte, want FileHash) error {
 	return nil
 }
 
-// gunzip decompresses data, refusing more than limit bytes of output.
-func gunzip(data []byte, limit int64) ([]byte, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(data))
-	if err != nil {
-		return nil, err
+// decompress decompresses data by name's suffix (.xz: github.com/ulikunitz/xz, as Debian's archive
+// serves most indexes; .gz: compress/gzip), refusing more than limit bytes of output.
+func decompress(name string, data []byte, limit int64) ([]byte, error) {
+	var r io.Reader
+	if strings.HasSuffix(name, ".xz") {
+		xr, err := xz.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, err
+		}
+		r = xr
+	} else {
+		zr, err := gzip.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, err
+		}
+		defer zr.Close()
+		r = zr
 	}
-	defer zr.Close()
-	out, err := io.ReadAll(io.LimitReader(zr, limit+1))
+	out, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return nil, err
 	}

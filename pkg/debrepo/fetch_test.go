@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,6 +76,52 @@ func TestFetchIndex(t *testing.T) {
 		_, err := FetchIndex(ctx, client, u.source(), "amd64", now)
 		if !errors.Is(err, ErrHashMismatch) || !strings.Contains(err.Error(), "main/binary-amd64/Packages.gz") || !strings.Contains(err.Error(), u.source().URI+" stable") {
 			t.Fatalf("got %v, want ErrHashMismatch naming the source and Packages.gz", err)
+		}
+	})
+	t.Run("xz-only index, as Debian's bookworm-updates serves", func(t *testing.T) {
+		// The .xz is made by the real xz(1); the Release lists it and the uncompressed Packages only.
+		plainPath := filepath.Join(u.dir, "dists/stable/main/binary-amd64/Packages")
+		xzBin := labns.RequireTool(t, "xz")
+		xzData, err := exec.Command(xzBin, "-c", plainPath).Output()
+		if err != nil {
+			t.Fatalf("xz: %v", err)
+		}
+		rel, err := ParseRelease(readFile(t, filepath.Join(u.dir, "dists/stable/Release")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(rel.SHA256, "main/binary-amd64/Packages.gz")
+		sum := sha256.Sum256(xzData)
+		rel.SHA256["main/binary-amd64/Packages.xz"] = FileHash{Size: int64(len(xzData)), SHA256: hex.EncodeToString(sum[:])}
+		in, err := u.signer.ClearSign(rel.Marshal(), repoDate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		over := map[string][]byte{"/debian/dists/stable/InRelease": in, "/debian/dists/stable/main/binary-amd64/Packages.gz": nil,
+			"/debian/dists/stable/main/binary-amd64/Packages.xz": xzData, "/debian/dists/stable/main/binary-amd64/Packages": nil}
+		u.set(over)
+		defer u.set(nil)
+		idx, err := FetchIndex(ctx, client, u.source(), "amd64", now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(idx.Packages) != len(u.repo.Packages) {
+			t.Fatalf("got %d packages from Packages.xz, want %d", len(idx.Packages), len(u.repo.Packages))
+		}
+		// A .xz whose text differs from the listed uncompressed Packages is refused.
+		bad, err := exec.Command("bash", "-c", "sed s/3.0-1/3.0-9/ "+plainPath+" | "+xzBin+" -c").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum = sha256.Sum256(bad)
+		rel.SHA256["main/binary-amd64/Packages.xz"] = FileHash{Size: int64(len(bad)), SHA256: hex.EncodeToString(sum[:])}
+		if in, err = u.signer.ClearSign(rel.Marshal(), repoDate); err != nil {
+			t.Fatal(err)
+		}
+		over["/debian/dists/stable/InRelease"], over["/debian/dists/stable/main/binary-amd64/Packages.xz"] = in, bad
+		u.set(over)
+		if _, err := FetchIndex(ctx, client, u.source(), "amd64", now); !errors.Is(err, ErrHashMismatch) || !strings.Contains(err.Error(), "uncompressed main/binary-amd64/Packages.xz") {
+			t.Fatalf("got %v, want ErrHashMismatch for the uncompressed text of Packages.xz", err)
 		}
 	})
 	t.Run("uncompressed Packages differs", func(t *testing.T) {

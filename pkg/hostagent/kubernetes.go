@@ -29,9 +29,9 @@ import (
 
 // Paths of the Kubernetes steps on the node.
 const (
-	// AptSourcePath is the appliance's apt source (written at provisioning); the packages step uses
-	// it as the only source, so nothing is fetched from anywhere else.
-	AptSourcePath = "/etc/apt/sources.list.d/appliance.list"
+	// AptSourcePath is the appliance's apt source (written at provisioning, with signed-by); the
+	// packages step uses it as the only source, so nothing is fetched from anywhere else.
+	AptSourcePath = agentapi.AptSourcePath
 	// ContainerdAppliedPath records the SHA-256 of the config.toml containerd was last restarted
 	// with, so a crash between writing the file and the restart still ends in a restart.
 	ContainerdAppliedPath = "/var/lib/hostagent/containerd-applied"

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -43,6 +44,16 @@ type Host struct {
 	Hostagent []byte
 	// HostagentConfig is the node's /etc/hostagent/config.yaml (holds the node token: never log it).
 	HostagentConfig []byte
+	// RepoKeyring is the OpenPGP public keyring that signs the bundle's Debian repository
+	// (pkg/bundle.agentapi.RepoKeyringPath), installed as agentapi.RepoKeyringPath and named by the apt source's
+	// signed-by option. Required for Debian-family hosts.
+	RepoKeyring []byte
+}
+
+// AptSource is the sources.list line for the appliance's repository at applianceURL: apt accepts
+// only Release files signed by a key of agentapi.RepoKeyringPath.
+func AptSource(applianceURL string) string {
+	return "deb [signed-by=" + agentapi.RepoKeyringPath + "] " + applianceURL + "/repo/debian stable main\n"
 }
 
 // Result says what Provision did.
@@ -99,12 +110,17 @@ func Provision(ctx context.Context, r Remote, h Host) (Result, error) {
 	trustCmd := ""
 	switch fam {
 	case "debian":
+		if len(h.RepoKeyring) == 0 {
+			return res, errors.New("no keyring for the bundle's Debian repository: the bundle must carry a signed repository (make it with `appliance bundle create`)")
+		}
 		files = append(files,
 			file{ignition.CAPathDebian, h.CAPEM, 0o644},
-			// apt trusts the appliance CA for this host only; the repo metadata is served as-is and
-			// apt checks Release → Packages → .deb hashes itself.
+			// apt trusts the appliance CA for this host only, and the repository only when its
+			// InRelease is signed by the bundle's repository key (signed-by); then it checks
+			// Release → Packages → .deb hashes itself.
 			file{"/etc/apt/apt.conf.d/90appliance", []byte(fmt.Sprintf("Acquire::https::%s::CaInfo %q;\n", u.Hostname(), ignition.CAPathDebian)), 0o644},
-			file{"/etc/apt/sources.list.d/appliance.list", []byte("deb [trusted=yes] " + h.ApplianceURL + "/repo/debian stable main\n"), 0o644},
+			file{agentapi.RepoKeyringPath, h.RepoKeyring, 0o644},
+			file{agentapi.AptSourcePath, []byte(AptSource(h.ApplianceURL)), 0o644},
 		)
 		trustCmd = "command -v update-ca-certificates >/dev/null && update-ca-certificates >/dev/null || true"
 	case "rhel":

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
+
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -25,9 +27,15 @@ func aptFetch(t *testing.T, l *lab, caFile string) {
 		}
 	}
 	mustWrite(t, filepath.Join(root, "var/lib/dpkg/status"), "")
-	// [trusted=yes]: the bundle's Release file is not signed yet; integrity comes from the pinned
-	// HTTPS channel plus apt's own hash chain from Release down to each .deb.
-	mustWrite(t, filepath.Join(root, "etc/apt/sources.list"), "deb [trusted=yes] "+applURL+"/repo/debian stable main\n")
+	// As a provisioned node does (pkg/provision): the appliance CA for HTTPS, and signed-by the
+	// bundle's repository keyring, so apt accepts only an InRelease signed by the bundle's repo key
+	// and then checks its hash chain down to each .deb.
+	keyring, err := os.ReadFile(filepath.Join(bundlePath, filepath.FromSlash(bundle.RepoKeyringPath)))
+	if err != nil {
+		t.Fatalf("the fixture bundle's repository keyring: %v", err)
+	}
+	mustWrite(t, filepath.Join(root, "appliance-repo.gpg"), string(keyring))
+	mustWrite(t, filepath.Join(root, "etc/apt/sources.list"), "deb [signed-by="+filepath.Join(root, "appliance-repo.gpg")+"] "+applURL+"/repo/debian stable main\n")
 	opts := []string{"-o", "Dir=" + root, "-o", "Dir::State::status=" + root + "/var/lib/dpkg/status",
 		"-o", "Dir::Bin::Methods=/usr/lib/apt/methods", "-o", "Acquire::https::CaInfo=" + caFile,
 		"-o", "APT::Sandbox::User=root", "-o", "Debug::NoLocking=1", "-o", "APT::Architecture=amd64",

@@ -68,6 +68,15 @@ func StartAptRepo(t testing.TB, debs []Deb) *AptRepo {
 	for _, d := range debs {
 		files = append(files, MakeDeb(t, tmp, d))
 	}
+	return ServeAptRepo(t, files)
+}
+
+// ServeAptRepo builds the .deb files into a repository (suite "stable", component "main", amd64)
+// signed by a new OpenPGP key, serves it over HTTPS on 127.0.0.1 until the test ends (t.Cleanup), and
+// returns where: URL, Keyring (the signer's public keyring) and CAFile.
+func ServeAptRepo(t testing.TB, files []string) *AptRepo {
+	t.Helper()
+	tmp := t.TempDir()
 	now := time.Now().UTC().Truncate(time.Second)
 	signer, err := debrepo.GenerateRepoKey(now.Add(-time.Hour))
 	if err != nil {
