@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 func newBundleCreateCommand(g *globalFlags) *cobra.Command {
 	var specPath, out, name string
+	var imagesOnly bool
 	cmd := &cobra.Command{
 		Use:   "create --spec FILE --out DIR",
 		Short: "Make a signed air-gap bundle from a BundleSpecification: images, packages, then finalize and sign",
@@ -41,7 +43,7 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
 			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name,
-				Packages: bundlecreate.DebianPackages(filepath.Clean(out) + ".work"),
+				Packages: packagesStep(imagesOnly, out),
 				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
 			if err != nil {
@@ -62,9 +64,19 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 	cmd.Flags().StringVar(&specPath, "spec", "", "BundleSpecification file (required)")
 	cmd.Flags().StringVar(&out, "out", "", "bundle directory, created or completed (required)")
 	cmd.Flags().StringVar(&name, "name", "", "bundle name in bundle.yaml (default k8s-<version>)")
+	cmd.Flags().BoolVar(&imagesOnly, "images-only", false, "carry images only, no Debian repository (nodes must then get their packages elsewhere; for registry-only use and the benchmarks)")
 	_ = cmd.MarkFlagRequired("spec")
 	_ = cmd.MarkFlagRequired("out")
 	return cmd
+}
+
+// packagesStep is bundle create's Packages step: none for --images-only, else apt with its state and
+// the downloaded .debs in OUT.work.
+func packagesStep(imagesOnly bool, out string) func(context.Context, *bundlespec.BundleSpecification, string, func(bundlecreate.Event)) (bundlecreate.PackagesResult, error) {
+	if imagesOnly {
+		return nil
+	}
+	return bundlecreate.DebianPackages(filepath.Clean(out) + ".work")
 }
 
 // createProgress renders bundle create's events: one live line on a terminal (images done, bytes,

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `make bench`: every speed benchmark of the appliance, each printing ratios against a reference run
-# in the same script (nginx for serving, skopeo copy for import). Bounded, 127.0.0.1 or lab
+# in the same script (nginx for serving, skopeo copy for import and for bundle create). Bounded, 127.0.0.1 or lab
 # namespaces only. Run it on a quiet machine: the figures are throughput on 2 shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "== registry: bundle on disk -> all images pullable (Import vs skopeo copy)"
 test/bench/registry-import.sh
+echo
+echo "== bundle create: images from a local upstream (vs skopeo copy --all), rerun, whole bundle cold/warm"
+test/bench/bundle-create.sh
 echo
 echo "== registry: blob GET throughput, 50 concurrent pullers over TLS (vs nginx)"
 test/bench/registry-blobs.sh

@@ -418,6 +418,25 @@ func (k *k8sLab) airGap(t *testing.T) {
 		}
 	}
 	t.Logf("images on the nodes, each with the digest the appliance serves: %d distinct", len(served))
+
+	// Packages: apt on every node trusts the appliance's repository only through the bundle's repo
+	// key (signed-by); nothing is trusted blindly, and a Release not signed by that key is refused.
+	for _, node := range k8sNodes {
+		src := k.ssh(t, node, "cat "+agentapi.AptSourcePath)
+		if !strings.Contains(src, "[signed-by="+agentapi.RepoKeyringPath+"]") {
+			t.Errorf("%s: %s does not use signed-by %s: %q", node, agentapi.AptSourcePath, agentapi.RepoKeyringPath, src)
+		}
+		if out := k.ssh(t, node, "grep -rls 'trusted=yes' /etc/apt || true"); strings.TrimSpace(out) != "" {
+			t.Errorf("%s: [trusted=yes] in %s", node, out)
+		}
+	}
+	// The same apt, with a keyring of another key, refuses the appliance's repository.
+	out := k.ssh(t, "w1", "d=$(mktemp -d) && mkdir -p $d/lists/partial && "+
+		"sed 's|signed-by=[^]]*|signed-by=/usr/share/keyrings/debian-archive-keyring.gpg|' "+agentapi.AptSourcePath+" > $d/src.list && "+
+		"apt-get -o Dir::Etc::SourceList=$d/src.list -o Dir::Etc::SourceParts=- -o Dir::State::Lists=$d/lists update 2>&1; echo exit=$?; rm -rf $d")
+	if !strings.Contains(out, "NO_PUBKEY") && !strings.Contains(out, "is not signed") {
+		t.Errorf("w1: apt with another keyring did not refuse the appliance's repository:\n%s", out)
+	}
 }
 
 // servedDigest asks the appliance's registry (from the bootstrap namespace) for ref's manifest digest.
