@@ -108,6 +108,11 @@ type MirrorOptions struct {
 	Progress func(Event)
 	// Log receives retry notices and repairs of damaged layout blobs; nil discards them.
 	Log *slog.Logger
+	// VerifiedStamp, when set, is a file outside the layout (created or rewritten by each call) that
+	// remembers which blobs were verified and with which file identity (size, mtime, ctime, inode,
+	// device): a blob whose identity is unchanged since is trusted without hashing it again, so a
+	// rerun with nothing new reads no blob. Empty: every present blob is hashed.
+	VerifiedStamp string
 	// WrapTransport, when set, wraps the HTTP transport Mirror builds (TLS with RootCAs, timeouts),
 	// e.g. to count or log requests. The returned RoundTripper must be safe for concurrent use.
 	WrapTransport func(http.RoundTripper) http.RoundTripper
@@ -321,12 +326,16 @@ func Mirror(ctx context.Context, layoutDir string, refs []string, o MirrorOption
 		}
 	}
 	sort.SliceStable(failed, func(i, j int) bool { return failed[i].Error() < failed[j].Error() })
+	if err := m.stamp.save(m.dir); err != nil {
+		m.log.Warn("could not write the verified-blob stamp; the next call hashes every blob", "path", m.stamp.path, "err", err)
+	}
 	return res, errors.Join(failed...)
 }
 
 // mirrorer is the state of one Mirror call.
 type mirrorer struct {
 	dir, blobDir string
+	stamp        *blobStamp
 	concurrency  int
 	retries      int
 	all          bool
@@ -413,6 +422,7 @@ func newMirrorer(layoutDir string, refs []string, o MirrorOptions) (*mirrorer, [
 		errs = append(errs, fmt.Errorf("layoutDir: %w", err))
 	}
 	m.dir, m.blobDir = abs, filepath.Join(abs, "blobs", "sha256")
+	m.stamp = loadBlobStamp(o.VerifiedStamp, abs)
 
 	wanted := o.Platforms
 	if len(wanted) == 0 {
@@ -1180,6 +1190,9 @@ func (m *mirrorer) intact(d v1.Descriptor) (bool, error) {
 		m.log.Warn("layout blob has the wrong size; fetching it again", "digest", d.Digest.String(), "want", d.Size)
 		return false, nil
 	}
+	if m.stamp.known(d.Digest.String(), st) {
+		return true, nil
+	}
 	h := sha256.New()
 	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
 		return false, fmt.Errorf("read layout blob %s: %w", d.Digest, err)
@@ -1188,6 +1201,7 @@ func (m *mirrorer) intact(d v1.Descriptor) (bool, error) {
 		m.log.Warn("layout blob does not match its digest; fetching it again", "digest", d.Digest.String())
 		return false, nil
 	}
+	m.stamp.verified(d.Digest.String(), m.blobPath(d.Digest))
 	return true, nil
 }
 
@@ -1240,6 +1254,7 @@ func (m *mirrorer) download(ctx context.Context, job *imageJob, ep endpoint, d v
 	if err := os.Rename(tmp.Name(), m.blobPath(d.Digest)); err != nil {
 		return storageErr("write blob "+d.Digest.String(), err)
 	}
+	m.stamp.verified(d.Digest.String(), m.blobPath(d.Digest)) // size and SHA-256 checked while streaming
 	renamed = true
 	return nil
 }

@@ -699,17 +699,41 @@ func TestMirrorErrors(t *testing.T) {
 
 // TestMirrorRefetchesDamagedBlobs damages blobs the ways a crash or a careless hand would and checks
 // that a rerun fetches exactly those again.
+// With a VerifiedStamp the same holds: the stamp trusts a blob only while its file identity (ctime,
+// inode…) is unchanged, and any damage changes it.
 func TestMirrorRefetchesDamagedBlobs(t *testing.T) {
 	reg := upstream.Start(t, upstream.Options{})
 	img := mtImage(t, "", 3, 8192)
 	reg.Push(t, "team/app:v1", img)
+	for _, withStamp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stamp=%v", withStamp), func(t *testing.T) { mtRefetchDamaged(t, reg, img, withStamp) })
+	}
+}
+
+func mtRefetchDamaged(t *testing.T, reg *upstream.Registry, img v1.Image, withStamp bool) {
 	ref := reg.Host + "/team/app:v1"
 	dir := t.TempDir()
 	c := &mtCounter{}
 	o := mtOptions(t, reg, c)
+	if withStamp {
+		o.VerifiedStamp = filepath.Join(t.TempDir(), "verified.json")
+	}
 	first, err := Mirror(t.Context(), dir, []string{ref}, o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if withStamp {
+		var f blobStampFile
+		data, err := os.ReadFile(o.VerifiedStamp)
+		ls, _ := img.Layers()
+		// The config and the layers; the manifest is resolved anew by every call.
+		if err != nil || json.Unmarshal(data, &f) != nil || len(f.Blobs) != len(ls)+1 {
+			t.Fatalf("stamp after the first call: %v, %d blobs recorded, want %d: %s", err, len(f.Blobs), len(ls)+1, data)
+		}
+		// A rerun with nothing changed trusts every blob from the stamp and fetches nothing.
+		if again, err := Mirror(t.Context(), dir, []string{ref}, o); err != nil || again.Fetched.Blobs != 0 || again.Reused.Blobs != first.Blobs {
+			t.Fatalf("rerun with the stamp: %v, fetched %+v reused %+v", err, again.Fetched, again.Reused)
+		}
 	}
 	ls, _ := img.Layers()
 	flip, _ := ls[0].Digest()

@@ -43,7 +43,7 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
 			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name,
-				Packages: packagesStep(imagesOnly, out),
+				Packages: packagesStep(imagesOnly, out), VerifiedStamp: filepath.Join(filepath.Clean(out)+".work", "verified-blobs.json"),
 				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
 			if err != nil {

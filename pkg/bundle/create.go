@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
@@ -21,6 +22,19 @@ import (
 // it does not check the repository or image layout (Verify does). Creating twice over the same
 // content yields identical files.
 func Create(ctx context.Context, dir string, meta Metadata) error {
+	return CreateWith(ctx, dir, meta, CreateOptions{})
+}
+
+// CreateOptions tune CreateWith.
+type CreateOptions struct {
+	// BlobsVerified: the caller has just verified that every images/blobs/sha256/<hex> file hashes to
+	// its name (registry.Mirror does, as blobs arrive or from its stamp), so their SHA256SUMS lines
+	// are taken from the names instead of reading the blobs again. Every other file is hashed.
+	BlobsVerified bool
+}
+
+// CreateWith is Create with options.
+func CreateWith(ctx context.Context, dir string, meta Metadata, o CreateOptions) error {
 	abs, err := resolveDir(dir)
 	if err != nil {
 		return err
@@ -56,7 +70,12 @@ func Create(ctx context.Context, dir string, meta Metadata) error {
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(runtime.GOMAXPROCS(0))
+	blobPrefix := ImagesPath + "/blobs/sha256/"
 	for i, p := range paths {
+		if hexName, ok := strings.CutPrefix(p, blobPrefix); o.BlobsVerified && ok && isSHA256Hex(hexName) {
+			sums[i] = Sum{Path: p, SHA256: hexName}
+			continue
+		}
 		g.Go(func() error {
 			ff, err := hashFile(gctx, filepath.Join(abs, filepath.FromSlash(p)))
 			if err != nil {
@@ -75,4 +94,17 @@ func Create(ctx context.Context, dir string, meta Metadata) error {
 		return fmt.Errorf("create bundle: %w", err)
 	}
 	return nil
+}
+
+// isSHA256Hex reports whether s is 64 lower-case hex digits.
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -54,6 +54,9 @@ type Options struct {
 	Log *slog.Logger
 	// Now is the clock for bundle.yaml's created field; nil means time.Now.
 	Now func() time.Time
+	// VerifiedStamp is passed to registry.Mirror: a file outside Out remembering verified blobs, so a
+	// rerun hashes only what changed. Empty: every present blob is hashed.
+	VerifiedStamp string
 	// WrapTransport is passed to registry.Mirror (tests count requests with it).
 	WrapTransport func(http.RoundTripper) http.RoundTripper
 }
@@ -150,7 +153,7 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	mo.Log, mo.WrapTransport = o.Log, o.WrapTransport
+	mo.Log, mo.WrapTransport, mo.VerifiedStamp = o.Log, o.WrapTransport, o.VerifiedStamp
 	mo.Progress = func(ev registry.Event) { emit(Event{Step: "images", Image: &ev}) }
 	emit(Event{Step: "images", Status: "started", Detail: fmt.Sprintf("%d images", len(refs))})
 	res.Images, err = registry.Mirror(ctx, filepath.Join(o.Out, bundle.ImagesPath), refs, mo)
@@ -179,7 +182,8 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	}
 	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: name,
 		KubernetesVersion: spec.Kubernetes.Version, Created: o.Now().UTC().Truncate(time.Second)}
-	if err := bundle.Create(ctx, o.Out, meta); err != nil {
+	// Every blob was verified by Mirror just now (hashed as it arrived, or re-hashed/stamp-checked).
+	if err := bundle.CreateWith(ctx, o.Out, meta, bundle.CreateOptions{BlobsVerified: true}); err != nil {
 		return res, err
 	}
 	if err := bundle.Sign(o.Out, priv); err != nil {
