@@ -50,8 +50,10 @@ func DebianPackages(workDir string) func(ctx context.Context, spec *bundlespec.B
 			return res, err
 		}
 		var debs []string
+		origins := map[string]string{}
 		for _, p := range r.Packages {
 			debs = append(debs, p.Path)
+			origins[p.Path] = p.SourceURI + " " + p.SourceSuite
 			res.Bytes += p.Size
 		}
 		res.Packages = len(debs)
@@ -74,7 +76,7 @@ func DebianPackages(workDir string) func(ctx context.Context, spec *bundlespec.B
 			return res, err
 		}
 		if _, err := debrepo.BuildRepo(ctx, repoDir, debs, RepoSuite, RepoComponent, arch, signer,
-			debrepo.RepoOptions{Date: time.Now().UTC().Truncate(time.Second)}); err != nil {
+			debrepo.RepoOptions{Date: time.Now().UTC().Truncate(time.Second), Origins: origins}); err != nil {
 			return res, err
 		}
 		if _, err := signer.WritePublicKeyring(filepath.Join(repoDir, RepoKeyringFile)); err != nil {

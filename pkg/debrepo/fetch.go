@@ -235,7 +235,7 @@ func fetchPackages(ctx context.Context, client *http.Client, src Source, rel *Re
 	}
 	for i := range ps {
 		ps[i].Component = comp
-		ps[i].SourceURI = src.URI
+		ps[i].SourceURI, ps[i].SourceSuite = src.URI, src.Suite
 		ps[i].URL = src.baseURL() + ps[i].Filename
 	}
 	return ps, nil

@@ -30,8 +30,9 @@ type Package struct {
 	Depends, PreDepends string
 	// Component is the archive area whose index listed it (e.g. "main"); "" for flat repositories.
 	Component string
-	// SourceURI is the repository base URI it was listed in or downloaded from ("" for BuildRepo).
-	SourceURI string
+	// SourceURI and SourceSuite are the repository base URI and suite whose index listed it (FetchIndex,
+	// Resolve; "" for BuildRepo).
+	SourceURI, SourceSuite string
 	// URL is the full download URL (SourceURI + "/" + Filename); "" for BuildRepo.
 	URL string
 	// Path is the local .deb file, when there is one (Resolve: in the cache directory; BuildRepo: in

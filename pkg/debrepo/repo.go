@@ -39,10 +39,17 @@ type RepoOptions struct {
 	// Origin, Label and Description are the Release fields of those names. Defaults: Origin and Label
 	// "airgap-appliance", no Description.
 	Origin, Label, Description string
+	// Origins, keyed by a .deb path as given to BuildRepo, is where that .deb came from ("URI SUITE"
+	// of its upstream repository), written into its Packages paragraph as OriginField for the
+	// bundle's bill of materials. apt ignores fields it does not know. Optional.
+	Origins map[string]string
 	// DpkgDeb is the dpkg-deb binary that reads each .deb's control file. Default "dpkg-deb" from
 	// PATH.
 	DpkgDeb string
 }
+
+// OriginField is the Packages field that records a .deb's upstream repository (RepoOptions.Origins).
+const OriginField = "X-Appliance-Origin"
 
 // Repo describes a repository BuildRepo wrote.
 type Repo struct {
@@ -150,7 +157,8 @@ func BuildRepo(ctx context.Context, dir string, debs []string, suite, component,
 		if i > 0 {
 			idx.WriteByte('\n')
 		}
-		writeParagraph(&idx, byPool[p.Filename].fields, p)
+		e := byPool[p.Filename]
+		writeParagraph(&idx, e.fields, p, opt.Origins[e.src])
 	}
 	var gz bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression) // no name, no mtime: reproducible
@@ -306,7 +314,7 @@ func poolPath(component, source string, p Package) string {
 
 // writeParagraph writes a Packages paragraph: Package, the other control fields in their order, then
 // Filename, Size and SHA256.
-func writeParagraph(w *bytes.Buffer, fields []ctlField, p Package) {
+func writeParagraph(w *bytes.Buffer, fields []ctlField, p Package, origin string) {
 	for _, f := range fields {
 		if f.name == "Package" {
 			w.WriteString(f.raw)
@@ -318,6 +326,9 @@ func writeParagraph(w *bytes.Buffer, fields []ctlField, p Package) {
 		}
 	}
 	fmt.Fprintf(w, "Filename: %s\nSize: %s\nSHA256: %s\n", p.Filename, strconv.FormatInt(p.Size, 10), p.SHA256)
+	if origin = strings.Join(strings.Fields(origin), " "); origin != "" {
+		fmt.Fprintf(w, "%s: %s\n", OriginField, origin)
+	}
 }
 
 func hashFile(p string) (string, int64, error) {

@@ -18,15 +18,19 @@ import (
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
+const testOrigin = "https://upstream.example/debian bookworm"
+
 // buildTestRepo builds specs into a fresh repository signed by s.
 func buildTestRepo(t *testing.T, s *Signer, specs []debSpec) *Repo {
 	t.Helper()
 	tmp := t.TempDir()
 	var debs []string
+	origins := map[string]string{} // every paragraph carries OriginField: apt (TestAptAcceptsRepo) ignores it
 	for _, sp := range specs {
 		debs = append(debs, makeDeb(t, tmp, sp))
+		origins[debs[len(debs)-1]] = testOrigin
 	}
-	repo, err := BuildRepo(context.Background(), filepath.Join(tmp, "repo"), debs, "stable", "main", "amd64", s, RepoOptions{Date: repoDate})
+	repo, err := BuildRepo(context.Background(), filepath.Join(tmp, "repo"), debs, "stable", "main", "amd64", s, RepoOptions{Date: repoDate, Origins: origins})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +59,9 @@ func TestBuildRepoLayout(t *testing.T) {
 		}
 	}
 	plain := readFile(t, filepath.Join(dist, "main/binary-amd64/Packages"))
+	if n := strings.Count(string(plain), "\n"+OriginField+": "+testOrigin+"\n"); n != len(closureDebs) {
+		t.Errorf("%d paragraphs carry %s: %s, want %d:\n%s", n, OriginField, testOrigin, len(closureDebs), plain)
+	}
 	zr, err := gzip.NewReader(bytes.NewReader(readFile(t, filepath.Join(dist, "main/binary-amd64/Packages.gz"))))
 	if err != nil {
 		t.Fatal(err)
