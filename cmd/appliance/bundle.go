@@ -18,7 +18,7 @@ func newBundleCommand(g *globalFlags) *cobra.Command {
 		Use:   "bundle",
 		Short: "Make, check and inspect air-gap bundles",
 	}
-	cmd.AddCommand(newBundleCreateCommand(g), newBundleVerifyCommand(), newBundleInspectCommand(g))
+	cmd.AddCommand(newBundleCreateCommand(g), newBundleVerifyCommand(), newBundleInspectCommand(g), newBundleImportCommand())
 	return cmd
 }
 
@@ -108,7 +108,11 @@ signature: use ` + "`appliance bundle verify`" + ` for that. With -o json the wh
 			if bom.SignedBy != "" {
 				signed = "key " + bom.SignedBy + " (not checked here: appliance bundle verify)"
 			}
-			fmt.Fprintf(w, "bundle\t%s\nkubernetes\t%s\ncreated\t%s\nsigned by\t%s\n\n", bom.Name, bom.KubernetesVersion, bom.Created, signed)
+			fmt.Fprintf(w, "bundle\t%s\nkubernetes\t%s\ncreated\t%s\nsigned by\t%s\n", bom.Name, bom.KubernetesVersion, bom.Created, signed)
+			if bom.Base != nil {
+				fmt.Fprintf(w, "base\t%s (an update of it: until imported onto it with `appliance bundle import`, only what it adds is listed)\n", bom.Base)
+			}
+			fmt.Fprintln(w)
 			fmt.Fprintf(w, "IMAGE\tDIGEST\tPLATFORMS\tSIZE\n")
 			for _, im := range bom.Images {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%.1f MiB\n", im.Ref, im.Digest, strings.Join(im.Platforms, ","), float64(im.Size)/(1<<20))

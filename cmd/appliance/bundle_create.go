@@ -20,7 +20,7 @@ import (
 )
 
 func newBundleCreateCommand(g *globalFlags) *cobra.Command {
-	var specPath, out, name string
+	var specPath, out, name, since string
 	var imagesOnly bool
 	cmd := &cobra.Command{
 		Use:   "create --spec FILE --out DIR",
@@ -32,7 +32,12 @@ sources (each Release checked against its signedBy keyring) and lays them into D
 with signing.repoKeyFile; then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig,
 Ed25519, signing.bundleKeyFile). Keys are created on first use. apt's state and the downloaded .debs
 stay in DIR.work. Killed at any moment, the same command finishes the job without fetching again what
-is there; until it has finished, DIR does not verify as a bundle.`,
+is there; until it has finished, DIR does not verify as a bundle.
+
+With --since OLD, DIR becomes a differential bundle on top of the bundle OLD (named in bundle.yaml by the
+digest of OLD's SHA256SUMS): OLD's image blobs are reused instead of fetched, and DIR keeps only the files
+OLD lacks; its SHA256SUMS and signature cover the complete bundle. The appliance loads it only through
+` + "`appliance bundle import DIR --base OLD --out NEW`" + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec, err := bundlespec.Load(specPath, bundlespec.ValidateOptions{CheckFiles: true})
@@ -42,7 +47,7 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
-			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name,
+			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name, Since: since,
 				Packages: packagesStep(imagesOnly, out), VerifiedStamp: filepath.Join(filepath.Clean(out)+".work", "verified-blobs.json"),
 				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
@@ -51,11 +56,15 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 			}
 			if g.output == "json" {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"dir": res.Dir, "signedBy": res.Signature.KeyID,
-					"publicKey": res.Signature.PublicKey, "bom": res.BOM})
+					"publicKey": res.Signature.PublicKey, "bom": res.BOM, "base": res.Base})
 			}
 			w := cmd.ErrOrStderr()
 			fmt.Fprintf(w, "\nbundle %s: %d images (%d blobs fetched, %d reused), %d packages (%d downloaded)\n", res.Dir, len(res.BOM.Images),
 				res.Images.Fetched.Blobs, res.Images.Reused.Blobs, res.Packages.Packages, res.Packages.Fetched)
+			if res.Base != nil {
+				fmt.Fprintf(w, "differential on top of %s: holds %d files (%.1f MiB), leaves %d (%.1f MiB) to the base\n", res.Base,
+					res.Pruned.Kept, float64(res.Pruned.KeptBytes)/(1<<20), res.Pruned.Dropped, float64(res.Pruned.DroppedBytes)/(1<<20))
+			}
 			fmt.Fprintf(w, "signed by %s with %s%s\n", res.Signature.KeyID, res.KeyFile, map[bool]string{true: " (created now: back it up)", false: ""}[res.KeyCreated])
 			fmt.Fprintf(w, "pin it in bootstrap.yaml:\n  bundle:\n    publicKeys: [%q]\n", res.Signature.PublicKey)
 			return nil
@@ -65,6 +74,7 @@ is there; until it has finished, DIR does not verify as a bundle.`,
 	cmd.Flags().StringVar(&out, "out", "", "bundle directory, created or completed (required)")
 	cmd.Flags().StringVar(&name, "name", "", "bundle name in bundle.yaml (default k8s-<version>)")
 	cmd.Flags().BoolVar(&imagesOnly, "images-only", false, "carry images only, no Debian repository (nodes must then get their packages elsewhere; for registry-only use and the benchmarks)")
+	cmd.Flags().StringVar(&since, "since", "", "make a differential bundle: only what the finished bundle in this directory lacks")
 	_ = cmd.MarkFlagRequired("spec")
 	_ = cmd.MarkFlagRequired("out")
 	return cmd

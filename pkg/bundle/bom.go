@@ -19,7 +19,12 @@ type BOM struct {
 	KubernetesVersion string `json:"kubernetesVersion"`
 	Created           string `json:"created"`
 	// SignedBy is the key ID SHA256SUMS.sig names ("" when unsigned); not a verification.
-	SignedBy string       `json:"signedBy,omitempty"`
+	SignedBy string `json:"signedBy,omitempty"`
+	// Base is the bundle a differential bundle applies to (Metadata.Base); nil for a complete one.
+	// A differential bundle that is not imported yet lists only what it holds itself: images whose
+	// manifests are in the base show the sizes their descriptors give, packages whose index is
+	// unchanged are not listed.
+	Base     *BaseRef     `json:"base,omitempty"`
 	Images   []BOMImage   `json:"images"`
 	Packages []BOMPackage `json:"packages"`
 }
@@ -46,7 +51,7 @@ type BOMPackage struct {
 
 // BillOfMaterials reads the bundle's contents. Errors name the file that could not be read.
 func (b *Bundle) BillOfMaterials() (BOM, error) {
-	bom := BOM{Name: b.Meta.Name, KubernetesVersion: b.Meta.KubernetesVersion, Created: b.Meta.Created.Format("2006-01-02T15:04:05Z07:00")}
+	bom := BOM{Name: b.Meta.Name, KubernetesVersion: b.Meta.KubernetesVersion, Created: b.Meta.Created.Format("2006-01-02T15:04:05Z07:00"), Base: b.Meta.Base}
 	if line, err := os.ReadFile(filepath.Join(b.Dir, SignatureFile)); err == nil {
 		if f := strings.Fields(string(line)); len(f) == 3 {
 			bom.SignedBy = f[1]
@@ -54,7 +59,7 @@ func (b *Bundle) BillOfMaterials() (BOM, error) {
 	}
 	if _, err := os.Stat(b.ImagesDir()); err == nil {
 		var idx ocispec.Index
-		if err := readJSON(filepath.Join(b.ImagesDir(), ocispec.ImageIndexFile), &idx); err != nil {
+		if err := readJSON(filepath.Join(b.ImagesDir(), ocispec.ImageIndexFile), &idx); err != nil && !(b.Meta.Base != nil && os.IsNotExist(err)) {
 			return bom, fmt.Errorf("%s/%s: %w", ImagesPath, ocispec.ImageIndexFile, err)
 		}
 		for _, d := range idx.Manifests {
@@ -103,6 +108,9 @@ func (b *Bundle) measure(d ocispec.Descriptor, im *BOMImage, depth int) error {
 	}
 	im.Size += d.Size
 	blob := filepath.Join(b.ImagesDir(), "blobs", d.Digest.Algorithm().String(), d.Digest.Encoded())
+	if _, err := os.Stat(blob); err != nil && b.Meta.Base != nil && os.IsNotExist(err) {
+		return nil // a differential bundle: the base holds it
+	}
 	switch d.MediaType {
 	case ocispec.MediaTypeImageIndex, "application/vnd.docker.distribution.manifest.list.v2+json":
 		var idx ocispec.Index

@@ -71,6 +71,9 @@ var (
 	ErrRepo = errors.New("inconsistent Debian repository")
 	// ErrImages: the OCI image layout is malformed or incomplete.
 	ErrImages = errors.New("inconsistent OCI image layout")
+	// ErrNeedsBase: the bundle is differential (bundle.yaml names a base) and lacks the files its base
+	// holds; it becomes a bundle only when imported onto that base (Import).
+	ErrNeedsBase = errors.New("bundle needs its base")
 )
 
 // FileError reports one wrong file. Path is relative to the bundle directory (slash-separated); Err is
@@ -117,9 +120,27 @@ type Metadata struct {
 	KubernetesVersion string `yaml:"kubernetesVersion"`
 	// Created is when the bundle was made (RFC 3339 in the file).
 	Created time.Time `yaml:"created"`
+	// Base, when set, makes the bundle differential: its SHA256SUMS lists every file of the complete
+	// bundle, but its directory holds only the files Base's bundle lacks (Prune), and it is used by
+	// importing it onto that base (Import). A bundle made by Import keeps it (bundle.yaml is signed),
+	// and then holds every file.
+	Base *BaseRef `yaml:"base,omitempty"`
 }
 
+// BaseRef names the bundle a differential bundle applies to, by the digest of its checksum list
+// (which covers every file of it, bundle.yaml included), so no other bundle of the same name passes.
+type BaseRef struct {
+	// Name is the base's bundle.yaml name, for people (the digest decides).
+	Name string `yaml:"name"`
+	// SumsDigest is "sha256:" + the lowercase hex SHA-256 of the base's SHA256SUMS file (SumsDigest).
+	SumsDigest string `yaml:"sumsDigest"`
+}
+
+// String is e.g. `k8s-1.34.4 (SHA256SUMS sha256:3a1f…)`, the full digest.
+func (r BaseRef) String() string { return fmt.Sprintf("%s (%s %s)", r.Name, SumsFile, r.SumsDigest) }
+
 var (
+	digestRE  = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 	nameRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
 	k8sVerRE  = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
 	maxMetaSz = int64(64 << 10)
@@ -146,6 +167,14 @@ func (m Metadata) Validate() error {
 	}
 	if m.Created.IsZero() {
 		add("created: required (RFC 3339 time, e.g. 2025-01-31T12:00:00Z)")
+	}
+	if m.Base != nil {
+		if !nameRE.MatchString(m.Base.Name) {
+			add("base.name: %q must be 1-63 characters of a-z, 0-9, '.', '-', starting and ending with a letter or digit", m.Base.Name)
+		}
+		if !digestRE.MatchString(m.Base.SumsDigest) {
+			add("base.sumsDigest: %q is not \"sha256:\" followed by 64 lowercase hex digits", m.Base.SumsDigest)
+		}
 	}
 	return errors.Join(errs...)
 }

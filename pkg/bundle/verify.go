@@ -81,6 +81,9 @@ func keyOf(fi fs.FileInfo) statKey {
 
 // Verify checks the bundle and returns what it did. It checks, in order:
 //
+//  0. A differential bundle (bundle.yaml names a base) that lacks files SHA256SUMS lists, i.e. one not
+//     yet imported onto its base, is refused at once with one error wrapping ErrNeedsBase that names
+//     the base and says to run `appliance bundle import`; nothing is hashed.
 //  1. SHA256SUMS parses (ErrSums); every listed file exists (ErrMissing), is a regular file
 //     (ErrNotRegular), and has the listed SHA-256 (ErrMismatch); no other file exists (ErrUnlisted).
 //     Files are hashed in parallel, one worker per GOMAXPROCS.
@@ -117,6 +120,9 @@ func (b *Bundle) Verify(ctx context.Context, stampFile string) (VerifyResult, er
 
 	present, problems, err := scanTree(b.Dir)
 	if err != nil {
+		return res, err
+	}
+	if err := b.needsBase(sums, present, problems); err != nil {
 		return res, err
 	}
 	want := make(map[string]string, len(sums))
@@ -197,6 +203,29 @@ func (b *Bundle) Verify(ctx context.Context, stampFile string) (VerifyResult, er
 		return res, joinProblems(b.Dir, problems)
 	}
 	return res, nil
+}
+
+// needsBase refuses a differential bundle that lacks files it lists (the ones its base holds) with
+// one error wrapping ErrNeedsBase, instead of one ErrMissing per file: such a directory is not a
+// bundle until Import has merged it with its base, and Import verifies the result in full. A bundle
+// that names a base but holds every file (what Import makes) passes on to the normal checks.
+func (b *Bundle) needsBase(sums []Sum, present map[string]fs.FileInfo, problems map[string]error) error {
+	if b.Meta.Base == nil {
+		return nil
+	}
+	missing := 0
+	for _, s := range sums {
+		_, ok := present[s.Path]
+		_, bad := problems[s.Path]
+		if !ok && !bad {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %w: differential bundle on top of %s, which holds %d of its %d files: import it onto its base with `appliance bundle import %s --base BASE_DIR --out NEW_DIR`",
+		b.Dir, ErrNeedsBase, b.Meta.Base, missing, len(sums), b.Dir)
 }
 
 // addProblem records e under its file, keeping the first problem found for each file.

@@ -45,6 +45,10 @@ type Options struct {
 	// Name is the bundle's name in bundle.yaml (pkg/bundle.Metadata.Name rules); empty means
 	// "k8s-" + the Kubernetes version without "v".
 	Name string
+	// Since, when set, is the directory of the bundle this one updates (a finished, signed bundle that
+	// verifies): the result is differential (bundle.Metadata.Base names it; bundle.Prune drops what it
+	// holds), and the base's image blobs are linked in first so none of them is fetched again.
+	Since string
 	// Packages builds Out/repo/debian for the spec's packages. nil leaves the bundle without packages
 	// (an images-only bundle, e.g. for an update that carries images only).
 	Packages func(ctx context.Context, spec *bundlespec.BundleSpecification, repoDir string, progress func(Event)) (PackagesResult, error)
@@ -70,7 +74,8 @@ type PackagesResult struct {
 }
 
 // Event reports progress: the images' events as registry.Mirror gives them (Image set), or a step
-// of the bundle (Step: "images", "packages", "finalize"; Status: "started", "done", "failed").
+// of the bundle (Step: "base" with Options.Since, "images", "packages", "finalize", "prune" with
+// Options.Since; Status: "started", "done", "failed").
 type Event struct {
 	Step   string          `json:"step"`
 	Status string          `json:"status,omitempty"`
@@ -89,8 +94,13 @@ type Result struct {
 	Signature  bundle.Signature
 	KeyFile    string
 	KeyCreated bool
-	// BOM is the finished bundle's bill of materials.
+	// BOM is the finished bundle's bill of materials (of the complete bundle, also when differential).
 	BOM bundle.BOM
+	// With Options.Since: Base names the base, Seeded counts the base's blobs linked in before
+	// mirroring, Pruned what the differential bundle kept and left to its base.
+	Base   *bundle.BaseRef
+	Seeded bundle.SeedResult
+	Pruned bundle.PruneResult
 }
 
 // Images returns every image the bundle carries for spec: kubeadm's own list for the Kubernetes
@@ -134,6 +144,15 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	var baseDir string
+	if o.Since != "" {
+		emit(Event{Step: "base", Status: "started", Detail: o.Since})
+		if res.Base, baseDir, err = sinceBase(ctx, o.Since, o.Out); err != nil {
+			emit(Event{Step: "base", Status: "failed", Detail: err.Error()})
+			return res, err
+		}
+		emit(Event{Step: "base", Status: "done", Detail: res.Base.String()})
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return res, err
 	}
@@ -149,6 +168,11 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	}
 	res.KeyFile, res.KeyCreated = keyFile, created
 
+	if baseDir != "" {
+		if res.Seeded, err = bundle.SeedBlobs(o.Out, baseDir); err != nil {
+			return res, err
+		}
+	}
 	mo, err := mirrorOptions(spec)
 	if err != nil {
 		return res, err
@@ -163,6 +187,12 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	}
 	emit(Event{Step: "images", Status: "done", Detail: fmt.Sprintf("%d images, %d blobs (%d fetched, %d reused), %.1f MiB",
 		len(res.Images.Images), res.Images.Blobs, res.Images.Fetched.Blobs, res.Images.Reused.Blobs, float64(res.Images.Size)/(1<<20))})
+	if baseDir != "" {
+		// The base's blobs no image of this bundle uses would be listed (and trusted unread) below.
+		if _, err := bundle.UnseedBlobs(o.Out, baseDir); err != nil {
+			return res, err
+		}
+	}
 
 	if o.Packages != nil {
 		emit(Event{Step: "packages", Status: "started"})
@@ -181,7 +211,7 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		name = "k8s-" + strings.TrimPrefix(spec.Kubernetes.Version, "v")
 	}
 	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: name,
-		KubernetesVersion: spec.Kubernetes.Version, Created: o.Now().UTC().Truncate(time.Second)}
+		KubernetesVersion: spec.Kubernetes.Version, Created: o.Now().UTC().Truncate(time.Second), Base: res.Base}
 	// Every blob was verified by Mirror just now (hashed as it arrived, or re-hashed/stamp-checked).
 	if err := bundle.CreateWith(ctx, o.Out, meta, bundle.CreateOptions{BlobsVerified: true}); err != nil {
 		return res, err
@@ -200,7 +230,45 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		return res, err
 	}
 	emit(Event{Step: "finalize", Status: "done", Detail: "signed by " + res.Signature.KeyID})
+	if baseDir != "" {
+		if res.Pruned, err = bundle.Prune(o.Out, baseDir); err != nil {
+			emit(Event{Step: "prune", Status: "failed", Detail: err.Error()})
+			return res, err
+		}
+		emit(Event{Step: "prune", Status: "done", Detail: fmt.Sprintf("kept %d files (%.1f MiB), left %d (%.1f MiB) to the base %s",
+			res.Pruned.Kept, float64(res.Pruned.KeptBytes)/(1<<20), res.Pruned.Dropped, float64(res.Pruned.DroppedBytes)/(1<<20), res.Base)})
+	}
 	return res, nil
+}
+
+// sinceBase checks the base of a differential bundle (Options.Since) and returns the reference that
+// names it and its resolved directory. The base must be a finished bundle that verifies in full and
+// is signed (the signature itself is checked where the update is imported, with the pinned keys), and
+// must not be out.
+func sinceBase(ctx context.Context, since, out string) (*bundle.BaseRef, string, error) {
+	b, err := bundle.Open(since)
+	if err != nil {
+		return nil, "", fmt.Errorf("since (the base bundle): %w", err)
+	}
+	if abs, err := filepath.Abs(out); err == nil {
+		if real, err := filepath.EvalSymlinks(abs); err == nil {
+			abs = real
+		}
+		if abs == b.Dir {
+			return nil, "", fmt.Errorf("since: %s is also the output directory: make the update into a new directory", b.Dir)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(b.Dir, bundle.SignatureFile)); err != nil {
+		return nil, "", fmt.Errorf("since: %s: %w: the base must be a finished bundle as it was shipped (%v)", b.Dir, bundle.ErrUnsigned, err)
+	}
+	if _, err := b.Verify(ctx, ""); err != nil {
+		return nil, "", fmt.Errorf("since: the base bundle %s does not verify (if it is differential itself, name the bundle `appliance bundle import` made from it):\n%w", b.Dir, err)
+	}
+	digest, err := bundle.SumsDigest(b.Dir)
+	if err != nil {
+		return nil, "", err
+	}
+	return &bundle.BaseRef{Name: b.Meta.Name, SumsDigest: digest}, b.Dir, nil
 }
 
 // signingKey is the bundle signing key: spec.signing.bundleKeyFile, or bundle-signing.pem in
