@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
@@ -117,9 +118,9 @@ signature: use ` + "`appliance bundle verify`" + ` for that. With -o json the wh
 			for _, im := range bom.Images {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%.1f MiB\n", im.Ref, im.Digest, strings.Join(im.Platforms, ","), float64(im.Size)/(1<<20))
 			}
-			fmt.Fprintf(w, "\nPACKAGE\tVERSION\tARCH\tSHA256\tSIZE\n")
+			fmt.Fprintf(w, "\nPACKAGE\tVERSION\tARCH\tSHA256\tSIZE\tFROM\n")
 			for _, p := range bom.Packages {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d KiB\n", p.Name, p.Version, p.Architecture, p.SHA256, p.Size/1024)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d KiB\t%s\n", p.Name, p.Version, p.Architecture, p.SHA256, p.Size/1024, cmp.Or(p.Origin, "-"))
 			}
 			fmt.Fprintf(w, "\n%d images, %d packages\n", len(bom.Images), len(bom.Packages))
 			return w.Flush()

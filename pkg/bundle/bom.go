@@ -47,6 +47,9 @@ type BOMPackage struct {
 	Size                                          int64
 	// Suite is the dists/<suite>/ whose Packages index lists it.
 	Suite string
+	// Origin is the upstream repository bundle create took it from, "URI SUITE" (the Packages
+	// field debrepo.OriginField); "" for bundles made without it.
+	Origin string `json:",omitempty"`
 }
 
 // BillOfMaterials reads the bundle's contents. Errors name the file that could not be read.
@@ -90,7 +93,7 @@ func (b *Bundle) BillOfMaterials() (BOM, error) {
 		}
 		for _, e := range entries {
 			bom.Packages = append(bom.Packages, BOMPackage{Name: e.Package, Version: e.Version, Architecture: e.Architecture,
-				SHA256: e.SHA256, Filename: e.Filename, Size: e.Size, Suite: suite})
+				SHA256: e.SHA256, Filename: e.Filename, Size: e.Size, Suite: suite, Origin: e.Origin})
 		}
 		return nil
 	})

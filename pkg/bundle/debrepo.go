@@ -189,6 +189,8 @@ type packageEntry struct {
 	Filename     string
 	Size         int64
 	SHA256       string
+	// Origin is the upstream repository ("URI SUITE", debrepo.OriginField), "" when not recorded.
+	Origin string
 }
 
 // parsePackages reads a Packages index (deb822 paragraphs, Debian Policy §5.3 / repository format)
@@ -208,7 +210,7 @@ func parsePackages(r io.Reader) ([]packageEntry, error) {
 			return nil, fmt.Errorf("paragraph %d: %w", n, err)
 		}
 		e := packageEntry{Package: para.Values["Package"], Version: para.Values["Version"], Architecture: para.Values["Architecture"],
-			Filename: para.Values["Filename"], SHA256: para.Values["SHA256"]}
+			Filename: para.Values["Filename"], SHA256: para.Values["SHA256"], Origin: para.Values[debrepo.OriginField]}
 		size, serr := strconv.ParseInt(para.Values["Size"], 10, 64)
 		switch {
 		case e.Package == "":

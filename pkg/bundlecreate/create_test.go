@@ -169,6 +169,9 @@ func TestCreateWithPackages(t *testing.T) {
 	var names []string
 	for _, p := range res.BOM.Packages {
 		names = append(names, p.Name+"="+p.Version)
+		if want := apt.URL + " " + apt.Suite; p.Origin != want {
+			t.Errorf("bill of materials: %s comes from %q, want %q", p.Name, p.Origin, want)
+		}
 	}
 	if got := strings.Join(names, " "); got != "alpha=1.0-1 bravo=2.0-1 charlie=3.0-1" {
 		t.Errorf("bundle packages %q, want the closure of alpha only", got)
