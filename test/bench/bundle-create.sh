@@ -37,9 +37,10 @@ if [[ ${1:-} != inner ]]; then
 	cp "$bundle"/repo/debian/pool/main/k/kube{let,adm,ctl}/*.deb "$WORK/debs/"
 	version=$(awk '/^kubernetesVersion:/ {print $2}' "$bundle/bundle.yaml")
 	export WORK
-	exec "$WORK/mkupstream" -appliance "$WORK/appliance" -images "$bundle/images" -debs "$WORK/debs" \
+	"$WORK/mkupstream" -appliance "$WORK/appliance" -images "$bundle/images" -debs "$WORK/debs" \
 		-kubernetes-version "$version" -extra-packages hello -bundle-key "$WORK/bundle.key" -repo-key "$WORK/repo.asc" \
-		-work "$WORK/upstream" -exec "'$root/test/bench/bundle-create.sh' inner" 2>"$WORK/mkupstream.log"
+		-work "$WORK/upstream" -exec "'$root/test/bench/bundle-create.sh' inner" 2>"$WORK/mkupstream.log" || { tail -20 "$WORK/mkupstream.log" >&2; exit 1; }
+	exit 0
 fi
 
 # Inner: the upstream is up; $SPEC, $UPSTREAM, $APPLIANCE are set.
