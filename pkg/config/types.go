@@ -60,6 +60,10 @@ type BootstrapConfiguration struct {
 	Ignition IgnitionSnippets `yaml:"ignition"`
 	// Nodes is the inventory: every machine of the cluster. At least one must be a control plane.
 	Nodes []Node `yaml:"nodes"`
+	// Host describes the bootstrap host itself for when it boots from the appliance ISO (`appliance
+	// firstboot`): its static addresses, the disk that keeps its state, whether it bootstraps
+	// unattended. `appliance bootstrap` on a host set up by other means ignores it. Optional.
+	Host Host `yaml:"host,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
@@ -178,6 +182,44 @@ type Server struct {
 	Port uint16 `yaml:"port" strictyaml:"nonzero"`
 	// Names are extra DNS SANs for the serving certificate, each a DNS-1123 subdomain.
 	Names []string `yaml:"names"`
+}
+
+// StateLabel is the filesystem label of the appliance's state disk (host.stateDevice): a blank disk is
+// formatted ext4 with it; a disk that carries it is mounted; any other content is refused.
+const StateLabel = "APPL-STATE"
+
+// Host is the bootstrap host's own setup when it boots from the appliance ISO.
+type Host struct {
+	// Interfaces are the host's static addresses, one entry per network interface, configured with
+	// systemd-networkd. Required when booting from the ISO; at least one address must lie in
+	// networks.controlPlane.cidrs (the nodes reach the appliance there).
+	Interfaces []HostInterface `yaml:"interfaces,omitempty"`
+	// StateDevice is the block device that holds stateDir, e.g. /dev/disk/by-id/ata-…, /dev/sdb,
+	// /dev/vdb (an absolute path under /dev). A blank device (no filesystem or partition table
+	// signature) is formatted ext4 with the label StateLabel; one with that label is mounted as it is;
+	// anything else is refused and never formatted. Empty: the state lives in RAM and is lost at
+	// reboot (a warning).
+	StateDevice string `yaml:"stateDevice,omitempty"`
+	// AutoBootstrap runs `appliance bootstrap` at every boot once the host is set up (it is
+	// idempotent: a converged cluster changes nothing). False: the host only prepares itself and the
+	// operator runs bootstrap.
+	AutoBootstrap bool `yaml:"autoBootstrap,omitempty"`
+	// SSHAuthorizedKeys, when set, enables the SSH server with these public keys for root (OpenSSH
+	// authorized_keys lines). Empty: no SSH server runs.
+	SSHAuthorizedKeys []string `yaml:"sshAuthorizedKeys,omitempty"`
+}
+
+// HostInterface is one network interface of the bootstrap host.
+type HostInterface struct {
+	// Name (e.g. ens3) or MACAddress (e.g. 52:54:00:12:34:56) selects the interface: exactly one.
+	Name       string `yaml:"name,omitempty"`
+	MACAddress string `yaml:"macAddress,omitempty"`
+	// Addresses are address/prefix pairs (CIDR notation with the host's address, e.g.
+	// 10.100.0.2/24). At least one.
+	Addresses []netip.Prefix `yaml:"addresses"`
+	// Gateway is the default route through this interface. Optional (an air-gapped network often has
+	// none).
+	Gateway netip.Addr `yaml:"gateway,omitempty"`
 }
 
 // IgnitionSnippets lists Ignition config files (paths) merged into node configs: All into every node,

@@ -54,6 +54,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.server()
 	v.paths()
 	v.nodes()
+	v.host()
 	return v.warns, v.errs
 }
 
@@ -363,6 +364,64 @@ func (v *validator) server() {
 			continue
 		}
 		seen[name] = path
+	}
+}
+
+// host checks host (the bootstrap host's setup when booting from the ISO).
+func (v *validator) host() {
+	h := v.c.Host
+	inCP := false
+	seen := map[string]string{}
+	for i, in := range h.Interfaces {
+		path := fmt.Sprintf("host.interfaces[%d]", i)
+		switch {
+		case in.Name == "" && in.MACAddress == "":
+			v.errorf(path, "names no interface: set name (e.g. ens3) or macAddress (e.g. 52:54:00:12:34:56)")
+		case in.Name != "" && in.MACAddress != "":
+			v.errorf(path, "sets both name and macAddress: keep one")
+		case in.MACAddress != "":
+			if hw, err := net.ParseMAC(in.MACAddress); err != nil || len(hw) != 6 {
+				v.errorf(path+".macAddress", "%q is not a MAC address: write six hex bytes, e.g. 52:54:00:12:34:56", in.MACAddress)
+			}
+		case len(in.Name) > 15 || strings.ContainsAny(in.Name, "/ \t:") || in.Name == "." || in.Name == "..":
+			v.errorf(path+".name", "%q is not a Linux interface name (at most 15 characters, no '/', ':' or spaces)", in.Name)
+		}
+		key := in.Name + in.MACAddress
+		if first, dup := seen[strings.ToLower(key)]; dup && key != "" {
+			v.errorf(path, "the interface %s is also %s: merge the two entries", key, first)
+		}
+		seen[strings.ToLower(key)] = path
+		if len(in.Addresses) == 0 {
+			v.errorf(path+".addresses", "is required: at least one address/prefix, e.g. 10.100.0.2/24")
+		}
+		for j, a := range in.Addresses {
+			ap := fmt.Sprintf("%s.addresses[%d]", path, j)
+			if !v.hostAddr(ap, a.Addr()) {
+				continue
+			}
+			if a.Masked().Addr() == a.Addr() && a.Bits() < a.Addr().BitLen()-1 {
+				v.errorf(ap, "%s is a network, not a host address: write the host's address with the prefix, e.g. %s", a, a.Addr().Next().String()+"/"+strconv.Itoa(a.Bits()))
+			}
+			for _, cp := range v.c.Networks.ControlPlane.CIDRs {
+				if cp.Contains(a.Addr()) {
+					inCP = true
+				}
+			}
+		}
+		if in.Gateway.IsValid() {
+			v.hostAddr(path+".gateway", in.Gateway)
+		}
+	}
+	if len(h.Interfaces) > 0 && !inCP {
+		v.errorf("host.interfaces", "no address lies in networks.controlPlane.cidrs: the nodes reach the appliance there; add one")
+	}
+	if d := h.StateDevice; d != "" && (!strings.HasPrefix(d, "/dev/") || filepath.Clean(d) != d) {
+		v.errorf("host.stateDevice", "%q is not a device path: write an absolute path under /dev, e.g. /dev/disk/by-id/… or /dev/sdb", d)
+	}
+	for i, k := range h.SSHAuthorizedKeys {
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k)); err != nil {
+			v.errorf(fmt.Sprintf("host.sshAuthorizedKeys[%d]", i), "is not an OpenSSH public key line (%v): paste a line of ~/.ssh/id_ed25519.pub", err)
+		}
 	}
 }
 

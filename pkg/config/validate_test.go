@@ -36,6 +36,24 @@ func TestValidateErrors(t *testing.T) {
 		msg    string
 	}{
 		{"valid lab", func(c *BootstrapConfiguration) {}, nil, ""},
+		{"valid host", func(c *BootstrapConfiguration) {
+			c.Host = Host{Interfaces: []HostInterface{{Name: "ens3", Addresses: pfx("10.100.0.2/24")},
+				{MACAddress: "52:54:00:12:34:56", Addresses: pfx("10.200.0.2/24"), Gateway: netip.MustParseAddr("10.200.0.1")}},
+				StateDevice: "/dev/vdb", AutoBootstrap: true}
+		}, nil, ""},
+		{"host interface without selector", func(c *BootstrapConfiguration) {
+			c.Host.Interfaces = []HostInterface{{Addresses: pfx("10.100.0.2/24")}}
+		}, []string{"host.interfaces[0]"}, "set name (e.g. ens3) or macAddress"},
+		{"host interface bad MAC and no address in the control plane", func(c *BootstrapConfiguration) {
+			c.Host.Interfaces = []HostInterface{{MACAddress: "52:54:00", Addresses: pfx("10.200.0.2/24")}}
+		}, []string{"host.interfaces[0].macAddress", "host.interfaces"}, "is not a MAC address"},
+		{"host address is a network", func(c *BootstrapConfiguration) {
+			c.Host.Interfaces = []HostInterface{{Name: "ens3", Addresses: pfx("10.100.0.0/24")}}
+		}, []string{"host.interfaces[0].addresses[0]"}, "is a network, not a host address"},
+		{"host stateDevice not under /dev", func(c *BootstrapConfiguration) { c.Host.StateDevice = "sdb" },
+			[]string{"host.stateDevice"}, "absolute path under /dev"},
+		{"host ssh key", func(c *BootstrapConfiguration) { c.Host.SSHAuthorizedKeys = []string{"ssh-ed25519 nope"} },
+			[]string{"host.sshAuthorizedKeys[0]"}, "is not an OpenSSH public key line"},
 		{"wrong apiVersion", func(c *BootstrapConfiguration) { c.APIVersion = "appliance.airgap.dev/v1" },
 			[]string{"apiVersion"}, "set apiVersion: appliance.airgap.dev/v1alpha1"},
 		{"wrong kind", func(c *BootstrapConfiguration) { c.Kind = "ClusterConfiguration" },
