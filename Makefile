@@ -18,7 +18,8 @@ STAGE := test/stage.sh
 DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
-	containernetworking-plugins libc-bin debian-archive-keyring gpgv
+	containernetworking-plugins libc-bin debian-archive-keyring gpgv \
+	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs
 
 .PHONY: help
 help: ## list the targets
@@ -60,6 +61,10 @@ test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes
 e2e: deps build fixtures ## the Kubernetes end to end: lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
 	@$(STAGE) suite-kubernetes-fixture --show -- $(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
 	@$(STAGE) suite-e2e --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
+
+.PHONY: iso
+iso: deps build fixtures ## the appliance ISO (iso/build-iso.sh) with the fixture bundle, cached by content under $(APPLIANCE_CACHE)/iso
+	@$(STAGE) iso --show -- iso/build-iso.sh --bundle $(APPLIANCE_CACHE)/bundle
 
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check

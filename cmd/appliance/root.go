@@ -44,6 +44,7 @@ func newRootCommand() *cobra.Command {
 		newStatusCommand(g),
 		newPowerCommand(g),
 		newBundleCommand(g),
+		newFirstbootCommand(),
 		newVersionCommand(),
 	)
 	root.SetErr(os.Stderr)
