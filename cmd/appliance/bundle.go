@@ -19,7 +19,8 @@ func newBundleCommand(g *globalFlags) *cobra.Command {
 		Use:   "bundle",
 		Short: "Make, check and inspect air-gap bundles",
 	}
-	cmd.AddCommand(newBundleCreateCommand(g), newBundleVerifyCommand(), newBundleInspectCommand(g), newBundleImportCommand())
+	cmd.AddCommand(newBundleCreateCommand(g), newBundleVerifyCommand(), newBundleInspectCommand(g), newBundleImportCommand(),
+		newBundleSplitCommand(g), newBundleJoinCommand(g))
 	return cmd
 }
 

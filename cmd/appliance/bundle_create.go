@@ -14,13 +14,14 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
 func newBundleCreateCommand(g *globalFlags) *cobra.Command {
-	var specPath, out, name, since string
+	var specPath, out, name, since, partSize string
 	var imagesOnly bool
 	cmd := &cobra.Command{
 		Use:   "create --spec FILE --out DIR",
@@ -37,26 +38,36 @@ is there; until it has finished, DIR does not verify as a bundle.
 With --since OLD, DIR becomes a differential bundle on top of the bundle OLD (named in bundle.yaml by the
 digest of OLD's SHA256SUMS): OLD's image blobs are reused instead of fetched, and DIR keeps only the files
 OLD lacks; its SHA256SUMS and signature cover the complete bundle. The appliance loads it only through
-` + "`appliance bundle import DIR --base OLD --out NEW`" + `.`,
+` + "`appliance bundle import DIR --base OLD --out NEW`" + `.
+
+With --part-size SIZE (or the spec's output.partSize), the finished bundle is also cut into DIR.parts for
+removable media: parts of at most SIZE with their checksums and a PARTS manifest, put back together
+with ` + "`appliance bundle join DIR.parts --out DIR`" + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			spec, err := bundlespec.Load(specPath, bundlespec.ValidateOptions{CheckFiles: true})
 			if err != nil {
 				return fmt.Errorf("%s is not valid:\n%w", specPath, err)
 			}
+			var parts bundlespec.Size
+			if partSize != "" {
+				if parts, err = bundlespec.ParseSize(partSize); err != nil {
+					return fmt.Errorf("--part-size: %w", err)
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
 			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name, Since: since,
 				Packages: packagesStep(imagesOnly, out), VerifiedStamp: filepath.Join(filepath.Clean(out)+".work", "verified-blobs.json"),
-				Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
+				PartSize: int64(parts), Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
 			if err != nil {
 				return err
 			}
 			if g.output == "json" {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"dir": res.Dir, "signedBy": res.Signature.KeyID,
-					"publicKey": res.Signature.PublicKey, "bom": res.BOM, "base": res.Base})
+					"publicKey": res.Signature.PublicKey, "bom": res.BOM, "base": res.Base, "partsDir": res.PartsDir, "parts": res.Parts})
 			}
 			w := cmd.ErrOrStderr()
 			fmt.Fprintf(w, "\nbundle %s: %d images (%d blobs fetched, %d reused), %d packages (%d downloaded)\n", res.Dir, len(res.BOM.Images),
@@ -64,6 +75,10 @@ OLD lacks; its SHA256SUMS and signature cover the complete bundle. The appliance
 			if res.Base != nil {
 				fmt.Fprintf(w, "differential on top of %s: holds %d files (%.1f MiB), leaves %d (%.1f MiB) to the base\n", res.Base,
 					res.Pruned.Kept, float64(res.Pruned.KeptBytes)/(1<<20), res.Pruned.Dropped, float64(res.Pruned.DroppedBytes)/(1<<20))
+			}
+			if res.Parts != nil {
+				fmt.Fprintf(w, "%d parts of at most %s in %s (copy all of them with %s; rebuild with appliance bundle join)\n",
+					len(res.Parts.Parts), bundlespec.Size(res.Parts.PartSize), res.PartsDir, bundle.PartsFile)
 			}
 			fmt.Fprintf(w, "signed by %s with %s%s\n", res.Signature.KeyID, res.KeyFile, map[bool]string{true: " (created now: back it up)", false: ""}[res.KeyCreated])
 			fmt.Fprintf(w, "pin it in bootstrap.yaml:\n  bundle:\n    publicKeys: [%q]\n", res.Signature.PublicKey)
@@ -74,6 +89,7 @@ OLD lacks; its SHA256SUMS and signature cover the complete bundle. The appliance
 	cmd.Flags().StringVar(&out, "out", "", "bundle directory, created or completed (required)")
 	cmd.Flags().StringVar(&name, "name", "", "bundle name in bundle.yaml (default k8s-<version>)")
 	cmd.Flags().BoolVar(&imagesOnly, "images-only", false, "carry images only, no Debian repository (nodes must then get their packages elsewhere; for registry-only use and the benchmarks)")
+	cmd.Flags().StringVar(&partSize, "part-size", "", "also cut the finished bundle into DIR.parts of at most this size for removable media, e.g. 4GiB (overrides output.partSize)")
 	cmd.Flags().StringVar(&since, "since", "", "make a differential bundle: only what the finished bundle in this directory lacks")
 	_ = cmd.MarkFlagRequired("spec")
 	_ = cmd.MarkFlagRequired("out")
@@ -101,6 +117,7 @@ type createProgress struct {
 	fetched        int64
 	blobs, blobsOK int
 	inflight       map[string]int64 // blob digest → bytes received so far
+	bytes          *byteProgress    // the "parts" step's progress
 }
 
 func newCreateProgress(w, jsonOut io.Writer, jsonEvents bool) *createProgress {
@@ -114,6 +131,13 @@ func newCreateProgress(w, jsonOut io.Writer, jsonEvents bool) *createProgress {
 func (p *createProgress) event(ev bundlecreate.Event) {
 	if p.json {
 		_ = json.NewEncoder(p.jsonOut).Encode(ev)
+		return
+	}
+	if ev.Status == "progress" {
+		if p.bytes == nil {
+			p.bytes = &byteProgress{w: p.w, tty: p.tty}
+		}
+		p.bytes.update(ev.Step, ev.Done, ev.Total)
 		return
 	}
 	if ev.Image == nil {

@@ -2,7 +2,8 @@
 // BundleSpecification (pkg/bundlespec) it mirrors the images from their registries into the bundle's
 // OCI layout (registry.Mirror), builds the Debian repository the nodes install from (Packages), then
 // finalizes the bundle: bundle.yaml and SHA256SUMS (pkg/bundle.Create) and the Ed25519 signature over
-// them (pkg/bundle.Sign), in that order, last.
+// them (pkg/bundle.Sign), in that order, last. With a part size it then splits the finished bundle
+// for removable media into OUT.parts (pkg/bundle.Split), which `appliance bundle join` puts back.
 //
 // Resumable: the output directory is written in place. Before anything else the finalizing files
 // (SHA256SUMS.sig, SHA256SUMS, bundle.yaml) are removed, so a bundle that is being made, or whose
@@ -49,6 +50,10 @@ type Options struct {
 	// verifies): the result is differential (bundle.Metadata.Base names it; bundle.Prune drops what it
 	// holds), and the base's image blobs are linked in first so none of them is fetched again.
 	Since string
+	// PartSize, when not 0, splits the finished bundle for removable media into parts of at most this
+	// many bytes (at least bundlespec.MinPartSize) in Out + ".parts" (bundle.Split); 0 means the
+	// spec's output.partSize, and 0 there too means no parts.
+	PartSize int64
 	// Packages builds Out/repo/debian for the spec's packages. nil leaves the bundle without packages
 	// (an images-only bundle, e.g. for an update that carries images only).
 	Packages func(ctx context.Context, spec *bundlespec.BundleSpecification, repoDir string, progress func(Event)) (PackagesResult, error)
@@ -75,12 +80,15 @@ type PackagesResult struct {
 
 // Event reports progress: the images' events as registry.Mirror gives them (Image set), or a step
 // of the bundle (Step: "base" with Options.Since, "images", "packages", "finalize", "prune" with
-// Options.Since; Status: "started", "done", "failed").
+// Options.Since, "parts" with a part size; Status: "started", "done", "failed", and "progress" for
+// "parts", with Done and Total in bytes, Done never decreasing).
 type Event struct {
 	Step   string          `json:"step"`
 	Status string          `json:"status,omitempty"`
 	Detail string          `json:"detail,omitempty"`
 	Image  *registry.Event `json:"image,omitempty"`
+	Done   int64           `json:"done,omitempty"`
+	Total  int64           `json:"total,omitempty"`
 }
 
 // Result is what Create made.
@@ -101,6 +109,9 @@ type Result struct {
 	Base   *bundle.BaseRef
 	Seeded bundle.SeedResult
 	Pruned bundle.PruneResult
+	// With a part size: PartsDir holds the parts (Dir + ".parts") that Parts lists.
+	PartsDir string
+	Parts    *bundle.PartsManifest
 }
 
 // Images returns every image the bundle carries for spec: kubeadm's own list for the Kubernetes
@@ -136,9 +147,12 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	spec := o.Spec
-	if spec.Output.PartSize != 0 {
-		// Not silently ignored: an operator who asked for parts must not get one big directory.
-		return res, fmt.Errorf("output.partSize: splitting a bundle into parts is not implemented yet; remove it and split the directory with your own tools")
+	partSize := o.PartSize
+	if partSize == 0 {
+		partSize = int64(spec.Output.PartSize)
+	}
+	if partSize != 0 && partSize < int64(bundlespec.MinPartSize) { // before the long work, not after it
+		return res, fmt.Errorf("part size %d bytes is too small: parts hold at least %s", partSize, bundlespec.MinPartSize)
 	}
 	refs, err := Images(spec)
 	if err != nil {
@@ -161,6 +175,10 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		if err := os.Remove(filepath.Join(o.Out, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return res, err
 		}
+	}
+	// Nor do the parts of an earlier run look like those of this one (the split's rerun removes them).
+	if err := os.Remove(filepath.Join(partsDir(o.Out), bundle.PartsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return res, err
 	}
 	priv, keyFile, created, err := signingKey(spec)
 	if err != nil {
@@ -238,7 +256,36 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		emit(Event{Step: "prune", Status: "done", Detail: fmt.Sprintf("kept %d files (%.1f MiB), left %d (%.1f MiB) to the base %s",
 			res.Pruned.Kept, float64(res.Pruned.KeptBytes)/(1<<20), res.Pruned.Dropped, float64(res.Pruned.DroppedBytes)/(1<<20), res.Base)})
 	}
+	if partSize != 0 {
+		if err := splitParts(ctx, &res, partSize, emit); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// partsDir is where the parts of the bundle in out go: out + ".parts", beside it.
+func partsDir(out string) string { return filepath.Clean(out) + ".parts" }
+
+// splitParts is the "parts" step: bundle.Split of the finished bundle into partsDir(res.Dir), with a
+// "progress" event each time another percent is written.
+func splitParts(ctx context.Context, res *Result, partSize int64, emit func(Event)) error {
+	res.PartsDir = partsDir(res.Dir)
+	emit(Event{Step: "parts", Status: "started", Detail: fmt.Sprintf("%s, parts of at most %s", res.PartsDir, bundlespec.Size(partSize))})
+	last := int64(-1)
+	m, err := bundle.Split(ctx, res.Dir, res.PartsDir, partSize, func(done, total int64) {
+		if pct := done * 100 / max(total, 1); pct != last {
+			last = pct
+			emit(Event{Step: "parts", Status: "progress", Done: done, Total: total})
+		}
+	})
+	if err != nil {
+		emit(Event{Step: "parts", Status: "failed", Detail: err.Error()})
+		return fmt.Errorf("parts: %w", err)
+	}
+	res.Parts = &m
+	emit(Event{Step: "parts", Status: "done", Detail: fmt.Sprintf("%d parts, %.1f MiB in %s", len(m.Parts), float64(m.Size)/(1<<20), res.PartsDir)})
+	return nil
 }
 
 // sinceBase checks the base of a differential bundle (Options.Since) and returns the reference that

@@ -31,7 +31,7 @@ func labSpec(t *testing.T, up *upstream.Registry) *bundlespec.BundleSpecificatio
 			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}},
 	}}
 	spec.Signing.BundleKeyFile = filepath.Join(t.TempDir(), "keys", "bundle.pem")
-	spec.Output = bundlespec.Output{} // one part: splitting is not implemented (TestCreateRefusesPartSize)
+	spec.Output = bundlespec.Output{} // no parts (TestCreateParts splits)
 	bundlespec.SetDefaults(spec)
 	return spec
 }
@@ -210,12 +210,72 @@ func TestCreateWithPackages(t *testing.T) {
 	}
 }
 
-func TestCreateRefusesPartSize(t *testing.T) {
-	spec := bundlespec.Example()
-	bundlespec.SetDefaults(spec)
-	spec.Output.PartSize = 4 << 30
-	_, err := Create(context.Background(), Options{Spec: spec, Out: filepath.Join(t.TempDir(), "b")})
-	if err == nil || !strings.Contains(err.Error(), "output.partSize") {
-		t.Fatalf("Create with output.partSize = %v, want a refusal naming the field", err)
+// TestCreateParts: with a part size the finished bundle is also split into OUT.parts, which joins back
+// into a bundle that verifies under the maker's key; a rerun with another part size leaves no stale
+// part; a part size below the minimum is refused before anything is fetched.
+func TestCreateParts(t *testing.T) {
+	ctx := context.Background()
+	small := bundlespec.Example()
+	bundlespec.SetDefaults(small)
+	small.Output.PartSize = 1000
+	if _, err := Create(ctx, Options{Spec: small, Out: filepath.Join(t.TempDir(), "b")}); err == nil || !strings.Contains(err.Error(), "too small") {
+		t.Fatalf("Create with 1000-byte parts = %v, want a refusal", err)
+	}
+
+	up := upstream.Start(t, upstream.Options{})
+	spec := labSpec(t, up)
+	pushAll(t, up, spec)
+	big, err := random.Image(3<<20, 1) // so that 1 MiB parts make several
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.Push(t, "extra/tool:1.0", big)
+	spec.Output.PartSize = 2 << 20
+	out := filepath.Join(t.TempDir(), "bundle")
+	if _, err := Create(ctx, Options{Spec: spec, Out: out}); err != nil {
+		t.Fatalf("Create with output.partSize: %v", err)
+	}
+	first, err := bundle.ReadParts(out + ".parts")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var last Event
+	res, err := Create(ctx, Options{Spec: spec, Out: out, PartSize: int64(bundlespec.MinPartSize), Progress: func(ev Event) {
+		if ev.Step == "parts" && ev.Status == "progress" {
+			if ev.Done < last.Done || ev.Total == 0 {
+				t.Errorf("parts progress went from %d/%d to %d/%d", last.Done, last.Total, ev.Done, ev.Total)
+			}
+			last = ev
+		}
+	}})
+	if err != nil {
+		t.Fatalf("Create with --part-size: %v", err)
+	}
+	if res.Parts == nil || res.PartsDir != out+".parts" || len(res.Parts.Parts) < 3 || len(res.Parts.Parts) <= len(first.Parts) {
+		t.Fatalf("parts %+v in %s, want at least 3, more than the %d of 2 MiB", res.Parts, res.PartsDir, len(first.Parts))
+	}
+	if last.Done != res.Parts.Size || last.Total != res.Parts.Size {
+		t.Errorf("last parts progress %d/%d, want %d/%d", last.Done, last.Total, res.Parts.Size, res.Parts.Size)
+	}
+	entries, _ := os.ReadDir(res.PartsDir)
+	if len(entries) != 2*len(res.Parts.Parts)+1 {
+		t.Errorf("%d files in %s for %d parts: stale parts of the first run?", len(entries), res.PartsDir, len(res.Parts.Parts))
+	}
+
+	joined := filepath.Join(t.TempDir(), "joined")
+	if err := bundle.Join(ctx, res.PartsDir, joined, nil); err != nil {
+		t.Fatalf("Join: %v", err)
+	}
+	b, err := bundle.Open(joined)
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, _, err := bundle.EnsureSigningKey(spec.Signing.BundleKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.VerifySignature([]ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}); err != nil {
+		t.Errorf("joined bundle's signature: %v", err)
 	}
 }
