@@ -46,6 +46,7 @@ fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit and 
 	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
 	@$(STAGE) fixture-vmkit -- test/fixtures/build-vmkit.sh
 	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
+	@$(STAGE) fixture-iso-system -- iso/build-iso.sh --system-only
 
 .PHONY: check
 check: test e2e ## everything CI runs: `make test`, then `make e2e`
@@ -58,8 +59,9 @@ test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes
 	@$(STAGE) suite-test --show -- $(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: e2e
-e2e: deps build fixtures ## the Kubernetes end to end: lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
+e2e: deps build fixtures ## the end to end suites: the appliance ISO booted in QEMU (BIOS, UEFI, refusals); lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
 	@$(STAGE) suite-kubernetes-fixture --show -- $(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+	@$(STAGE) suite-iso --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 30m -v ./test/iso/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
 	@$(STAGE) suite-e2e --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
 
 .PHONY: iso

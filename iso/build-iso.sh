@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# build-iso.sh [--bundle DIR] [--out FILE] [--appliance BIN] [--hostagent BIN] — build (or reuse) the
+# build-iso.sh [--system-only] [--bundle DIR] [--out FILE] [--appliance BIN] [--hostagent BIN] — build (or reuse) the
 # appliance ISO: a hybrid image that boots from CD or USB, with BIOS or UEFI, into a Debian 12 system
 # that runs the appliance from the medium itself (issue 11).
 #
@@ -22,7 +22,8 @@
 #        /SHA256SUMS                                               every file above except /bundle (which
 #                                                                  has its own SHA256SUMS and signature);
 #                                                                  checked at every boot by iso/init
-# Prints the ISO's path on stdout, and its size (system vs bundle) and build time on stderr.
+# --system-only builds (or reuses) stage 1 and prints its directory (`make fixtures` runs it, so that
+# nothing downloads later). Prints the ISO's path on stdout, and its size (system vs bundle) and build time on stderr.
 #
 # Needs (Debian packages): debootstrap, squashfs-tools, grub-common, grub-pc-bin, grub-efi-amd64-bin,
 # xorriso, mtools, busybox-static, kmod, cpio, gzip, flock; the machine's Debian mirror for stage 1.
@@ -42,6 +43,7 @@ root=$(cd "$here/.." && pwd)
 cache=${APPLIANCE_CACHE:-/var/cache/appliance}
 bundle=$cache/bundle
 out=""
+system_only=false
 appliance_bin=$root/bin/appliance
 hostagent_bin=$root/bin/hostagent
 while [[ $# -gt 0 ]]; do
@@ -50,7 +52,8 @@ while [[ $# -gt 0 ]]; do
 	--out) out=$2; shift 2 ;;
 	--appliance) appliance_bin=$2; shift 2 ;;
 	--hostagent) hostagent_bin=$2; shift 2 ;;
-	*) echo "usage: $0 [--bundle DIR] [--out FILE] [--appliance BIN] [--hostagent BIN]" >&2; exit 2 ;;
+	--system-only) system_only=true; shift ;;
+	*) echo "usage: $0 [--system-only] [--bundle DIR] [--out FILE] [--appliance BIN] [--hostagent BIN]" >&2; exit 2 ;;
 	esac
 done
 
@@ -62,9 +65,11 @@ for tool in debootstrap mksquashfs grub-mkrescue xorriso mformat depmod cpio gzi
 done
 [[ -x /bin/busybox ]] || die "/bin/busybox not found (Debian package busybox-static)"
 [[ -d /usr/lib/grub/i386-pc && -d /usr/lib/grub/x86_64-efi ]] || die "GRUB for BIOS and UEFI missing (Debian packages grub-pc-bin grub-efi-amd64-bin)"
-for f in "$appliance_bin" "$hostagent_bin"; do [[ -x $f ]] || die "$f not built (make build)"; done
-[[ -f $bundle/SHA256SUMS && -f $bundle/SHA256SUMS.sig ]] || die "$bundle is not a finished, signed bundle (make fixtures, or appliance bundle create)"
-bundle=$(realpath "$bundle")
+if ! $system_only; then
+	for f in "$appliance_bin" "$hostagent_bin"; do [[ -x $f ]] || die "$f not built (make build)"; done
+	[[ -f $bundle/SHA256SUMS && -f $bundle/SHA256SUMS.sig ]] || die "$bundle is not a finished, signed bundle (make fixtures, or appliance bundle create)"
+	bundle=$(realpath "$bundle")
+fi
 start=$(date +%s)
 mkdir -p "$cache"
 
@@ -148,11 +153,18 @@ else
 	log "mksquashfs took $(($(date +%s) - t0)) s"
 	rm -rf --one-file-system "$rootfs" "$ir"
 	mv -T "$tmp" "$sys"
+	for old in "$cache"/iso-system-*; do # older systems are dead weight (each ~400 MB)
+		[[ $old == "$sys"* ]] || rm -rf --one-file-system "$old"
+	done
 	printf 'kernel=%s squashfs=%s initrd=%s built=%s seconds=%s\n' "$kver" "$(du -h "$sys/system.squashfs" | cut -f1)" \
 		"$(du -h "$sys/initrd.img" | cut -f1)" "$(date -u +%FT%TZ)" "$(($(date +%s) - start))" >"$sys.stamp"
 	log "built the system $sys ($(cat "$sys.stamp"))"
 fi
 exec 9>&-
+if $system_only; then
+	echo "$sys"
+	exit 0
+fi
 
 # --- 2. the ISO ----------------------------------------------------------------------------------------
 version=$("$appliance_bin" version 2>/dev/null | awk '{print $NF; exit}')
@@ -187,5 +199,9 @@ grub-mkrescue -o "$out.tmp" "$stage" -- -volid APPLIANCE >"$stage.log" 2>&1 || {
 rm -f "$stage.log"
 mv -f "$out.tmp" "$out"
 echo "$iso_key" >"$out.key"
+# Older builds of the default name pattern are dead weight (each ~500 MB).
+for old in "$(dirname "$out")"/appliance-*-amd64.iso; do
+	[[ $old == "$out" || $old == */appliance-test-amd64.iso ]] || rm -f "$old" "$old.key" "$old.lock"
+done
 log "built $out in $(($(date +%s) - start)) s (grub-mkrescue $(($(date +%s) - t0)) s): $(du -h "$out" | cut -f1) — system $(du -ch "$stage/live" | tail -1 | cut -f1), bundle $(du -sh "$stage/bundle" | cut -f1)"
 echo "$out"

@@ -31,7 +31,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/bundlespec"
 )
 
 // PartsFile is the manifest of a parts directory; PartsKind is its kind.
@@ -47,7 +46,12 @@ const (
 var ErrParts = errors.New("invalid bundle parts")
 
 // minPartSize is the smallest part Split writes, in bytes; tests lower it to exercise many parts.
-var minPartSize = int64(bundlespec.MinPartSize)
+// MinPartSize is the smallest part Split writes, in bytes (1 MiB; bundlespec.MinPartSize, the spec's
+// limit, is the same: TestMinPartSizeMatchesSpec).
+const MinPartSize = 1 << 20
+
+// minPartSize is MinPartSize, lowered by tests that split tiny bundles.
+var minPartSize = int64(MinPartSize)
 
 // joinMarker is created in OUT.tmp while Join fills it: a later Join removes an OUT.tmp holding it
 // (left by a killed join) and refuses to touch any other.
@@ -254,10 +258,10 @@ type archiveEntry struct {
 // progress, if not nil, is called with the bytes written so far and the archive's total, in bytes:
 // done never decreases, starts at 0 and ends at total. Errors: ErrUnsigned for a bundle without
 // SHA256SUMS.sig; *FileError values (ErrMissing, ErrUnlisted, ErrNotRegular, ErrMismatch) for a
-// bundle whose files do not match SHA256SUMS; a part size below bundlespec.MinPartSize; ctx.Err().
+// bundle whose files do not match SHA256SUMS; a part size below MinPartSize; ctx.Err().
 func Split(ctx context.Context, dir, partsDir string, partSize int64, progress func(done, total int64)) (PartsManifest, error) {
 	if partSize < minPartSize {
-		return PartsManifest{}, fmt.Errorf("part size %d bytes is too small: parts hold at least %s", partSize, bundlespec.Size(minPartSize))
+		return PartsManifest{}, fmt.Errorf("part size %d bytes is too small: parts hold at least %s", partSize, fmt.Sprintf("%d bytes", minPartSize))
 	}
 	b, err := Open(dir)
 	if err != nil {

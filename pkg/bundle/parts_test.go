@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/bundlespec"
 )
 
 // testPartSize is the part size of these tests: small, so newBundle's few tens of KiB make many parts.
@@ -378,7 +380,7 @@ func TestSplitRefuses(t *testing.T) {
 	t.Run("part size", func(t *testing.T) {
 		minPartSize = 1 << 20
 		defer func() { minPartSize = 512 }()
-		if _, err := Split(context.Background(), dir, t.TempDir(), 4096, nil); err == nil || !strings.Contains(err.Error(), "at least 1MiB") {
+		if _, err := Split(context.Background(), dir, t.TempDir(), 4096, nil); err == nil || !strings.Contains(err.Error(), "at least 1048576 bytes") {
 			t.Errorf("Split with 4096-byte parts: %v", err)
 		}
 	})
@@ -569,5 +571,12 @@ func TestJoinChecksDifferentialFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
 		t.Error("out was created")
+	}
+}
+
+// TestMinPartSizeMatchesSpec: the spec refuses what Split refuses, no more, no less.
+func TestMinPartSizeMatchesSpec(t *testing.T) {
+	if MinPartSize != int64(bundlespec.MinPartSize) {
+		t.Fatalf("bundle.MinPartSize %d, bundlespec.MinPartSize %d", MinPartSize, bundlespec.MinPartSize)
 	}
 }
