@@ -208,7 +208,11 @@ func findConfig(ctx context.Context, o *Options) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	if _, err := o.run(ctx, "mount", "-o", "ro,nodev,nosuid,noexec", dev, dir); err != nil {
+	opts := "ro,nodev,nosuid,noexec"
+	if typ, _ := o.run(ctx, "blkid", "-o", "value", "-s", "TYPE", dev); strings.TrimSpace(typ) == "vfat" {
+		opts += ",fmask=0177,dmask=0077" // FAT has no modes: the keys on it are secrets, 0600
+	}
+	if _, err := o.run(ctx, "mount", "-o", opts, dev, dir); err != nil {
 		return "", fmt.Errorf("mount the configuration volume %s: %w", dev, err)
 	}
 	o.logf("configuration volume %s mounted at %s", dev, ConfigDir)

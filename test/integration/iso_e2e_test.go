@@ -1,0 +1,129 @@
+//go:build e2e
+
+package integration
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/test/isovm"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// The bootstrap host's NICs when it is the ISO booted in QEMU (the lab's control-plane and
+// workload-plane ports of P-boot).
+const (
+	isoMACCP = "52:54:00:64:00:02"
+	isoMACWL = "52:54:00:c8:00:02"
+)
+
+// TestISOJourney: the journey end to end from the appliance ISO (issue 11). The lab's bootstrap host
+// is the ISO booted in QEMU (TCG, BIOS): its two NICs take the place of P-boot's addresses on the
+// control-plane and workload-plane bridges, a FAT volume labelled APPL-CONFIG carries bootstrap.yaml
+// (the e2e's, with the bundle on the medium and the state on a blank virtio disk) and the files it
+// names. With host.autoBootstrap the VM bootstraps the lab's four nspawn nodes from the bundle on the
+// medium, unattended, to a Ready cluster behind the VIP. Then the VM is rebooted: same CA and state,
+// and `appliance bootstrap` run again over SSH changes nothing.
+func TestISOJourney(t *testing.T) {
+	labns.RequireRoot(t)
+	iso := isovm.BuildISO(t) // before the lab exists: nothing downloads inside it
+	k := newK8sLab(t, "kiso")
+	boot := k.ns("boot")
+
+	// P-boot becomes two bridges: each NIC of the VM joins the port that held the address.
+	for _, eth := range []string{"eth0", "eth1"} {
+		br, tap := "br"+eth[3:], "tap"+eth[3:]
+		for _, argv := range [][]string{
+			{"ip", "-n", boot, "addr", "flush", "dev", eth},
+			{"ip", "-n", boot, "link", "add", br, "type", "bridge"},
+			{"ip", "-n", boot, "link", "set", eth, "master", br},
+			{"ip", "-n", boot, "tuntap", "add", tap, "mode", "tap"},
+			{"ip", "-n", boot, "link", "set", tap, "master", br, "up"},
+			{"ip", "-n", boot, "link", "set", br, "up"},
+		} {
+			if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %v\n%s", argv, err, out)
+			}
+		}
+	}
+
+	var cfg bytes.Buffer
+	if err := nodeConfigTemplate.Execute(&cfg, map[string]any{"Bundle": "/run/appliance/medium/bundle",
+		"BundleKey": "/run/appliance/config/bundle-signing.pub", "State": "/var/lib/appliance", "Lab": "/run/appliance/config",
+		"Name": "kiso", "K8s": true}); err != nil {
+		t.Fatal(err)
+	}
+	pubKey := readFile(t, filepath.Join(k.labDir, "ssh", "id_ed25519.pub"))
+	cfg.WriteString(`host:
+  interfaces:
+  - {macAddress: "` + isoMACCP + `", addresses: [10.100.0.2/24]}
+  - {macAddress: "` + isoMACWL + `", addresses: [10.200.0.2/24]}
+  stateDevice: ` + isovm.StateDevice + `
+  autoBootstrap: true
+  sshAuthorizedKeys: ["` + strings.TrimSpace(pubKey) + `"]
+`)
+	dir := t.TempDir()
+	config := isovm.ConfigVolume(t, dir, map[string]string{
+		"bootstrap.yaml":     cfg.String(),
+		"bundle-signing.pub": readFile(t, bundleKey),
+		"ssh/id_ed25519":     readFile(t, filepath.Join(k.labDir, "ssh", "id_ed25519")),
+		"ssh/known_hosts":    readFile(t, filepath.Join(k.labDir, "ssh", "known_hosts")),
+	})
+	state := isovm.BlankDisk(t, filepath.Join(dir, "state.img"), 2<<30)
+	opts := isovm.Options{NetNS: boot, ISO: iso, Config: config, State: state, Dir: dir, Name: "journey",
+		NICs: []isovm.NIC{{Tap: "tap0", MAC: isoMACCP}, {Tap: "tap1", MAC: isoMACWL}}}
+	v := isovm.Boot(t, opts)
+	v.WaitConsole(t, regexp.MustCompile(`converge\s.*4 nodes ready`), 25*time.Minute)
+	took := time.Since(v.Start)
+	t.Logf("ISO power-on → Ready cluster (3 control planes + 1 worker): %.1f s (%s)", took.Seconds(), isovm.Shares(v.Log()))
+	if m := regexp.MustCompile(`(?m)^.*\bphase\b.*$`).FindAllString(v.Log(), -1); len(m) > 0 {
+		t.Logf("the VM's bootstrap, from its console:\n%s", strings.Join(m, "\n"))
+	}
+
+	// The cluster as make e2e checks it: every node Ready, through the VIP, from a control plane.
+	nodes := k.ssh(t, "cp1", "kubectl --kubeconfig /etc/kubernetes/admin.conf --server https://"+vip+":6443 get nodes --no-headers")
+	ready := 0
+	for _, l := range strings.Split(strings.TrimSpace(nodes), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == "Ready" {
+			ready++
+		}
+	}
+	if ready != len(k8sNodes) {
+		t.Fatalf("%d of %d nodes Ready through the VIP:\n%s", ready, len(k8sNodes), nodes)
+	}
+	caBefore := k.ssh(t, "cp1", "curl -sfk https://10.100.0.2:8443/ca.crt | sha256sum")
+
+	// Reboot: the same CA and state; then bootstrap again over SSH changes nothing.
+	v.Halt()
+	opts.Name = "journey-reboot"
+	v = isovm.Boot(t, opts)
+	v.WaitConsole(t, regexp.MustCompile(`appliance serving at`), 10*time.Minute)
+	if caAfter := k.ssh(t, "cp1", "curl -sfk https://10.100.0.2:8443/ca.crt | sha256sum"); caAfter != caBefore {
+		t.Errorf("the CA changed across the reboot: %s, was %s", caAfter, caBefore)
+	}
+	if strings.Contains(v.Log(), "formatting it") {
+		t.Errorf("the reboot formatted the state disk again")
+	}
+	v.WaitConsole(t, regexp.MustCompile(`converge\s.*4 nodes ready`), 10*time.Minute)
+	out, err := k.run("cp1", "ssh", "-i", filepath.Join(k.labDir, "ssh", "id_ed25519"), "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "root@10.100.0.2",
+		"appliance bootstrap --config /run/appliance/config/bootstrap.yaml")
+	if err != nil || !strings.Contains(out, "nothing changed") {
+		t.Errorf("a second bootstrap on the rebooted appliance: %v\n%s", err, out)
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,262 @@
+// Package isovm boots the appliance ISO (iso/build-iso.sh) in QEMU under TCG for tests, the way an
+// operator boots it on a server: the ISO as a CD (BIOS, or UEFI with Debian's OVMF), a configuration
+// volume (FAT, label APPL-CONFIG) and a state disk as virtio disks, NICs on tap devices inside a lab
+// network namespace. The VM is a real peer; QEMU runs inside the namespace, killed by its PID.
+package isovm
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// StateSerial is the state disk's virtio serial: the guest sees it as /dev/disk/by-id/virtio-applstate.
+const StateSerial = "applstate"
+
+// StateDevice is the state disk's path in the guest.
+const StateDevice = "/dev/disk/by-id/virtio-" + StateSerial
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// BuildISO builds (or reuses, by content) the ISO with binaries built from this tree and the fixture
+// bundle, and returns its path. The system stage must have been built by `make fixtures`
+// (build-iso.sh --system-only) or is built now (it downloads: call it before any lab exists).
+func BuildISO(t testing.TB) string {
+	t.Helper()
+	labns.RequireRoot(t)
+	for _, tool := range []string{"grub-mkrescue", "xorriso", "mksquashfs"} {
+		labns.RequireTool(t, tool)
+	}
+	root := repoRoot()
+	bin := t.TempDir()
+	for _, c := range [][]string{
+		{"go", "build", "-trimpath", "-o", filepath.Join(bin, "appliance"), "./cmd/appliance"},
+		{"go", "build", "-trimpath", "-o", filepath.Join(bin, "hostagent"), "./cmd/hostagent"},
+	} {
+		cmd := exec.Command(c[0], c[1:]...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	out := filepath.Join(labns.FixtureCache(), "iso", "appliance-test-amd64.iso")
+	cmd := exec.Command("bash", filepath.Join(root, "iso", "build-iso.sh"), "--appliance", filepath.Join(bin, "appliance"),
+		"--hostagent", filepath.Join(bin, "hostagent"), "--bundle", filepath.Join(labns.FixtureCache(), "bundle"), "--out", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if _, err := cmd.Output(); err != nil {
+		t.Fatalf("iso/build-iso.sh: %v\n%s", err, stderr.String())
+	}
+	t.Logf("%s", strings.TrimSpace(stderr.String()))
+	return out
+}
+
+// ConfigVolume makes a FAT image labelled APPL-CONFIG in dir holding files (name → content; names
+// may have one directory level, e.g. "ssh/id_ed25519") and returns its path.
+func ConfigVolume(t testing.TB, dir string, files map[string]string) string {
+	t.Helper()
+	labns.RequireTool(t, "mkfs.vfat")
+	labns.RequireTool(t, "mcopy")
+	img := filepath.Join(dir, "config.img")
+	_ = os.Remove(img)
+	if out, err := exec.Command("mkfs.vfat", "-C", "-n", "APPL-CONFIG", img, "16384").CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.vfat: %v\n%s", err, out)
+	}
+	made := map[string]bool{}
+	for name, content := range files {
+		if d := filepath.Dir(name); d != "." && !made[d] {
+			if out, err := exec.Command("mmd", "-i", img, "::/"+d).CombinedOutput(); err != nil {
+				t.Fatalf("mmd %s: %v\n%s", d, err, out)
+			}
+			made[d] = true
+		}
+		p := filepath.Join(dir, "config-"+strings.ReplaceAll(name, "/", "_"))
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("mcopy", "-i", img, p, "::/"+name).CombinedOutput(); err != nil {
+			t.Fatalf("mcopy %s: %v\n%s", name, err, out)
+		}
+	}
+	return img
+}
+
+// BlankDisk makes a sparse, all-zero raw disk of size bytes (blank: no signature).
+func BlankDisk(t testing.TB, path string, size int64) string {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// NIC is one network interface of the VM: a tap device (created by the caller in the namespace) and
+// the MAC address the configuration matches.
+type NIC struct{ Tap, MAC string }
+
+// Options describe one boot.
+type Options struct {
+	NS            *labns.NS // the namespace QEMU runs in (its taps)
+	NetNS         string    // or a namespace by name (ip netns), when NS is nil
+	ISO           string
+	Config, State string // disk images; "" leaves the disk out
+	NICs          []NIC
+	UEFI          bool
+	// Dir receives the console log (NAME.console.log) and UEFI variables; no commas (QEMU's option
+	// syntax).
+	Dir, Name string
+	MemoryMB  int // default 2048
+}
+
+// VM is one QEMU boot of the ISO.
+type VM struct {
+	Console string
+	Start   time.Time
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	output  bytes.Buffer
+}
+
+// Boot starts QEMU; the VM is killed (by its PID) when the test ends, or by Halt.
+func Boot(t testing.TB, o Options) *VM {
+	t.Helper()
+	labns.RequireTool(t, "qemu-system-x86_64")
+	if strings.Contains(o.Dir, ",") || strings.Contains(o.ISO, ",") {
+		t.Fatalf("%s: QEMU's option syntax cannot take a path with a comma", o.Dir)
+	}
+	if o.MemoryMB == 0 {
+		o.MemoryMB = 2048
+	}
+	v := &VM{Console: filepath.Join(o.Dir, o.Name+".console.log"), Start: time.Now()}
+	args := []string{"qemu-system-x86_64", "-name", "appliance-iso-" + o.Name, "-accel", "tcg", "-cpu", "qemu64,+rdrand",
+		"-m", strconv.Itoa(o.MemoryMB), "-smp", "2", "-nodefaults", "-no-user-config", "-display", "none",
+		"-chardev", "file,id=con,path=" + v.Console, "-serial", "chardev:con", "-boot", "d"}
+	if o.UEFI {
+		vars := filepath.Join(o.Dir, o.Name+".OVMF_VARS.fd")
+		data, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
+		if err != nil {
+			t.Fatalf("OVMF (Debian package ovmf): %v", err)
+		}
+		if err := os.WriteFile(vars, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// q35: the CD on its AHCI controller.
+		args = append(args, "-machine", "q35",
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+			"-drive", "if=pflash,format=raw,unit=1,file="+vars,
+			"-drive", "file="+o.ISO+",media=cdrom,if=none,id=cd,readonly=on,format=raw", "-device", "ide-cd,drive=cd,bus=ide.0")
+	} else {
+		args = append(args, "-drive", "file="+o.ISO+",media=cdrom,if=ide,readonly=on,format=raw")
+	}
+	if o.State != "" {
+		args = append(args, "-drive", "file="+o.State+",if=none,id=state,format=raw", "-device", "virtio-blk-pci,drive=state,serial="+StateSerial)
+	}
+	if o.Config != "" {
+		args = append(args, "-drive", "file="+o.Config+",if=none,id=cfg,format=raw", "-device", "virtio-blk-pci,drive=cfg,serial=applconfig")
+	}
+	for i, n := range o.NICs {
+		id := "n" + strconv.Itoa(i)
+		args = append(args, "-netdev", "tap,id="+id+",ifname="+n.Tap+",script=no,downscript=no", "-device", "virtio-net-pci,netdev="+id+",mac="+n.MAC)
+	}
+	if o.NS != nil {
+		v.cmd = o.NS.Command(args...)
+	} else {
+		v.cmd = exec.Command("ip", append([]string{"netns", "exec", o.NetNS}, args...)...)
+	}
+	v.cmd.Stdout, v.cmd.Stderr = &v.output, &v.output
+	if err := v.cmd.Start(); err != nil {
+		t.Fatalf("qemu: %v", err)
+	}
+	v.exited = make(chan struct{})
+	go func() { _ = v.cmd.Wait(); close(v.exited) }()
+	t.Cleanup(v.Halt)
+	fw := "BIOS"
+	if o.UEFI {
+		fw = "UEFI/OVMF"
+	}
+	t.Logf("%s: QEMU pid %d (%s), console %s", o.Name, v.cmd.Process.Pid, fw, v.Console)
+	return v
+}
+
+// Halt kills the VM (its PID) and waits for it.
+func (v *VM) Halt() {
+	select {
+	case <-v.exited:
+	default:
+		_ = v.cmd.Process.Kill()
+		<-v.exited
+	}
+}
+
+// Dead reports whether QEMU has exited, with its output.
+func (v *VM) Dead() (string, bool) {
+	select {
+	case <-v.exited:
+		return "QEMU exited: " + v.output.String(), true
+	default:
+		return "", false
+	}
+}
+
+// Log is the console so far.
+func (v *VM) Log() string {
+	b, _ := os.ReadFile(v.Console)
+	return string(b)
+}
+
+// WaitConsole waits until the console shows re and returns the match, or fails with the console's
+// tail.
+func (v *VM) WaitConsole(t testing.TB, re *regexp.Regexp, limit time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		if m := re.FindString(v.Log()); m != "" {
+			return m
+		}
+		if why, dead := v.Dead(); dead || time.Now().After(deadline) {
+			t.Fatalf("console never showed %q within %s %s; its tail:\n%s", re, limit, why, Tail(v.Log(), 40))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// Tail is the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Shares reads the boot's phases from the console: the initramfs start, the medium verified, the
+// switch to systemd (seconds since the kernel started).
+func Shares(console string) string {
+	var parts []string
+	for _, p := range []struct{ name, re string }{
+		{"initramfs start", `APPLIANCE-INIT: start \([^,]+, ([0-9.]+)s`},
+		{"medium verified", `medium verified \(\d+ files\) at ([0-9.]+)s`},
+		{"systemd", `switching to systemd at ([0-9.]+)s`},
+	} {
+		if m := regexp.MustCompile(p.re).FindStringSubmatch(console); m != nil {
+			parts = append(parts, p.name+" at "+m[1]+" s")
+		}
+	}
+	return strings.Join(parts, ", ")
+}
