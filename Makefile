@@ -62,7 +62,7 @@ test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes
 e2e: deps build fixtures ## the end to end suites: the appliance ISO booted in QEMU (BIOS, UEFI, refusals); lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
 	@$(STAGE) suite-kubernetes-fixture --show -- $(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
 	@$(STAGE) suite-iso --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 30m -v ./test/iso/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
-	@$(STAGE) suite-e2e --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
+	@$(STAGE) suite-e2e --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 60m -v -run 'TestKubernetesE2E|TestISOJourney' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
 
 .PHONY: iso
 iso: deps build fixtures ## the appliance ISO (iso/build-iso.sh) with the fixture bundle, cached by content under $(APPLIANCE_CACHE)/iso

@@ -53,6 +53,9 @@ func TestISOJourney(t *testing.T) {
 		}
 	}
 
+	// nodes.sh ssh (k.ssh) goes from cp1's namespace now: P-boot has no address left.
+	k.env = append(k.env, "LAB_SSH_FROM=cp1")
+
 	var cfg bytes.Buffer
 	if err := nodeConfigTemplate.Execute(&cfg, map[string]any{"Bundle": "/run/appliance/medium/bundle",
 		"BundleKey": "/run/appliance/config/bundle-signing.pub", "State": "/var/lib/appliance", "Lab": "/run/appliance/config",
@@ -79,10 +82,10 @@ func TestISOJourney(t *testing.T) {
 	opts := isovm.Options{NetNS: boot, ISO: iso, Config: config, State: state, Dir: dir, Name: "journey",
 		NICs: []isovm.NIC{{Tap: "tap0", MAC: isoMACCP}, {Tap: "tap1", MAC: isoMACWL}}}
 	v := isovm.Boot(t, opts)
-	v.WaitConsole(t, regexp.MustCompile(`converge\s.*4 nodes ready`), 25*time.Minute)
+	v.WaitConsole(t, regexp.MustCompile(`converge: 4 nodes ready`), 25*time.Minute)
 	took := time.Since(v.Start)
 	t.Logf("ISO power-on → Ready cluster (3 control planes + 1 worker): %.1f s (%s)", took.Seconds(), isovm.Shares(v.Log()))
-	if m := regexp.MustCompile(`(?m)^.*\bphase\b.*$`).FindAllString(v.Log(), -1); len(m) > 0 {
+	if m := regexp.MustCompile(`\[\d/\d\] [a-z]+: .*`).FindAllString(v.Log(), -1); len(m) > 0 {
 		t.Logf("the VM's bootstrap, from its console:\n%s", strings.Join(m, "\n"))
 	}
 
@@ -99,9 +102,10 @@ func TestISOJourney(t *testing.T) {
 	}
 	caBefore := k.ssh(t, "cp1", "curl -sfk https://10.100.0.2:8443/ca.crt | sha256sum")
 
-	// Reboot: the same CA and state; then bootstrap again over SSH changes nothing.
+	// Reboot, this time with UEFI (OVMF, q35): the same CA and state; a lab node pulls through it;
+	// bootstrap again over SSH changes nothing.
 	v.Halt()
-	opts.Name = "journey-reboot"
+	opts.Name, opts.UEFI = "journey-reboot-uefi", true
 	v = isovm.Boot(t, opts)
 	v.WaitConsole(t, regexp.MustCompile(`appliance serving at`), 10*time.Minute)
 	if caAfter := k.ssh(t, "cp1", "curl -sfk https://10.100.0.2:8443/ca.crt | sha256sum"); caAfter != caBefore {
@@ -110,7 +114,13 @@ func TestISOJourney(t *testing.T) {
 	if strings.Contains(v.Log(), "formatting it") {
 		t.Errorf("the reboot formatted the state disk again")
 	}
-	v.WaitConsole(t, regexp.MustCompile(`converge\s.*4 nodes ready`), 10*time.Minute)
+	v.WaitConsole(t, regexp.MustCompile(`converge: 4 nodes ready`), 10*time.Minute)
+	t.Logf("UEFI reboot → cluster ready again: %.1f s", time.Since(v.Start).Seconds())
+	// An image no node holds yet (busybox), pulled by w1's containerd through the appliance's mirror.
+	if out := k.ssh(t, "w1", "ctr -n k8s.io images pull --hosts-dir /etc/containerd/certs.d docker.io/library/busybox:1.35 2>&1 | tail -2; "+
+		"echo count=$(ctr -n k8s.io images ls -q | grep -c '^docker.io/library/busybox:1.35$')"); !strings.Contains(out, "count=1") {
+		t.Errorf("w1 could not pull busybox through the rebooted appliance:\n%s", out)
+	}
 	out, err := k.run("cp1", "ssh", "-i", filepath.Join(k.labDir, "ssh", "id_ed25519"), "-o", "StrictHostKeyChecking=no",
 		"-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "root@10.100.0.2",
 		"appliance bootstrap --config /run/appliance/config/bootstrap.yaml")

@@ -288,11 +288,13 @@ ct_up() {
 	date +%s%N >"$d/started"
 }
 
-# ssh_node NODE CMD...: CMD as root on the node, from P-boot, with the lab key and the pinned host key.
+# ssh_node NODE CMD...: CMD as root on the node, from P-boot (or from the namespace of the node
+# $LAB_SSH_FROM, when P-boot holds no address: the ISO journey's VM owns them), with the lab key and the
+# pinned host key.
 ssh_node() {
 	local node=$1
 	shift
-	ip netns exec "$(ns_of boot)" ssh -o BatchMode=yes -o StrictHostKeyChecking=yes \
+	ip netns exec "$(ns_of "${LAB_SSH_FROM:-boot}")" ssh -o BatchMode=yes -o StrictHostKeyChecking=yes \
 		-o UserKnownHostsFile="$SSH_DIR/known_hosts" -o GlobalKnownHostsFile=/dev/null \
 		-o ConnectTimeout=3 -o LogLevel=ERROR -i "$SSH_DIR/id_ed25519" "root@$(node_ip "$node")" "$@"
 }
