@@ -68,6 +68,11 @@ e2e: deps build fixtures ## the end to end suites: the appliance ISO booted in Q
 iso: deps build fixtures ## the appliance ISO (iso/build-iso.sh) with the fixture bundle, cached by content under $(APPLIANCE_CACHE)/iso
 	@$(STAGE) iso --show -- iso/build-iso.sh --bundle $(APPLIANCE_CACHE)/bundle
 
+.PHONY: e2e-iso
+e2e-iso: deps build fixtures ## the ISO suites alone: test/iso (boots, refusals) and TestISOJourney (the lab bootstrapped from the ISO)
+	@$(STAGE) suite-iso --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 30m -v ./test/iso/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
+	@$(STAGE) suite-iso-journey --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 40m -v -run 'TestISOJourney' ./test/integration/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
+
 .PHONY: lint
 lint: ## gofmt, go vet, go mod tidy check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

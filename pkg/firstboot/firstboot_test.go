@@ -3,6 +3,8 @@ package firstboot
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -249,5 +251,44 @@ func TestRunRefusesInvalidConfigurationAndMissingHost(t *testing.T) {
 	}
 	if h.called("systemctl") || h.called("networkctl") {
 		t.Errorf("nothing may start from an unusable configuration: %v", h.calls)
+	}
+}
+
+// TestRunConfigFromURL: appliance.config=URL on the kernel command line is fetched (a real HTTP
+// server on 127.0.0.1) and used; no volume is looked for.
+func TestRunConfigFromURL(t *testing.T) {
+	h := newHost(t)
+	h.writeConfig(t, "host:\n  interfaces: [{name: ens3, addresses: [10.100.0.2/24]}]\n")
+	cfg, err := os.ReadFile(filepath.Join(h.root, ConfigDir, ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(h.root, ConfigDir, ConfigFile)); err != nil {
+		t.Fatal(err)
+	}
+	delete(h.mount, ConfigDir)
+	h.writeMounts(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/lab/bootstrap.yaml" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(cfg)
+	}))
+	defer srv.Close()
+	o := h.options(t)
+	o.Cmdline = "console=ttyS0 appliance.config=" + srv.URL + "/lab/bootstrap.yaml quiet"
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if h.called("blkid -L") {
+		t.Errorf("a configuration volume was looked for although the URL gave one: %v", h.calls)
+	}
+	if got := h.read(t, ConfigDir+"/"+ConfigFile); got != string(cfg) {
+		t.Errorf("the fetched configuration differs from the served one")
+	}
+	o.Cmdline = "appliance.config=" + srv.URL + "/missing.yaml"
+	if err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("a missing URL: %v, want the HTTP status", err)
 	}
 }

@@ -127,6 +127,29 @@ func TestISOJourney(t *testing.T) {
 	if err != nil || !strings.Contains(out, "nothing changed") {
 		t.Errorf("a second bootstrap on the rebooted appliance: %v\n%s", err, out)
 	}
+
+	// The console: what agetty shows before the login prompt (its own rendering of /etc/issue and
+	// /run/issue.d), refreshed by appliance-console.timer.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		banner, err := k.run("cp1", "ssh", "-i", filepath.Join(k.labDir, "ssh", "id_ed25519"), "-o", "StrictHostKeyChecking=no",
+			"-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "root@10.100.0.2", "agetty --show-issue")
+		missing := ""
+		for _, want := range []string{"https://10.100.0.2:8443", "CA pin         sha256:", "cp1             ready", "w1              ready", "journalctl"} {
+			if !strings.Contains(banner, want) {
+				missing = want
+			}
+		}
+		if err == nil && missing == "" {
+			t.Logf("the appliance's console banner:\n%s", banner)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the console banner lacks %q (%v):\n%s", missing, err, banner)
+			break
+		}
+		time.Sleep(5 * time.Second)
+	}
 }
 
 func readFile(t *testing.T, p string) string {
