@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/random"
 
-	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
 	"github.com/airgap-appliance/appliance/pkg/debrepo"
 	"github.com/airgap-appliance/appliance/test/upstream"
@@ -37,26 +36,7 @@ func TestBundleSinceImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec.Apt = bundlespec.Apt{Sources: []bundlespec.AptSource{{URI: "https://deb.example.invalid/debian", Suite: "trixie", Components: []string{"main"}, SignedBy: keyring}}}
-	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
-	spec.Signing = bundlespec.Signing{}
-	spec.Output = bundlespec.Output{}
-	bundlespec.SetDefaults(spec)
-	refs, err := bundlecreate.Images(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range refs {
-		img, _ := random.Image(512, 1)
-		up.Push(t, strings.TrimPrefix(r, "registry.k8s.io/"), img)
-	}
-	data, err := bundlespec.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	specFile := filepath.Join(dir, "bundle-spec.yaml")
-	if err := os.WriteFile(specFile, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	specFile, _ := writeSpec(t, up, dir, spec)
 	base, update, merged := filepath.Join(dir, "base"), filepath.Join(dir, "update"), filepath.Join(dir, "merged")
 
 	stdout, stderr, err := runCLI("bundle", "create", "--spec", specFile, "--out", base, "--images-only", "-o", "json")

@@ -26,24 +26,11 @@ func runCLI(args ...string) (string, string, error) {
 	return out.String(), errb.String(), err
 }
 
-// TestBundleCreateVerifyInspect drives `appliance bundle create`, `verify` and `inspect` against a real
-// upstream registry (Debian's docker-registry, TLS + basic auth, registry.k8s.io's only mirror) and a
-// signed upstream apt repository, both on loopback.
-func TestBundleCreateVerifyInspect(t *testing.T) {
-	up := upstream.Start(t, upstream.Options{})
-	dir := t.TempDir()
-	spec := bundlespec.Example()
-	spec.Images.Install, spec.Images.Extra = nil, nil
-	spec.Registries = bundlespec.Registries{Hosts: map[string]bundlespec.Registry{
-		"registry.k8s.io": {Mirrors: []string{"https://" + up.Host}, MirrorsOnly: true, CAFile: up.CAFile,
-			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}}}}
-	// Packages from a signed upstream apt repository on loopback (the CLI test never leaves the machine).
-	apt := upstream.StartAptRepo(t, []upstream.Deb{{Name: "alpha", Version: "1.0", Arch: "amd64", Extra: "Depends: bravo\n"},
-		{Name: "bravo", Version: "2.0", Arch: "all"}})
-	spec.Apt = bundlespec.Apt{CAFile: apt.CAFile, Sources: []bundlespec.AptSource{
-		{URI: apt.URL, Suite: apt.Suite, Components: []string{"main"}, SignedBy: apt.Keyring}}}
-	spec.Packages, spec.ExtraPackages = []string{"alpha"}, nil
-	// Signing keys: the defaults, created on first use under the user's configuration directory.
+// writeSpec finishes spec for a CLI test in dir (default signing keys under dir/config, no parts,
+// defaults), pushes a random image to up for every image it names under registry.k8s.io, and writes
+// it to dir/bundle-spec.yaml; it returns that path and the images.
+func writeSpec(t *testing.T, up *upstream.Registry, dir string, spec *bundlespec.BundleSpecification) (string, []string) {
+	t.Helper()
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	spec.Signing = bundlespec.Signing{}
 	spec.Output = bundlespec.Output{}
@@ -64,6 +51,28 @@ func TestBundleCreateVerifyInspect(t *testing.T) {
 	if err := os.WriteFile(specFile, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return specFile, refs
+}
+
+// TestBundleCreateVerifyInspect drives `appliance bundle create`, `verify` and `inspect` against a real
+// upstream registry (Debian's docker-registry, TLS + basic auth, registry.k8s.io's only mirror) and a
+// signed upstream apt repository, both on loopback.
+func TestBundleCreateVerifyInspect(t *testing.T) {
+	up := upstream.Start(t, upstream.Options{})
+	dir := t.TempDir()
+	spec := bundlespec.Example()
+	spec.Images.Install, spec.Images.Extra = nil, nil
+	spec.Registries = bundlespec.Registries{Hosts: map[string]bundlespec.Registry{
+		"registry.k8s.io": {Mirrors: []string{"https://" + up.Host}, MirrorsOnly: true, CAFile: up.CAFile,
+			Auth: bundlespec.RegistryAuth{DockerConfigFile: up.DockerConfig(t, up.Password)}}}}
+	// Packages from a signed upstream apt repository on loopback (the CLI test never leaves the machine).
+	apt := upstream.StartAptRepo(t, []upstream.Deb{{Name: "alpha", Version: "1.0", Arch: "amd64", Extra: "Depends: bravo\n"},
+		{Name: "bravo", Version: "2.0", Arch: "all"}})
+	spec.Apt = bundlespec.Apt{CAFile: apt.CAFile, Sources: []bundlespec.AptSource{
+		{URI: apt.URL, Suite: apt.Suite, Components: []string{"main"}, SignedBy: apt.Keyring}}}
+	spec.Packages, spec.ExtraPackages = []string{"alpha"}, nil
+	// Signing keys: the defaults, created on first use under the user's configuration directory.
+	specFile, refs := writeSpec(t, up, dir, spec)
 	out := filepath.Join(dir, "bundle")
 
 	stdout, stderr, err := runCLI("bundle", "create", "--spec", specFile, "--out", out, "-o", "json")
