@@ -404,8 +404,9 @@ func describe(p map[string]string) string {
 	return strings.Join(parts, ", ")
 }
 
-// sshServer installs host.sshAuthorizedKeys for root and starts sshd (host keys made on first use);
-// without keys sshd stays off.
+// sshServer installs host.sshAuthorizedKeys for root and starts sshd; without keys sshd stays off.
+// The host keys live in STATE/ssh (made by ssh-keygen -A on the first boot, kept on the state disk),
+// so that a reboot keeps the identity clients pinned.
 func sshServer(ctx context.Context, o *Options, cfg *config.BootstrapConfiguration) error {
 	keys := cfg.Host.SSHAuthorizedKeys
 	if len(keys) == 0 {
@@ -414,14 +415,44 @@ func sshServer(ctx context.Context, o *Options, cfg *config.BootstrapConfigurati
 	if _, err := atomicfile.Write(o.path("/root/.ssh/authorized_keys"), []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
 		return fmt.Errorf("host.sshAuthorizedKeys: %w", err)
 	}
-	if _, err := o.run(ctx, "ssh-keygen", "-A"); err != nil {
-		return fmt.Errorf("host.sshAuthorizedKeys: %w", err)
+	kept := o.path(filepath.Join(cfg.StateDir, "ssh"))
+	etc := o.path("/etc/ssh")
+	saved, _ := filepath.Glob(filepath.Join(kept, "ssh_host_*"))
+	for _, f := range saved {
+		if err := copyFile(f, filepath.Join(etc, filepath.Base(f))); err != nil {
+			return fmt.Errorf("host.sshAuthorizedKeys: restore the SSH host keys: %w", err)
+		}
+	}
+	if len(saved) == 0 {
+		if _, err := o.run(ctx, "ssh-keygen", "-A"); err != nil {
+			return fmt.Errorf("host.sshAuthorizedKeys: %w", err)
+		}
+		made, _ := filepath.Glob(filepath.Join(etc, "ssh_host_*"))
+		for _, f := range made {
+			if err := copyFile(f, filepath.Join(kept, filepath.Base(f))); err != nil {
+				return fmt.Errorf("host.sshAuthorizedKeys: keep the SSH host keys on the state disk: %w", err)
+			}
+		}
 	}
 	if _, err := o.run(ctx, "systemctl", "start", "ssh.service"); err != nil {
 		return fmt.Errorf("host.sshAuthorizedKeys: %w", err)
 	}
 	o.logf("SSH server started for %d key(s)", len(keys))
 	return nil
+}
+
+// copyFile copies src to dst atomically, private keys 0600 and public ones 0644.
+func copyFile(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	mode := os.FileMode(0o600)
+	if strings.HasSuffix(dst, ".pub") {
+		mode = 0o644
+	}
+	_, err = atomicfile.Write(dst, data, mode)
+	return err
 }
 
 // WriteBanner writes the console banner: the appliance URL(s), the CA pin once the CA exists, every

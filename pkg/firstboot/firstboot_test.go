@@ -292,3 +292,45 @@ func TestRunConfigFromURL(t *testing.T) {
 		t.Errorf("a missing URL: %v, want the HTTP status", err)
 	}
 }
+
+// TestSSHHostKeysKept: the first boot's host keys (made by the real ssh-keygen -A in the fake root)
+// are kept in STATE/ssh and restored on the next boot instead of new ones.
+func TestSSHHostKeysKept(t *testing.T) {
+	h := newHost(t)
+	keygen := labns.RequireTool(t, "ssh-keygen")
+	h.writeConfig(t, "host:\n  interfaces: [{name: ens3, addresses: [10.100.0.2/24]}]\n  sshAuthorizedKeys: [\"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test\"]\n")
+	o := h.options(t)
+	o.Exec = func(ctx context.Context, name string, args ...string) (string, error) {
+		if name == "ssh-keygen" { // the real one, into the fake root's /etc/ssh
+			if err := os.MkdirAll(filepath.Join(h.root, "etc/ssh"), 0o755); err != nil {
+				return "", err
+			}
+			out, err := exec.CommandContext(ctx, keygen, "-A", "-f", h.root).CombinedOutput()
+			return string(out), err
+		}
+		return h.exec(t)(ctx, name, args...)
+	}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	first := h.read(t, "/etc/ssh/ssh_host_ed25519_key.pub")
+	if kept := h.read(t, "/var/lib/appliance/ssh/ssh_host_ed25519_key.pub"); kept != first {
+		t.Fatalf("host key not kept in the state directory")
+	}
+	if st, err := os.Stat(filepath.Join(h.root, "/var/lib/appliance/ssh/ssh_host_ed25519_key")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("kept private host key: %v %v", err, st)
+	}
+	// A reboot: /etc/ssh is fresh (tmpfs overlay), the state disk is not.
+	if err := os.RemoveAll(filepath.Join(h.root, "etc/ssh")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	if again := h.read(t, "/etc/ssh/ssh_host_ed25519_key.pub"); again != first {
+		t.Errorf("the reboot made a new host key")
+	}
+	if !h.called("systemctl start ssh.service") {
+		t.Errorf("sshd not started: %v", h.calls)
+	}
+}
