@@ -147,18 +147,19 @@ func runPower(ctx context.Context, cmd *cobra.Command, g *globalFlags, cfgPath, 
 		}
 	} else {
 		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NODE\tKIND\tADDRESS\tACTION\tSTATE\tRESULT\tATTEMPTS\tTIME")
+		// RESULT last and on one line: a BMC's multi-line error must not break the columns.
+		fmt.Fprintln(tw, "NODE\tKIND\tADDRESS\tACTION\tSTATE\tATTEMPTS\tTIME\tRESULT")
 		for _, r := range out {
 			res := "ok"
 			if !r.OK {
-				res = "FAILED: " + r.Error
+				res = "FAILED: " + strings.Join(strings.Fields(r.Error), " ")
 			}
 			st := r.State
 			if st == "" {
 				st = "-"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Node, r.Kind, r.Address, r.Action, st, res, r.Attempts,
-				(time.Duration(r.DurationMS) * time.Millisecond).String())
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Node, r.Kind, r.Address, r.Action, st, r.Attempts,
+				(time.Duration(r.DurationMS) * time.Millisecond).String(), res)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -50,6 +50,14 @@ var ErrParts = errors.New("invalid bundle parts")
 // limit, is the same: TestMinPartSizeMatchesSpec).
 const MinPartSize = 1 << 20
 
+// sizeText writes n bytes as bundlespec sizes read (e.g. "1MiB"), or in bytes.
+func sizeText(n int64) string {
+	if n > 0 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
 // minPartSize is MinPartSize, lowered by tests that split tiny bundles.
 var minPartSize = int64(MinPartSize)
 
@@ -261,7 +269,7 @@ type archiveEntry struct {
 // bundle whose files do not match SHA256SUMS; a part size below MinPartSize; ctx.Err().
 func Split(ctx context.Context, dir, partsDir string, partSize int64, progress func(done, total int64)) (PartsManifest, error) {
 	if partSize < minPartSize {
-		return PartsManifest{}, fmt.Errorf("part size %d bytes is too small: parts hold at least %s", partSize, fmt.Sprintf("%d bytes", minPartSize))
+		return PartsManifest{}, fmt.Errorf("part size %d bytes is too small: parts hold at least %s", partSize, sizeText(minPartSize))
 	}
 	b, err := Open(dir)
 	if err != nil {

@@ -380,7 +380,7 @@ func TestSplitRefuses(t *testing.T) {
 	t.Run("part size", func(t *testing.T) {
 		minPartSize = 1 << 20
 		defer func() { minPartSize = 512 }()
-		if _, err := Split(context.Background(), dir, t.TempDir(), 4096, nil); err == nil || !strings.Contains(err.Error(), "at least 1048576 bytes") {
+		if _, err := Split(context.Background(), dir, t.TempDir(), 4096, nil); err == nil || !strings.Contains(err.Error(), "at least 1MiB") {
 			t.Errorf("Split with 4096-byte parts: %v", err)
 		}
 	})

@@ -72,6 +72,8 @@ type bmcController struct {
 	mu     sync.Mutex // bmclib.Client is not safe for concurrent use
 	client *bmclib.Client
 	opened bool
+	// basicAuth: the Redfish service offers no sessions; every request carries HTTP basic auth.
+	basicAuth bool
 	opts   []bmclib.Option // the client's options, to rebuild it once the IPMI cipher suite is known
 }
 
@@ -213,7 +215,25 @@ func (c *bmcController) openLocked(ctx context.Context) error {
 	if c.opened {
 		return nil
 	}
-	if err := c.client.Open(ctx); err != nil {
+	err := c.client.Open(ctx)
+	if err != nil && !c.basicAuth && ctx.Err() == nil {
+		// A service without a SessionService (sushy-tools, older BMCs) fails the session login
+		// (gofish: "no target provided", or a 404): like OpenStack's sushy client, fall back to HTTP
+		// basic auth, once, and keep it. Not for errors a login method cannot change.
+		if cl := c.classify(ctx, "open", err); !errors.Is(cl, ErrUnreachable) && !errors.Is(cl, ErrCertificate) && !errors.Is(cl, ErrAuth) {
+			c.log.Debug("Redfish session login failed; trying HTTP basic auth", "error", err)
+			c.basicAuth = true
+			c.opts = append(c.opts, bmclib.WithRedfishUseBasicAuth(true))
+			if nerr := c.newClient(); nerr != nil {
+				return nerr
+			}
+			if berr := c.client.Open(ctx); berr != nil {
+				return fmt.Errorf("session login: %w; basic auth: %w", err, berr)
+			}
+			err = nil
+		}
+	}
+	if err != nil {
 		return err
 	}
 	c.opened = true
@@ -416,7 +436,7 @@ func (c *bmcController) classify(ctx context.Context, op string, err error) erro
 		var hnErr x509.HostnameError
 		switch {
 		case errors.As(err, &rfErr) && (rfErr.HTTPReturnedStatusCode == 401 || rfErr.HTTPReturnedStatusCode == 403),
-			strings.Contains(msg, "401") && strings.Contains(strings.ToLower(msg), "unauthorized"):
+			strings.Contains(msg, "401") && (strings.Contains(strings.ToLower(msg), "unauthorized") || strings.Contains(strings.ToLower(msg), "password")):
 			return fmt.Errorf("%s: Redfish BMC %s refused the login: check power.username and the password in power.passwordFile: %w: %w", op, addr, ErrAuth, err)
 		case errors.As(err, &certErr), errors.As(err, &uaErr), errors.As(err, &hnErr),
 			strings.Contains(msg, "x509:"), strings.Contains(msg, "tls: failed to verify"):
