@@ -1,7 +1,7 @@
 // Package firstboot sets up a bootstrap host that booted from the appliance ISO (`appliance
 // firstboot`, run by appliance-firstboot.service at every boot; iso/): it finds the configuration,
 // gives the host its static addresses, prepares and mounts the state disk, enables SSH when asked,
-// starts appliance-bootstrap.service, and keeps a console banner (agetty's /run/issue.d) that says
+// starts appliance-bootstrap.service, and keeps a console banner (agetty's /etc/issue.d) that says
 // where the appliance is and what it is doing, or exactly what to provide when something is missing.
 //
 // Every step is idempotent (a reboot runs them again on the same disk), and the one destructive step,
@@ -47,8 +47,10 @@ const (
 	ConfigFile = "bootstrap.yaml"
 	// MediumDir is where the initramfs mounted the ISO (iso/init).
 	MediumDir = "/run/appliance/medium"
-	// BannerPath is the console banner, read by agetty with /etc/issue.
-	BannerPath = "/run/issue.d/50-appliance.issue"
+	// BannerPath is the console banner, which agetty prints after /etc/issue (util-linux reads
+	// /etc/issue.d only while /etc/issue exists, and /run/issue.d only when it does not). On the ISO,
+	// /etc is the RAM overlay: the banner never reaches the medium.
+	BannerPath = "/etc/issue.d/50-appliance.issue"
 	// BootstrapEnv holds APPLIANCE_BOOTSTRAP_ARGS for appliance-bootstrap.service.
 	BootstrapEnv = "/run/appliance/bootstrap.env"
 	// NetworkDir receives the systemd-networkd .network files (runtime, not persistent).

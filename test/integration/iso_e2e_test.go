@@ -127,10 +127,11 @@ func TestISOJourney(t *testing.T) {
 	}
 
 	// The console: what agetty shows before the login prompt (its own rendering of /etc/issue and
-	// /run/issue.d), refreshed by appliance-console.timer.
+	// /etc/issue.d), refreshed by appliance-console.timer.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		banner, err := applianceSSH(k, "agetty --show-issue")
+		// agetty needs a terminal: script(1) gives it one (SSH without -t has none).
+		banner, err := applianceSSH(k, "script -qec 'agetty --show-issue' /dev/null")
 		missing := ""
 		for _, want := range []string{"https://10.100.0.2:8443", "CA pin         sha256:", "cp1             ready", "w1              ready", "journalctl"} {
 			if !strings.Contains(banner, want) {

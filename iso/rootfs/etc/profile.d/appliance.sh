@@ -1,2 +1,2 @@
 # Login banner: the appliance's state (the same text as the console's /etc/issue).
-[ -r /run/issue.d/50-appliance.issue ] && cat /run/issue.d/50-appliance.issue
+[ -r /etc/issue.d/50-appliance.issue ] && cat /etc/issue.d/50-appliance.issue
