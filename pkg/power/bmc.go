@@ -74,7 +74,7 @@ type bmcController struct {
 	opened bool
 	// basicAuth: the Redfish service offers no sessions; every request carries HTTP basic auth.
 	basicAuth bool
-	opts   []bmclib.Option // the client's options, to rebuild it once the IPMI cipher suite is known
+	opts      []bmclib.Option // the client's options, to rebuild it once the IPMI cipher suite is known
 }
 
 // NewBMC builds a Controller for an IPMI or Redfish BMC with bmclib v2, restricted to one
