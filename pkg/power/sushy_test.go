@@ -1,10 +1,8 @@
 package power
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -62,14 +60,7 @@ func startSushy(t *testing.T) (port int, caPEM []byte, user, password string) {
 	}
 	tmp := t.TempDir()
 	ca, leaf := pkitest.Issue(t)
-	var chain bytes.Buffer
-	for _, der := range leaf.Certificate {
-		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-	}
-	key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile := pkitest.WritePEM(t, tmp, leaf)
 	user, password = "admin", "sushy-"+strconv.FormatInt(time.Now().UnixNano()%100000, 10)
 	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
 	if err != nil {
@@ -81,17 +72,11 @@ func startSushy(t *testing.T) (port int, caPEM []byte, user, password string) {
 	}
 	port = l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	files := map[string][]byte{
-		"cert.pem": chain.Bytes(), "key.pem": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
-		"htpasswd": []byte(user + ":" + string(hash) + "\n"),
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(tmp, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(filepath.Join(tmp, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\nSUSHY_EMULATOR_FAKE_DRIVER = True\n",
-		port, filepath.Join(tmp, "cert.pem"), filepath.Join(tmp, "key.pem"), filepath.Join(tmp, "htpasswd"))
+		port, certFile, keyFile, filepath.Join(tmp, "htpasswd"))
 	if err := os.WriteFile(filepath.Join(tmp, "emulator.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}

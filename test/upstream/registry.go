@@ -6,13 +6,11 @@
 package upstream
 
 import (
-	"bytes"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"net/http"
@@ -79,20 +77,11 @@ func Start(t testing.TB, o Options) *Registry {
 		caPEM, leaf := pkitest.Issue(t)
 		r.Pool = x509.NewCertPool()
 		r.Pool.AppendCertsFromPEM(caPEM)
-		var chain bytes.Buffer
-		for _, der := range leaf.Certificate {
-			_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
-		}
-		key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
-		if err != nil {
-			t.Fatal(err)
-		}
 		r.CAFile = filepath.Join(dir, "ca.pem")
 		write(t, r.CAFile, caPEM)
 		write(t, filepath.Join(r.CertDir, "ca.crt"), caPEM)
-		write(t, filepath.Join(dir, "tls.crt"), chain.Bytes())
-		write(t, filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}))
-		cfg += fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		certFile, keyFile := pkitest.WritePEM(t, dir, leaf)
+		cfg += fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", certFile, keyFile)
 	}
 	if r.Auth {
 		// bcrypt's minimum cost: the registry checks the hash on every request.

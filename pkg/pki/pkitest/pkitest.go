@@ -4,8 +4,13 @@
 package pkitest
 
 import (
+	"bytes"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -30,4 +35,26 @@ func Issue(t testing.TB, ips ...netip.Addr) (caPEM []byte, serving tls.Certifica
 		t.Fatalf("test serving certificate: %v", err)
 	}
 	return ca.CertPEM, cert
+}
+
+// WritePEM writes serving's certificate chain and its private key (PKCS#8) as PEM files cert.pem and
+// key.pem (0600) in dir, for servers that read their TLS material from files (docker-registry,
+// sushy-tools), and returns their paths.
+func WritePEM(t testing.TB, dir string, serving tls.Certificate) (certFile, keyFile string) {
+	t.Helper()
+	var chain bytes.Buffer
+	for _, der := range serving.Certificate {
+		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(serving.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for p, data := range map[string][]byte{certFile: chain.Bytes(), keyFile: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})} {
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
 }
