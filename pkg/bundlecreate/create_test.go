@@ -183,7 +183,7 @@ func TestCreateWithPackages(t *testing.T) {
 	if _, err := b.Verify(context.Background(), ""); err != nil {
 		t.Fatalf("bundle does not verify: %v", err)
 	}
-	for _, f := range []string{"dists/stable/InRelease", "dists/stable/Release.gpg", RepoKeyringFile} {
+	for _, f := range []string{"dists/stable/InRelease", "dists/stable/Release.gpg", RepoKeyringFile()} {
 		if _, err := os.Stat(filepath.Join(b.RepoDir(), f)); err != nil {
 			t.Errorf("the bundle's repository lacks %s: %v", f, err)
 		}
@@ -267,7 +267,13 @@ func TestCreateParts(t *testing.T) {
 	if err := bundle.Join(ctx, res.PartsDir, joined, nil); err != nil {
 		t.Fatalf("Join: %v", err)
 	}
-	b, err := bundle.Open(joined)
+	openSigned(t, joined, spec)
+}
+
+// openSigned opens the bundle in dir and checks it is signed by spec's bundle key.
+func openSigned(t *testing.T, dir string, spec *bundlespec.BundleSpecification) *bundle.Bundle {
+	t.Helper()
+	b, err := bundle.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,6 +282,7 @@ func TestCreateParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := b.VerifySignature([]ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}); err != nil {
-		t.Errorf("joined bundle's signature: %v", err)
+		t.Errorf("signature of %s: %v", dir, err)
 	}
+	return b
 }

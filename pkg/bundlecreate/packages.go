@@ -4,22 +4,26 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
 	"github.com/airgap-appliance/appliance/pkg/debrepo"
 )
 
 // The bundle's Debian repository: what nodes' apt reads from the appliance (/repo/debian, suite
 // RepoSuite, component RepoComponent), signed with the repo key; its public keyring is
-// RepoKeyringFile inside the repository, covered by the bundle's own signature.
+// RepoKeyringFile() inside the repository, covered by the bundle's own signature.
 const (
-	RepoSuite       = "stable"
-	RepoComponent   = "main"
-	RepoKeyringFile = "appliance-repo.gpg" // bundle.RepoKeyringPath inside the repository
+	RepoSuite     = "stable"
+	RepoComponent = "main"
 )
+
+// RepoKeyringFile is bundle.RepoKeyringPath's name inside the repository directory.
+func RepoKeyringFile() string { return path.Base(bundle.RepoKeyringPath) }
 
 // DebianPackages is the Packages step with pkg/debrepo: apt itself resolves the spec's packages and
 // extraPackages to their full Depends/Pre-Depends closure for a node that starts empty, from the
@@ -79,7 +83,7 @@ func DebianPackages(workDir string) func(ctx context.Context, spec *bundlespec.B
 			debrepo.RepoOptions{Date: time.Now().UTC().Truncate(time.Second), Origins: origins}); err != nil {
 			return res, err
 		}
-		if _, err := signer.WritePublicKeyring(filepath.Join(repoDir, RepoKeyringFile)); err != nil {
+		if _, err := signer.WritePublicKeyring(filepath.Join(repoDir, RepoKeyringFile())); err != nil {
 			return res, err
 		}
 		return res, nil

@@ -2,7 +2,6 @@ package bundlecreate
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"io/fs"
 	"net/http"
@@ -81,17 +80,7 @@ func TestCreateSince(t *testing.T) {
 	if _, err := bundle.Import(ctx, diffOut, baseOut, merged); err != nil {
 		t.Fatalf("Import: %v", err)
 	}
-	b, err := bundle.Open(merged)
-	if err != nil {
-		t.Fatal(err)
-	}
-	priv, _, err := bundle.EnsureSigningKey(spec.Signing.BundleKeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.VerifySignature([]ed25519.PublicKey{priv.Public().(ed25519.PublicKey)}); err != nil {
-		t.Errorf("signature of the imported bundle: %v", err)
-	}
+	b := openSigned(t, merged, spec)
 	bom, err := b.BillOfMaterials()
 	if err != nil {
 		t.Fatal(err)
