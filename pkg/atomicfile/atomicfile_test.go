@@ -1,9 +1,18 @@
 package atomicfile
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestWrite(t *testing.T) {
@@ -29,5 +38,102 @@ func TestWrite(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(p))
 	if len(ents) != 1 {
 		t.Fatalf("temporary files left behind: %v", ents)
+	}
+}
+
+// TestHelperWriter is not a test: run by TestCleanStale as a child process (ATOMICFILE_HELPER_DIR set),
+// it starts a write the way Write does, prints the temporary file's name and blocks until killed.
+func TestHelperWriter(t *testing.T) {
+	dir := os.Getenv("ATOMICFILE_HELPER_DIR")
+	if dir == "" {
+		t.Skip("helper process for TestCleanStale")
+	}
+	tmp, err := os.CreateTemp(dir, tempPrefix(filepath.Join(dir, "ca.key"))+"*")
+	if err != nil {
+		os.Exit(2)
+	}
+	_, _ = tmp.WriteString("-----BEGIN PRIVATE KEY-----\n")
+	fmt.Println(tmp.Name())
+	select {}
+}
+
+// TestCleanStale: a real writer process killed (SIGKILL) in the middle of a write leaves its
+// temporary file; CleanStale keeps it while the writer lives and removes it once the writer is gone.
+// Files without a PID (older writers) go when older than a minute; other files and skipped
+// directories are left alone.
+func TestCleanStale(t *testing.T) {
+	root := t.TempDir()
+	pkiDir := filepath.Join(root, "pki")
+	skipDir := filepath.Join(root, "registry")
+	for _, d := range []string{pkiDir, skipDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWriter$")
+	cmd.Env = append(os.Environ(), "ATOMICFILE_HELPER_DIR="+pkiDir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper writer: %v", err)
+	}
+	childTmp := strings.TrimSpace(line)
+
+	old := time.Now().Add(-2 * time.Hour)
+	write := func(p string, age time.Time) string {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, age, age); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	legacyOld := write(filepath.Join(pkiDir, ".serving.crt.tmp-123456"), old)
+	legacyNew := write(filepath.Join(root, ".journal.tmp-654321"), time.Now())
+	mine := write(filepath.Join(root, tempPrefix(filepath.Join(root, "x"))+"42"), old)
+	deadTok := write(filepath.Join(pkiDir, ".node1.tmp-999999999-7"), old) // PID beyond pid_max
+	plain := write(filepath.Join(pkiDir, "ca.key"), old)
+	skipped := write(filepath.Join(skipDir, ".data.tmp-1-2"), old)
+
+	removed, err := CleanStale(root, "registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	want := []string{deadTok, legacyOld}
+	slices.Sort(want)
+	if !slices.Equal(removed, want) {
+		t.Errorf("first sweep removed %v, want %v", removed, want)
+	}
+	for _, p := range []string{childTmp, legacyNew, mine, plain, skipped} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s (live writer's, fresh, or not a temporary file) was removed: %v", p, err)
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	removed, err = CleanStale(root, "registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{childTmp}) {
+		t.Errorf("after the writer's SIGKILL CleanStale removed %v, want [%s]", removed, childTmp)
+	}
+	if _, err := os.Stat(childTmp); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("killed writer's temporary file still there: %v", err)
+	}
+	if removed, err := CleanStale(filepath.Join(root, "nosuch")); err != nil || len(removed) != 0 {
+		t.Errorf("missing root: %v %v, want nothing and no error", removed, err)
 	}
 }

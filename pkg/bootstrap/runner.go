@@ -7,9 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // Options are the inputs of one `appliance bootstrap` run.
@@ -212,5 +216,31 @@ func openStateDir(st *State) error {
 		return err
 	}
 	st.unlock = unlock
+	if !st.Options.DryRun {
+		removeLeftovers(st)
+	}
 	return nil
+}
+
+// removeLeftovers deletes what a run killed mid-write left in the state directory (the caller holds
+// its lock): the atomic writers' temporary files whose writer is gone (atomicfile.CleanStale; a
+// key's temporary file holds the key) and dry runs' scratch copies of the PKI (.dry-run-*, made only
+// under the lock). The registry's storage belongs to the registry and is not walked. Failures are
+// logged, not fatal: the phases rewrite every file they own.
+func removeLeftovers(st *State) {
+	removed, err := atomicfile.CleanStale(st.StateDir, filepath.Base(statedir.Registry(st.StateDir)))
+	if err != nil {
+		st.Options.Logger.Warn("remove temporary files a killed run left", "error", err)
+	}
+	scratch, _ := filepath.Glob(filepath.Join(st.StateDir, ".dry-run-*"))
+	for _, d := range scratch {
+		if err := os.RemoveAll(d); err != nil {
+			st.Options.Logger.Warn("remove a killed dry run's scratch directory", "path", d, "error", err)
+			continue
+		}
+		removed = append(removed, d)
+	}
+	if len(removed) > 0 {
+		st.Options.Logger.Info("removed what a killed run left", "count", len(removed), "paths", removed)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
@@ -198,5 +199,62 @@ func TestWriteRendered(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(statedir.Rendered(state), "cp1", "ignition")); !errors.Is(err, os.ErrNotExist) {
 		t.Error("empty ignition directory left behind")
+	}
+}
+
+// TestRunnerRemovesCrashLeftovers: a run killed in the pki phase leaves the atomic writers' temporary
+// files (.ca.key.tmp-*, .serving.crt.tmp-*, token temporaries; the key's holds the key) and a dry
+// run's scratch copy of the PKI; the next run removes them all before any phase after load runs. The
+// registry's storage is left to the registry.
+func TestRunnerRemovesCrashLeftovers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	old := time.Now().Add(-time.Hour)
+	var leftovers []string
+	for _, rel := range []string{
+		"pki/.ca.key.tmp-2147483646-12345",        // a dead writer's PID (above any pid_max)
+		"pki/.serving.crt.tmp-2147483646-99",      //
+		"pki/tokens/.node1.tmp-2147483646-5",      //
+		"pki/.ca.key.tmp-3141592653",              // written before temporary names carried a PID
+		"pki/kubernetes/.ca.key.tmp-2147483646-1", //
+		".dry-run-123456/pki/ca.key",              // a killed dry run's PKI copy
+		"rendered/node1/.hostagent.yaml.tmp-2147483646-8",
+	} {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("-----BEGIN PRIVATE KEY-----\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chtimes(p, old, old)
+		leftovers = append(leftovers, p)
+	}
+	keep := filepath.Join(dir, "registry", "docker", ".data.tmp-2147483646-1")
+	if err := os.MkdirAll(filepath.Dir(keep), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keep, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var log []string
+	var seen []string
+	_, err := runPhases(context.Background(), Options{}, phasesFor(dir, &log, &fakePhase{name: "pki", check: func(st *State) {
+		for _, p := range leftovers {
+			if _, err := os.Stat(p); err == nil {
+				seen = append(seen, p)
+			}
+		}
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 0 {
+		t.Errorf("leftovers of a killed run still there when the next run's phases run: %v", seen)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".dry-run-123456")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a killed dry run's scratch directory is still there: %v", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("the registry's files were touched: %v", err)
 	}
 }
