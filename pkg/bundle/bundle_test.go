@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -597,5 +598,99 @@ func BenchmarkVerify(b *testing.B) {
 			b.SetBytes(res.Bytes)
 			b.ReportMetric(float64(res.Hashed), "files-hashed/op")
 		})
+	}
+}
+
+// TestVerifyStampSurvivesLinks (issue 16, class 6): every state directory's registry hard-links the
+// bundle's OCI blobs (registry.Import), and removing a state directory unlinks them again; each link
+// or unlink changes the blob's ctime. A verification after such churn must hash nothing (it re-hashed
+// every blob before), while a damaged blob (written in place, or replaced by a copy with the old
+// mtime) is still re-hashed and caught. (A same-size rewrite with the mtime put back is caught by
+// ctime on files with one link: TestVerifyStamp.)
+func TestVerifyStampSurvivesLinks(t *testing.T) {
+	b := newBundle(t)
+	stampFile := filepath.Join(t.TempDir(), "state", "bundle-verify.json")
+	ctx := context.Background()
+	var blobs []string
+	_ = filepath.WalkDir(filepath.Join(b.ImagesDir(), "blobs"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			blobs = append(blobs, p)
+		}
+		return err
+	})
+	hourAgo := time.Now().Add(-time.Hour) // so that the damaging write below surely moves the mtime
+	for _, p := range blobs {
+		if err := os.Chtimes(p, hourAgo, hourAgo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Verify(ctx, stampFile); err != nil {
+		t.Fatal(err)
+	}
+	if len(blobs) == 0 {
+		t.Fatal("test bundle has no blobs")
+	}
+	// This state directory's registry links every blob (it stays), as the bundle phase does...
+	link := func(dir string) {
+		t.Helper()
+		for i, p := range blobs {
+			if err := os.Link(p, filepath.Join(dir, fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ownRegistry := t.TempDir()
+	link(ownRegistry)
+	res, err := b.Verify(ctx, stampFile)
+	if err != nil || res.Hashed != 0 {
+		t.Errorf("Verify after this state directory's registry linked the blobs: %+v, %v; want 0 hashed", res, err)
+	}
+	// ...then another state directory links them too and is removed (a test run, a trial install).
+	other := filepath.Join(t.TempDir(), "other-state")
+	if err := os.Mkdir(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link(other)
+	res, err = b.Verify(ctx, stampFile)
+	if err != nil || res.Hashed != 0 {
+		t.Errorf("Verify while another state directory links the blobs: %+v, %v; want 0 hashed", res, err)
+	}
+	if err := os.RemoveAll(other); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Verify(ctx, stampFile)
+	if err != nil || res.Hashed != 0 || res.Cached != res.Files {
+		t.Errorf("second Verify after link churn: %+v, %v; want 0 hashed, all %d cached", res, err, res.Files)
+	}
+
+	// Damage one blob in place (same size, a write as dd conv=notrunc does): re-hashed and caught.
+	p := blobs[0]
+	st, _ := os.Stat(p)
+	data, _ := os.ReadFile(p)
+	data[len(data)/2] ^= 0xff
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	res, err = b.Verify(ctx, stampFile)
+	if !errors.Is(err, ErrMismatch) || res.Hashed != 1 {
+		t.Errorf("after damaging a linked blob in place: %+v, %v; want 1 hashed and ErrMismatch", res, err)
+	}
+	// Replaced by a damaged copy (new inode, mtime kept): caught too.
+	data[len(data)/2] ^= 0xff // repair, then replace with a damaged copy
+	data[0] ^= 0xff
+	tmp := p + ".new"
+	write(t, tmp, data)
+	_ = os.Chtimes(tmp, st.ModTime(), st.ModTime())
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Verify(ctx, stampFile)
+	if !errors.Is(err, ErrMismatch) || res.Hashed != 1 {
+		t.Errorf("after replacing a blob by a damaged copy: %+v, %v; want 1 hashed and ErrMismatch", res, err)
 	}
 }

@@ -46,13 +46,35 @@ type fileFacts struct {
 }
 
 // statKey identifies one version of a file without reading it: if any field differs, the content may
-// have changed. ctime is included because, unlike mtime, no unprivileged tool can set it back.
+// have changed (see unchanged for the one exception). ctime is included because, unlike mtime, no
+// unprivileged tool can set it back.
 type statKey struct {
 	Size  int64  `json:"size"`
 	Mtime int64  `json:"mtimeNs"`
 	Ctime int64  `json:"ctimeNs"`
 	Ino   uint64 `json:"ino"`
 	Dev   uint64 `json:"dev"`
+	// Nlink is the hard-link count (stat(2) st_nlink); not part of the identity, see unchanged.
+	Nlink uint64 `json:"nlink,omitempty"`
+}
+
+// unchanged reports whether now is the same version of the file the stamp saw as was: same inode,
+// device, size and mtime, and same ctime unless the file is hard-linked (st_nlink > 1 then or now).
+//
+// A hard-linked bundle file shares its inode, hence its ctime, with every other holder of a link:
+// each state directory's registry links the OCI blobs (registry.Import) and removing a state directory
+// unlinks them, and bundle.Import links a base bundle's files into the new bundle. Each of those
+// changes the ctime (link(2), unlink(2)) without touching the content, so a ctime key made every
+// verification after any such churn re-hash every blob. For such files the stamp trusts size and
+// mtime: any write changes the mtime, a replacement changes the inode, a truncation the size. What it
+// no longer sees is a same-size in-place rewrite whose mtime was deliberately put back on a file that
+// is linked elsewhere; a file with one link still has that caught by its ctime (and registry clients
+// check every blob's digest on pull).
+func unchanged(was, now statKey) bool {
+	if was.Size != now.Size || was.Mtime != now.Mtime || was.Ino != now.Ino || was.Dev != now.Dev {
+		return false
+	}
+	return was.Ctime == now.Ctime || was.Nlink > 1 || now.Nlink > 1
 }
 
 type stampEntry struct {
@@ -75,6 +97,7 @@ func keyOf(fi fs.FileInfo) statKey {
 		k.Ino = st.Ino
 		k.Dev = uint64(st.Dev) //nolint:unconvert // Dev is int-typed on some platforms
 		k.Ctime = st.Ctim.Sec*1e9 + st.Ctim.Nsec
+		k.Nlink = uint64(st.Nlink) //nolint:unconvert // Nlink is uint32 on some platforms
 	}
 	return k
 }
@@ -94,8 +117,9 @@ func keyOf(fi fs.FileInfo) statKey {
 //     manifest in index.json carries a fully qualified ref.name annotation, and every descriptor reachable
 //     from it names an existing blob of that size whose content hashes to its name (ErrImages).
 //
-// stampFile, if not empty, caches verified files by (path, size, mtime, ctime, inode, device): a file
-// whose stat matches its cached entry and whose cached digest equals the listed one is not read again.
+// stampFile, if not empty, caches verified files by (path, size, mtime, ctime, inode, device; ctime
+// not for hard-linked files, see unchanged): a file whose stat matches its cached entry and whose
+// cached digest equals the listed one is not read again.
 // The stamp is rewritten (atomically) after every run with the files found good, so a rerun after fixing
 // one file re-hashes only that file. A corrupt or foreign stamp is ignored.
 //
@@ -147,7 +171,7 @@ func (b *Bundle) Verify(ctx context.Context, stampFile string) (VerifyResult, er
 	for p, fi := range present {
 		k := keyOf(fi)
 		res.Bytes += k.Size
-		if e, ok := old.Files[p]; ok && e.statKey == k && e.SHA256 == want[p] {
+		if e, ok := old.Files[p]; ok && unchanged(e.statKey, k) && e.SHA256 == want[p] {
 			facts[p] = &fileFacts{key: k, sha256: e.SHA256, stable: true}
 			res.Cached++
 			continue
@@ -348,7 +372,7 @@ func hashFile(ctx context.Context, p string) (*fileFacts, error) {
 		return nil, fmt.Errorf("stat: %w", err)
 	}
 	k := keyOf(before)
-	return &fileFacts{key: k, sha256: hex.EncodeToString(h.Sum(nil)), stable: keyOf(after) == k}, nil
+	return &fileFacts{key: k, sha256: hex.EncodeToString(h.Sum(nil)), stable: unchanged(k, keyOf(after))}, nil
 }
 
 func loadStamp(stampFile, dir string) stamp {
