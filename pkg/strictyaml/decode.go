@@ -15,11 +15,15 @@
 //     of another version is unknown);
 //   - unknown keys (with the valid key they most likely misspell), duplicate keys, merge keys ("<<"),
 //     keys that are not strings;
+//   - YAML tags on any key or value, standard (!!binary, !!str) or custom (!foo): a tag would change
+//     what a value means (!!binary is base64 of other bytes) or be silently ignored;
 //   - values of the wrong shape (a list where a mapping belongs, a quoted "6443" for a port) and values
 //     that do not parse (see Decoder.Scalars; integers out of range; an explicit 0 in a field tagged
 //     `strictyaml:"nonzero"`);
 //   - documents beyond MaxNodes nodes (aliases counted at every use); at most MaxErrors errors are
 //     listed.
+//
+// No message repeats more than MaxValueLen bytes of a value or key: longer ones are clipped (Clip).
 //
 // Supported field kinds: structs, pointers, slices, maps with string keys, strings, bools and unsigned
 // integers; types listed in Decoder.Scalars; other types implementing encoding.TextUnmarshaler. A
@@ -72,7 +76,8 @@ type ScalarType struct {
 	// "must be <Want>, not a list", e.g. "a CIDR such as 10.0.0.0/24".
 	Want string
 	// Parse returns the value for s (of the Go type; nil leaves the field unset, e.g. for ""), or an
-	// error whose text is the whole message for the field (Decode adds path and line).
+	// error whose text is the whole message for the field (Decode adds path and line). Quote the
+	// value with s.Quoted (or Quote), never s.Text whole: it may be megabytes long.
 	Parse func(s Scalar) (any, error)
 }
 
@@ -81,7 +86,7 @@ type Scalar struct {
 	// Text is the value as written, without quotes or escapes.
 	Text string
 	// Quoted is Text as messages show it: a YAML string quoted (strconv.Quote), other scalars (numbers,
-	// booleans) as written.
+	// booleans) as written; clipped to ClipLen bytes and "…(N bytes)" when longer than MaxValueLen.
 	Quoted string
 }
 
@@ -171,7 +176,7 @@ func (dec *Decoder) parseSingleDocument(data []byte) (*yaml.Node, *FieldError) {
 		return nil, &FieldError{Line: root.Line, Msg: dec.Empty}
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, &FieldError{Line: root.Line, Msg: "the document must be a mapping (apiVersion: ..., kind: ..., ...), not " + describe(root)}
+		return nil, &FieldError{Line: root.Line, Msg: "the document must be a mapping (apiVersion: ..., kind: ..., ...), not " + string(describe(root))}
 	}
 	return root, nil
 }
@@ -241,10 +246,11 @@ func (d *decoder) bad(path string, line int, format string, args ...any) {
 	d.fail(path, line, format, args...)
 }
 
+// fail records an error. Long string and error arguments and a long path are clipped (ClipArgs).
 func (d *decoder) fail(path string, line int, format string, args ...any) {
 	switch {
 	case len(d.errs) < MaxErrors:
-		d.errs = append(d.errs, &FieldError{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)})
+		d.errs = append(d.errs, &FieldError{Path: clipPath(path), Line: line, Msg: fmt.Sprintf(format, ClipArgs(args)...)})
 	case len(d.errs) == MaxErrors:
 		d.errs = append(d.errs, &FieldError{Line: line, Msg: fmt.Sprintf("too many errors (more than %d): fix these first", MaxErrors)})
 	}
@@ -269,6 +275,10 @@ func (d *decoder) value(path string, n *yaml.Node, v reflect.Value, nonzero bool
 	if _, ok := d.lines[path]; !ok {
 		d.lines[path] = n.Line
 	}
+	if n.Style&yaml.TaggedStyle != 0 {
+		d.bad(path, n.Line, "YAML tags are not supported (%s): remove the tag and write the plain value", n.Tag)
+		return
+	}
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 		return // null or empty: leave the zero value, defaults apply
 	}
@@ -277,9 +287,9 @@ func (d *decoder) value(path string, n *yaml.Node, v reflect.Value, nonzero bool
 		if !d.scalar(path, n, st.Want) {
 			return
 		}
-		x, err := st.Parse(Scalar{Text: n.Value, Quoted: quoteNode(n)})
+		x, err := st.Parse(Scalar{Text: n.Value, Quoted: string(quoteNode(n))})
 		if err != nil {
-			d.bad(path, n.Line, "%s", err.Error())
+			d.bad(path, n.Line, "%v", err)
 			return
 		}
 		if x != nil {
@@ -408,12 +418,16 @@ func (d *decoder) entries(path string, n *yaml.Node, child func(path, key string
 			d.fail(path, k.Line, "keys must be plain strings, not %s", describe(k))
 			continue
 		}
+		if k.Style&yaml.TaggedStyle != 0 {
+			d.fail(child(path, Clip(k.Value)), k.Line, "YAML tags are not supported (%s): remove the tag and write the plain key", k.Tag)
+			continue
+		}
 		if k.Value == "<<" {
 			d.fail(child(path, k.Value), k.Line, "merge keys (<<) are not supported: write the fields out")
 			continue
 		}
 		if first, dup := seen[k.Value]; dup {
-			d.fail(child(path, k.Value), k.Line, "duplicate key (first set at line %d): keep one", first)
+			d.fail(child(path, Clip(k.Value)), k.Line, "duplicate key (first set at line %d): keep one", first)
 			continue
 		}
 		seen[k.Value] = k.Line
@@ -432,13 +446,13 @@ func (d *decoder) mapping(path string, n *yaml.Node, v reflect.Value) {
 		child := fieldPath(path, k.Value)
 		f, ok := fields[k.Value]
 		if !ok {
-			msg := fmt.Sprintf("unknown field %q", k.Value)
+			msg := fmt.Sprintf("unknown field %s", Quote(k.Value))
 			if s := d.suggest(k.Value, names); s != "" {
 				msg += fmt.Sprintf(": did you mean %q?", s)
 			} else {
 				msg += fmt.Sprintf(": valid keys here are %s", strings.Join(names, ", "))
 			}
-			d.fail(child, k.Line, "%s", msg)
+			d.fail(fieldPath(path, Clip(k.Value)), k.Line, "%s", quoted(msg))
 			return
 		}
 		if _, ok := d.lines[child]; !ok {
@@ -470,7 +484,7 @@ func (d *decoder) stringMap(path string, n *yaml.Node, v reflect.Value) {
 }
 
 // describe names the shape of a node for error messages.
-func describe(n *yaml.Node) string {
+func describe(n *yaml.Node) quoted {
 	switch n.Kind {
 	case yaml.MappingNode:
 		return "a mapping"
@@ -484,15 +498,24 @@ func describe(n *yaml.Node) string {
 	return "an empty document"
 }
 
-// quoteNode renders a node's value for messages: strings quoted, other scalars as written.
-func quoteNode(n *yaml.Node) string {
+// quoteNode renders a node's value for messages: strings quoted, other scalars as written, both
+// clipped (Clip).
+func quoteNode(n *yaml.Node) quoted {
 	if n.Kind != yaml.ScalarNode {
 		return describe(n)
 	}
 	if n.ShortTag() == "!!str" {
-		return strconv.Quote(n.Value)
+		return quoted(Quote(n.Value))
 	}
-	return n.Value
+	return quoted(Clip(n.Value))
+}
+
+// clipPath shortens a path that holds a long key (clipped like a value).
+func clipPath(path string) string {
+	if len(path) <= 2*MaxValueLen {
+		return path
+	}
+	return Clip(path)
 }
 
 // suggest returns the key in names that key most likely misspells: its Synonyms entry; a name equal

@@ -156,6 +156,36 @@ func TestDecodeErrors(t *testing.T) {
 			{Path: "listen", Line: 3, Msg: `"10.0.0.1" is not valid: not an ip:port`}}},
 		{"TextUnmarshaler, mapping", header + "listen: {a: b}\n", false, []FieldError{{Path: "listen", Line: 3, Msg: "must be a string, not a mapping"}}},
 
+		{"standard tag on a value", header + "name: !!binary aGVsbG8=\n", false, []FieldError{
+			{Path: "name", Line: 3, Msg: "YAML tags are not supported (!!binary): remove the tag and write the plain value"}}},
+		{"custom tag on a value", header + "name: !foo bar\n", false, []FieldError{
+			{Path: "name", Line: 3, Msg: "YAML tags are not supported (!foo): remove the tag and write the plain value"}}},
+		{"tag matching the type", header + "port: !!int 8443\n", false, []FieldError{
+			{Path: "port", Line: 3, Msg: "YAML tags are not supported (!!int): remove the tag and write the plain value"}}},
+		{"tag on a null", header + "name: !!null\n", false, []FieldError{
+			{Path: "name", Line: 3, Msg: "YAML tags are not supported (!!null): remove the tag and write the plain value"}}},
+		{"tag on a mapping", header + "servers:\n- !srv {name: a}\n", false, []FieldError{
+			{Path: "servers[0]", Line: 4, Msg: "YAML tags are not supported (!srv): remove the tag and write the plain value"}}},
+		{"tag on a list", header + "tags: !!seq [a]\n", false, []FieldError{
+			{Path: "tags", Line: 3, Msg: "YAML tags are not supported (!!seq): remove the tag and write the plain value"}}},
+		{"tag on a key", header + "!k name: a\n", false, []FieldError{
+			{Path: "name", Line: 3, Msg: "YAML tags are not supported (!k): remove the tag and write the plain key"}}},
+		{"tag on a map key", header + "hosts:\n  !h quay.io: {}\n", false, []FieldError{
+			{Path: "hosts[quay.io]", Line: 4, Msg: "YAML tags are not supported (!h): remove the tag and write the plain key"}}},
+		{"tag on the document", "--- !widget\n" + header, false, []FieldError{
+			{Line: 1, Msg: "YAML tags are not supported (!widget): remove the tag and write the plain value"}}},
+		{"tag behind an alias", header + "name: &n !x a\ntags: [*n]\n", false, []FieldError{
+			{Path: "name", Line: 3, Msg: "YAML tags are not supported (!x): remove the tag and write the plain value"},
+			{Path: "tags[0]", Line: 3, Msg: "YAML tags are not supported (!x): remove the tag and write the plain value"}}},
+		{"a long value is clipped", header + "count: \"" + strings.Repeat("9", 100000) + "\"\n", false, []FieldError{
+			{Path: "count", Line: 3, Msg: `"` + strings.Repeat("9", 80) + `…(100000 bytes)" is not valid: write an integer from 0 to 255 (without quotes)`}}},
+		{"a long unknown key is clipped", header + "? " + strings.Repeat("k", 100000) + "\n: 1\n", false, []FieldError{
+			{Path: strings.Repeat("k", 80) + "…(100000 bytes)", Line: 3, Msg: `unknown field "` + strings.Repeat("k", 80) + `…(100000 bytes)": valid keys here are apiVersion, kind, name, enabled, port, count, color, listen, tags, servers, hosts`}}},
+		{"a long value in a scalar hook's error is clipped", header + "color: " + strings.Repeat("b", 100000) + "\n", false, []FieldError{
+			{Path: "color", Line: 3, Msg: `"` + strings.Repeat("b", 80) + `…(100000 bytes)" is not a color: write red or green`}}},
+		{"a long string in a list is clipped", header + "tags: " + strings.Repeat("t", 100000) + "\n", false, []FieldError{
+			{Path: "tags", Line: 3, Msg: `must be a list (e.g. [a, b] or one '- item' per line), not "` + strings.Repeat("t", 80) + `…(100000 bytes)"`}}},
+
 		{"several at once, in document order", header + "nmae: a\ntags: x\nservers:\n- {name: s, port: 0}\n- name: [t]\ncolor: pink\n", false, []FieldError{
 			{Path: "nmae", Line: 3, Msg: `unknown field "nmae": did you mean "name"?`},
 			{Path: "tags", Line: 4, Msg: `must be a list (e.g. [a, b] or one '- item' per line), not "x"`},

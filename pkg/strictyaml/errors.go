@@ -11,16 +11,17 @@ import (
 // text, "invalid configuration", predates this package and is kept for the documents that use it.)
 var ErrInvalid = errors.New("invalid configuration")
 
-// FieldError is one problem with one field of the document.
+// FieldError is one problem with one field of the document. Its JSON form (for `-o json` output) is
+// {"path": …, "line": …, "message": …}.
 type FieldError struct {
 	// Path is the field path in YAML keys, e.g. "networks.controlPlane.cidrs[1]" or
 	// "nodes[0].power.kind"; empty for problems with the document as a whole (syntax, empty file).
-	Path string
+	Path string `json:"path"`
 	// Line is the 1-based line in the source document, 0 when unknown (e.g. a configuration built in
 	// Go, or a field that is absent from the document and has no present ancestor).
-	Line int
+	Line int `json:"line"`
 	// Msg says what is wrong and what to do about it.
-	Msg string
+	Msg string `json:"message"`
 }
 
 // Error renders `path: msg (line N)`; the path is left out when empty and the line when 0.
