@@ -1,4 +1,4 @@
-// Package server is the appliance's HTTPS front: one TLS listener (TLS >= 1.2) that serves
+// Package server is the appliance's HTTPS front: one TLS listener (TLS >= 1.2, AEAD suites only) that serves
 //
 //	/v2/                the embedded OCI registry mirror (read-only; registry package)
 //	/repo/              the bundle's package repository, its own metadata served as-is
@@ -112,10 +112,26 @@ func New(opts Options) (*Server, error) {
 // Handler returns the root handler (for tests and for embedding in another server).
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// TLSConfig is the listener's TLS configuration: TLS 1.2 minimum, HTTP/2 and HTTP/1.1.
+// TLS12CipherSuites are the suites the front accepts over TLS 1.2: Mozilla's "intermediate" server
+// profile (https://wiki.mozilla.org/Security/Server_Side_TLS, version 5.7) as Go implements it, ECDHE
+// key exchange with an AEAD cipher (AES-GCM, ChaCha20-Poly1305; RFC 5289, RFC 7905) for ECDSA and
+// RSA certificates. No CBC suite (Lucky13-class padding oracles, SHA-1 MACs), no RSA key exchange
+// (no forward secrecy). TLS 1.3 suites are fixed by crypto/tls and not listed.
+var TLS12CipherSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
+// TLSConfig is the listener's TLS configuration: TLS 1.2 minimum with TLS12CipherSuites only, TLS 1.3
+// as crypto/tls has it, HTTP/2 and HTTP/1.1.
 func (s *Server) TLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS12,
+		CipherSuites: TLS12CipherSuites,
 		Certificates: []tls.Certificate{s.opts.Certificate},
 		NextProtos:   []string{"h2", "http/1.1"},
 	}
