@@ -38,8 +38,8 @@ const (
 	StatusFailed  = "failed"
 )
 
-// BootIDHeader carries the hostagent's boot ID on GET ConfigPathV1, so that the first fetch of a new
-// boot moves the node to agent-connected even before its first report.
+// BootIDHeader carries the hostagent's boot ID on GET ConfigPathV1. It is informational: fetching the
+// config records nothing, a node's state moves only by its reports (Report.BootID).
 const BootIDHeader = "Hostagent-Boot-Id"
 
 // Plan returns the steps the hostagent runs for nc, in order: config, firewall; with Kubernetes

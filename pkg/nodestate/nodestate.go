@@ -66,11 +66,11 @@ var knownStates = []string{agentapi.StatePending, agentapi.StatePowering, agenta
 type Event struct {
 	Time time.Time `json:"time"`
 	// Reported is the node's own clock reading when it made the report (agentapi.Report.Time):
-	// reports may arrive late (retried), so timelines use this. Zero for Set and config fetches.
+	// reports may arrive late (retried), so timelines use this. Zero for Set.
 	Reported time.Time `json:"reported,omitzero"`
 	Node     string    `json:"node"`
 	BootID   string    `json:"bootID,omitempty"`
-	// Step, Status and Detail are the report's; empty for Set and config fetches.
+	// Step, Status and Detail are the report's; empty for Set.
 	Step   string `json:"step,omitempty"`
 	Status string `json:"status,omitempty"`
 	Detail string `json:"detail,omitempty"`
@@ -183,33 +183,6 @@ func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
 		st.Steps, st.BootID = nil, ""
 	}
 	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, State: state, Reason: reason})
-}
-
-// ConfigFetched records that the node's hostagent fetched its configuration in boot bootID (may be
-// empty when the agent did not say). It moves a node that is not yet connected (pending, powering,
-// booting) or that reports a new boot to agent-connected; otherwise it changes nothing.
-func (s *Store) ConfigFetched(node, bootID string) (agentapi.NodeStatus, error) {
-	if err := checkNode(node); err != nil {
-		return agentapi.NodeStatus{}, err
-	}
-	st, _, unlock, err := s.lockRead(node)
-	if err != nil {
-		return st, err
-	}
-	defer unlock()
-	newBoot := bootID != "" && bootID != st.BootID
-	switch st.State {
-	case "", agentapi.StatePending, agentapi.StatePowering, agentapi.StateBooting:
-	default:
-		if !newBoot {
-			return st, nil
-		}
-	}
-	if newBoot {
-		st.BootID, st.Steps = bootID, nil
-	}
-	st.Node, st.State, st.Reason, st.Updated = node, agentapi.StateAgentConnected, "", s.now()
-	return st, s.commit(st, Event{Time: st.Updated, Node: node, BootID: st.BootID, Step: agentapi.StepConfig, Status: "fetched", State: st.State})
 }
 
 // Record applies one hostagent report for node, whose step plan is plan (Plan of its NodeConfig;

@@ -53,7 +53,6 @@ func equal(a, b []string) bool {
 func TestTransitions(t *testing.T) {
 	type step struct {
 		set    string // Set(state) instead of a report when not empty
-		fetch  string // ConfigFetched(bootID) when not empty
 		report agentapi.Report
 		state  string
 		reason string
@@ -74,7 +73,6 @@ func TestTransitions(t *testing.T) {
 			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
 		}},
 		{"control plane waits for every step of its plan", cpPlan, []step{
-			{fetch: "b1", state: agentapi.StateAgentConnected},
 			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
 			{report: rep("b1", "packages", "done", ""), state: agentapi.StateAgentConnected},
@@ -98,13 +96,6 @@ func TestTransitions(t *testing.T) {
 			{report: rep("b1", "ready", "done", ""), state: agentapi.StateReady},
 			{report: rep("b2", "config", "done", ""), state: agentapi.StateAgentConnected},
 		}},
-		{"fetch in a new boot reconnects, same boot does not", nil, []step{
-			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
-			{report: rep("b1", "firewall", "done", ""), state: agentapi.StateAgentConnected},
-			{report: rep("b1", "containerd", "done", ""), state: agentapi.StateConfigured},
-			{fetch: "b1", state: agentapi.StateConfigured},
-			{fetch: "b2", state: agentapi.StateAgentConnected},
-		}},
 		{"power cycle forgets steps", nil, []step{
 			{report: rep("b1", "config", "done", ""), state: agentapi.StateAgentConnected},
 			{set: agentapi.StatePowering, state: agentapi.StatePowering},
@@ -119,8 +110,6 @@ func TestTransitions(t *testing.T) {
 				switch {
 				case st.set != "":
 					got, err = s.Set("n1", st.set, "")
-				case st.fetch != "":
-					got, err = s.ConfigFetched("n1", st.fetch)
 				default:
 					got, _, err = s.Record("n1", tc.plan, st.report)
 				}

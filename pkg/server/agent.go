@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -63,27 +64,50 @@ func (t *tokenSet) nodeFor(token string) (string, bool) {
 	return found, found != "" && token != ""
 }
 
-// unauthorized is the one 401 answer of every token-authenticated endpoint.
+// bearerChallenge is the WWW-Authenticate value of every 401 (RFC 6750 §3).
+const bearerChallenge = `Bearer realm="appliance"`
+
+// unauthorized is /ignition/'s one 401 answer, whatever was wrong (the Ignition store takes the token
+// in the header or the query).
 func unauthorized(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", `Bearer realm="appliance"`)
-	http.Error(w, "unauthorized: send this node's token (Authorization: Bearer or ?token=)", http.StatusUnauthorized)
+	w.Header().Set("WWW-Authenticate", bearerChallenge)
+	http.Error(w, "unauthorized: send this node's token (Authorization: Bearer <token>, or ?token=<token>)", http.StatusUnauthorized)
+}
+
+// agentUnauthorized is the agent API's one 401 answer, whatever was wrong: it takes the token in the
+// header only.
+func agentUnauthorized(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", bearerChallenge)
+	http.Error(w, "unauthorized: send this node's token as Authorization: Bearer <token>", http.StatusUnauthorized)
+}
+
+// headerBearer returns the token of an "Authorization: Bearer <token>" header, or "". The scheme is
+// matched case-insensitively and may be followed by several spaces (RFC 7235 §2.1: credentials =
+// auth-scheme 1*SP token68; RFC 6750 §2.1 names the scheme "Bearer").
+func headerBearer(r *http.Request) string {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimLeft(token, " ")
 }
 
 // AgentAPI serves the hostagent API (pkg/agentapi) under /agent/v1/:
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
-//	                            rendered (passed through Gate when set); the first fetch of a boot
-//	                            (agentapi.BootIDHeader) moves the node to agent-connected
+//	                            rendered (passed through Gate when set); reading it records nothing
+//	                            (a node moves only by its reports)
 //	POST agentapi.ReportPathV1  one agentapi.Report (JSON, at most MaxReportBytes, unknown fields
 //	                            refused) recorded by the node store → 204; a bad report → 400
 //
-// The node is the one whose token is sent as "Authorization: Bearer <token>" (never in the query:
-// it would reach logs of proxies). A missing, wrong or unknown token gets the same 401 as
-// /ignition/, so a node can read and write only its own records.
+// The node is the one whose token is sent as "Authorization: Bearer <token>" (scheme in any case;
+// never in the query: it would reach logs of proxies). A missing, wrong or unknown token gets one
+// and the same 401 (the challenge /ignition/ sends, a text naming the header), so a node can read and
+// write only its own records and a caller learns nothing about which nodes exist.
 type AgentAPI struct {
 	// Dir is the rendered dir (STATE/rendered), one directory per node.
 	Dir string
-	// Nodes records reports and config fetches.
+	// Nodes records reports.
 	Nodes *nodestate.Store
 	// Log receives store failures; nil discards. Tokens and configs are never logged.
 	Log *slog.Logger
@@ -108,14 +132,6 @@ func NewAgentAPI(dir string, tokens map[string]string, nodes *nodestate.Store, l
 // SetTokens replaces the accepted tokens (node name → token).
 func (a *AgentAPI) SetTokens(tokens map[string]string) { a.tokens.set(tokens) }
 
-func headerBearer(r *http.Request) string {
-	const p = "Bearer "
-	if h := r.Header.Get("Authorization"); len(h) > len(p) && h[:len(p)] == p {
-		return h[len(p):]
-	}
-	return ""
-}
-
 func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var want string
 	switch r.URL.Path {
@@ -129,7 +145,7 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	node, ok := a.tokens.nodeFor(headerBearer(r))
 	if !ok {
-		unauthorized(w)
+		agentUnauthorized(w)
 		return
 	}
 	if r.Method != want {
@@ -139,7 +155,7 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	if want == http.MethodGet {
-		a.config(w, r, node)
+		a.config(w, node)
 		return
 	}
 	a.report(w, r, node)
@@ -158,7 +174,7 @@ func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, er
 	return b, &nc, nil
 }
 
-func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
+func (a *AgentAPI) config(w http.ResponseWriter, node string) {
 	data, nc, err := a.readNodeConfig(node)
 	if err == nil && a.Gate != nil && nc.Kubernetes != nil {
 		a.Gate(node, nc)
@@ -174,12 +190,7 @@ func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if _, err := w.Write(data); err != nil {
-		return
-	}
-	if _, err := a.Nodes.ConfigFetched(node, r.Header.Get(agentapi.BootIDHeader)); err != nil {
-		a.Log.Error("record config fetch", "node", node, "error", err)
-	}
+	_, _ = w.Write(data)
 }
 
 func (a *AgentAPI) report(w http.ResponseWriter, r *http.Request, node string) {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -55,19 +56,26 @@ func doBody(t *testing.T, h http.Handler, method, target, token, body string) (i
 	return rec.Code, string(b)
 }
 
-// TestAgentAuthMatchesIgnition: every bad credential gets exactly the Ignition endpoint's 401.
-func TestAgentAuthMatchesIgnition(t *testing.T) {
+// TestAgentAuthAnswers: every bad credential gets one and the same 401 from the agent API (a caller
+// learns nothing about which nodes exist), and that answer names what the agent API accepts (the
+// Authorization header; never ?token=, which only /ignition/ takes), while /ignition/'s 401 names
+// both of its ways. Both challenge with the Bearer scheme (RFC 6750 §3).
+func TestAgentAuthAnswers(t *testing.T) {
 	s, _, _ := newAgentServer(t)
 	h := s.Handler()
-	wantCode, wantBody, wantHdr := do(t, h, "GET", "/ignition/cp1", map[string]string{"Authorization": "Bearer wrong"})
-	if wantCode != http.StatusUnauthorized {
-		t.Fatalf("ignition with a wrong token: %d", wantCode)
+	igCode, igBody, igHdr := do(t, h, "GET", "/ignition/cp1", map[string]string{"Authorization": "Bearer wrong"})
+	if igCode != http.StatusUnauthorized || !strings.Contains(igBody, "Authorization: Bearer") || !strings.Contains(igBody, "?token=") ||
+		!strings.HasPrefix(igHdr.Get("WWW-Authenticate"), "Bearer ") {
+		t.Errorf("ignition with a wrong token: %d %q %q", igCode, igBody, igHdr.Get("WWW-Authenticate"))
 	}
+	var first string
 	for _, tc := range []struct{ name, method, path, hdr string }{
 		{"no token", "GET", agentapi.ConfigPathV1, ""},
 		{"wrong token", "GET", agentapi.ConfigPathV1, "Bearer wrong"},
 		{"empty bearer", "GET", agentapi.ConfigPathV1, "Bearer "},
+		{"scheme only", "GET", agentapi.ConfigPathV1, "Bearer"},
 		{"basic auth", "GET", agentapi.ConfigPathV1, "Basic dG9rLWNwMQ=="},
+		{"scheme glued to token", "GET", agentapi.ConfigPathV1, "Bearertok-cp1"},
 		{"report, wrong token", "POST", agentapi.ReportPathV1, "Bearer tok-cp3"},
 		{"token in query", "GET", agentapi.ConfigPathV1 + "?token=tok-cp1", ""},
 	} {
@@ -76,8 +84,34 @@ func TestAgentAuthMatchesIgnition(t *testing.T) {
 			hdr["Authorization"] = tc.hdr
 		}
 		code, body, h2 := do(t, h, tc.method, tc.path, hdr)
-		if code != wantCode || body != wantBody || h2.Get("WWW-Authenticate") != wantHdr.Get("WWW-Authenticate") {
-			t.Errorf("%s: %d %q %q, want the ignition answer %d %q", tc.name, code, body, h2.Get("WWW-Authenticate"), wantCode, wantBody)
+		if code != http.StatusUnauthorized || h2.Get("WWW-Authenticate") != igHdr.Get("WWW-Authenticate") {
+			t.Errorf("%s: %d %q, want 401 with %q", tc.name, code, h2.Get("WWW-Authenticate"), igHdr.Get("WWW-Authenticate"))
+		}
+		if first == "" {
+			first = body
+		} else if body != first {
+			t.Errorf("%s: body %q differs from %q: leaks which credential was wrong", tc.name, body, first)
+		}
+	}
+	if !strings.Contains(first, "Authorization: Bearer") || strings.Contains(first, "token=") {
+		t.Errorf("agent API 401 %q: want it to name the Authorization: Bearer header and nothing the API refuses (?token=)", first)
+	}
+}
+
+// TestAuthSchemeCaseInsensitive: the auth scheme is a case-insensitive token (RFC 7235 §2.1; RFC
+// 6750 §2.1 defines "Bearer"), followed by one or more spaces: "bearer", "BEARER" work on the agent
+// API and on /ignition/ alike.
+func TestAuthSchemeCaseInsensitive(t *testing.T) {
+	s, _, _ := newAgentServer(t)
+	h := s.Handler()
+	for _, auth := range []string{"Bearer tok-cp1", "bearer tok-cp1", "BEARER tok-cp1", "bEaReR tok-cp1", "Bearer   tok-cp1"} {
+		hdr := map[string]string{"Authorization": auth}
+		if code, body, _ := do(t, h, "GET", agentapi.ConfigPathV1, hdr); code != http.StatusOK {
+			t.Errorf("agent config with %q: %d %s", auth, code, body)
+		}
+		hdr["Accept"] = "application/vnd.coreos.ignition+json;version=3.5.0"
+		if code, body, _ := do(t, h, "GET", "/ignition/cp1", hdr); code != http.StatusNotFound { // authorized, nothing rendered
+			t.Errorf("ignition with %q: %d %s, want 404 (authorized, not rendered)", auth, code, body)
 		}
 	}
 }
@@ -90,9 +124,22 @@ func TestAgentConfig(t *testing.T) {
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &nc) != nil || nc.Node != "cp1" {
 		t.Fatalf("cp1 config: %d %s", code, body)
 	}
-	st, err := store.Get("cp1")
-	if err != nil || st.State != agentapi.StateAgentConnected {
-		t.Errorf("after the fetch: %+v, %v; want agent-connected", st, err)
+	// A fetch is not progress: only a report moves the node (issue 16: a mere GET, by anyone holding
+	// the token, marked the node agent-connected).
+	for _, boot := range []string{"", "boot-1"} {
+		req := httptest.NewRequest("GET", agentapi.ConfigPathV1, nil)
+		req.Header.Set("Authorization", "Bearer tok-cp1")
+		req.Header.Set(agentapi.BootIDHeader, boot)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	if st, err := store.Get("cp1"); !errors.Is(err, nodestate.ErrNotFound) {
+		t.Errorf("after config fetches: %+v, %v; want no record (only reports are recorded)", st, err)
+	}
+	if code, body := doBody(t, h, "POST", agentapi.ReportPathV1, "tok-cp1", `{"bootID":"boot-1","step":"config","status":"done"}`); code != http.StatusNoContent {
+		t.Fatalf("report: %d %s", code, body)
+	}
+	if st, err := store.Get("cp1"); err != nil || st.State != agentapi.StateAgentConnected {
+		t.Errorf("after the config report: %+v, %v; want agent-connected", st, err)
 	}
 	// cp2 is authenticated but has no rendered config: 404, and it cannot read cp1's.
 	if code, body := doBody(t, h, "GET", agentapi.ConfigPathV1, "tok-cp2", ""); code != http.StatusNotFound || strings.Contains(body, "cp1") {

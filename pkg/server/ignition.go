@@ -41,8 +41,8 @@ func NewIgnitionStore(dir string, tokens map[string]string) *IgnitionStore {
 func (s *IgnitionStore) SetTokens(tokens map[string]string) { s.tokens.set(tokens) }
 
 func bearer(r *http.Request) string {
-	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
-		return strings.TrimPrefix(h, "Bearer ")
+	if tok := headerBearer(r); tok != "" {
+		return tok
 	}
 	return r.URL.Query().Get("token")
 }
