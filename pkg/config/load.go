@@ -2,10 +2,13 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
 	"os"
+	"syscall"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -13,29 +16,90 @@ import (
 // MaxFileSize bounds the configuration file Load reads (a real one is a few KiB).
 const MaxFileSize = 4 << 20
 
-// Load reads the file at path, strictly decodes it (Decode), applies SetDefaults and runs Validate.
+// Load reads the file at path (a regular file: a FIFO, device or directory is refused before it is
+// read, so that Load never blocks on one), strictly decodes it (Decode), applies SetDefaults and runs Validate.
 // It returns the defaulted configuration and Validate's warnings. The error is either a read error
 // (wrapping the *fs.PathError) or an ErrorList (errors.Is(err, ErrInvalid)) holding every decoding
 // and validation problem at once, in document order; then the configuration is nil, and warnings
 // found so far are still returned.
 func Load(path string, opts ValidateOptions) (*BootstrapConfiguration, []*FieldError, error) {
-	f, err := os.Open(path)
-	if err != nil {
+	data, err := readRegularFile(path, MaxFileSize)
+	switch {
+	case errors.Is(err, errNotRegular), errors.Is(err, errTooLarge):
+		return nil, nil, ErrorList{{Msg: fmt.Sprintf("%s %v: name the configuration file (bootstrap.yaml)", path, err)}}
+	case err != nil:
 		return nil, nil, fmt.Errorf("read configuration: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read configuration %s: %w", path, err)
-	}
-	if len(data) > MaxFileSize {
-		return nil, nil, ErrorList{{Msg: fmt.Sprintf("%s is larger than %d bytes: this is not a configuration file", path, MaxFileSize)}}
 	}
 	c, warnings, errs := load(data, opts)
 	if len(errs) > 0 {
 		return nil, warnings, errs
 	}
 	return c, warnings, nil
+}
+
+var (
+	errNotRegular = errors.New("is not a regular file")
+	errTooLarge   = errors.New("is too large")
+)
+
+// readRegularFile reads the regular file name, at most limit bytes. Anything else is refused without
+// reading from it: os.Stat first, then the file is opened with O_NONBLOCK (opening a FIFO without a
+// writer would block) and checked again with fstat, so a file swapped for a FIFO or device between the
+// two is refused too. Errors: errNotRegular and errTooLarge (wrapped with what the file is or its
+// size), else the *fs.PathError of the open or read.
+func readRegularFile(name string, limit int64) ([]byte, error) {
+	st, err := os.Stat(name)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, notRegular(st.Mode())
+	}
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, notRegular(st.Mode())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%w: larger than %d bytes", errTooLarge, limit)
+	}
+	return data, nil
+}
+
+// withName prefixes the file name to readRegularFile's own errors (its *fs.PathError errors carry it).
+func withName(name string, err error) error {
+	if errors.Is(err, errNotRegular) || errors.Is(err, errTooLarge) {
+		return fmt.Errorf("%s %w", name, err)
+	}
+	return err
+}
+
+// notRegular says what a non-regular file is.
+func notRegular(m fs.FileMode) error {
+	what := "a special file"
+	switch {
+	case m.IsDir():
+		what = "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		what = "a named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		what = "a socket"
+	case m&fs.ModeCharDevice != 0:
+		what = "a character device"
+	case m&fs.ModeDevice != 0:
+		what = "a block device"
+	}
+	return fmt.Errorf("%w (it is %s)", errNotRegular, what)
 }
 
 // load is Load on bytes: decode, default, validate, and merge the errors. A validation error on a

@@ -18,7 +18,6 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"net/netip"
-	"os"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
@@ -161,9 +160,9 @@ func (b Bundle) TrustedKeys() ([]ed25519.PublicKey, error) {
 		out = append(out, pub)
 	}
 	for i, f := range b.PublicKeyFiles {
-		data, err := os.ReadFile(f)
+		data, err := readRegularFile(f, maxReferencedFile)
 		if err != nil {
-			return nil, fmt.Errorf("bundle.publicKeyFiles[%d]: %w", i, err)
+			return nil, fmt.Errorf("bundle.publicKeyFiles[%d]: %w", i, withName(f, err))
 		}
 		pub, err := bundle.ParsePublicKey(string(data))
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/netip"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
 
 // ValidateOptions tunes Validate.
@@ -55,6 +55,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.paths()
 	v.nodes()
 	v.host()
+	v.ports()
 	return v.warns, v.errs
 }
 
@@ -65,12 +66,14 @@ type validator struct {
 	warns []*FieldError
 }
 
+// errorf records an error at path. String and error arguments are clipped (strictyaml.ClipArgs): a
+// message never repeats a value of megabytes.
 func (v *validator) errorf(path, format string, args ...any) {
-	v.errs = append(v.errs, &FieldError{Path: path, Line: v.line(path), Msg: fmt.Sprintf(format, args...)})
+	v.errs = append(v.errs, &FieldError{Path: path, Line: v.line(path), Msg: fmt.Sprintf(format, strictyaml.ClipArgs(args)...)})
 }
 
 func (v *validator) warnf(path, format string, args ...any) {
-	v.warns = append(v.warns, &FieldError{Path: path, Line: v.line(path), Msg: fmt.Sprintf(format, args...)})
+	v.warns = append(v.warns, &FieldError{Path: path, Line: v.line(path), Msg: fmt.Sprintf(format, strictyaml.ClipArgs(args)...)})
 }
 
 // line returns the source line of path, or of its nearest ancestor present in the document, or 0.
@@ -131,6 +134,8 @@ func (v *validator) cluster() {
 		v.errorf("kubernetesVersion", "is required: write vMAJOR.MINOR.PATCH, e.g. %s", DefaultKubernetesVersion)
 	case !versionRE.MatchString(ver):
 		v.errorf("kubernetesVersion", "%q is not a version: write vMAJOR.MINOR.PATCH, e.g. %s", ver, DefaultKubernetesVersion)
+	default:
+		v.kubernetesVersion(ver)
 	}
 }
 
@@ -170,6 +175,10 @@ func (v *validator) plane(path string, cidrs []netip.Prefix, required bool) []na
 		if !v.prefix(ip, p) {
 			continue
 		}
+		if p.Addr().Is6() {
+			v.errorf(ip, "%s is IPv6: "+ipv4Only, p)
+			continue
+		}
 		if first, dup := seen[p]; dup {
 			v.errorf(ip, "%s is listed twice (also %s): remove one", p, first)
 			continue
@@ -206,25 +215,16 @@ func (v *validator) networks() {
 	if !slices.Equal(n.WorkloadPlane.CIDRs, n.ControlPlane.CIDRs) { // the default copy: reported once
 		v.plane("networks.workloadPlane.cidrs", n.WorkloadPlane.CIDRs, false)
 	}
-	podsOK := v.prefix("networks.pods", n.Pods)
-	svcOK := v.prefix("networks.services", n.Services)
-	if svcOK {
-		if n.Services.Addr().Is4() && n.Services.Bits() < 12 {
-			v.errorf("networks.services", "%s is too large: kube-apiserver accepts at most a /12 for IPv4 service ranges; use e.g. %s", n.Services, DefaultServicesCIDR)
-		} else if n.Services.Addr().Is6() && n.Services.Bits() < 108 {
-			v.errorf("networks.services", "%s is too large: kube-apiserver accepts at most a /108 for IPv6 service ranges", n.Services)
-		}
+	podsOK := v.prefix("networks.pods", n.Pods) && v.ipv4("networks.pods", n.Pods)
+	svcOK := v.prefix("networks.services", n.Services) && v.ipv4("networks.services", n.Services)
+	if svcOK && n.Services.Bits() < 12 {
+		v.errorf("networks.services", "%s is too large: kube-apiserver accepts at most a /12 for IPv4 service ranges; use e.g. %s", n.Services, DefaultServicesCIDR)
 	}
 	if podsOK {
 		v.podCapacity(n.Pods)
 	}
-	if podsOK && svcOK {
-		switch {
-		case n.Pods.Addr().Is4() != n.Services.Addr().Is4():
-			v.errorf("networks.services", "%s and networks.pods %s are of different IP families: dual-stack is not supported, use one family", n.Services, n.Pods)
-		case n.Pods.Overlaps(n.Services):
-			v.errorf("networks.services", "%s overlaps networks.pods %s: pick disjoint ranges", n.Services, n.Pods)
-		}
+	if podsOK && svcOK && n.Pods.Overlaps(n.Services) {
+		v.errorf("networks.services", "%s overlaps networks.pods %s: pick disjoint ranges", n.Services, n.Pods)
 	}
 	for _, np := range v.nodeNetworks() {
 		if podsOK && n.Pods.Overlaps(np.p) {
@@ -234,6 +234,15 @@ func (v *validator) networks() {
 			v.errorf("networks.services", "%s overlaps %s %s: service addresses would shadow node addresses; pick a disjoint range", n.Services, np.path, np.p)
 		}
 	}
+}
+
+// ipv4 refuses an IPv6 network (ipv4Only).
+func (v *validator) ipv4(path string, p netip.Prefix) bool {
+	if p.Addr().Is6() {
+		v.errorf(path, "%s is IPv6: "+ipv4Only, p)
+		return false
+	}
+	return true
 }
 
 // podCapacity checks that pods holds one node range per node: kube-controller-manager gives each node
@@ -280,7 +289,10 @@ func (v *validator) apiServer() {
 		switch {
 		case !a.VIP.IsValid():
 			v.errorf("apiServer.vip", "is required when apiServer.keepalived.enabled is true: choose a free address inside networks.controlPlane.cidrs, or set keepalived.enabled: false and point vip at your load balancer")
-		case v.hostAddr("apiServer.vip", a.VIP):
+		case !v.hostAddr("apiServer.vip", a.VIP):
+		case a.VIP.Is6():
+			v.errorf("apiServer.vip", "%s is IPv6: "+ipv4Only, a.VIP)
+		default:
 			v.vipInControlPlane(a.VIP)
 		}
 	} else if a.VIP.IsValid() {
@@ -348,6 +360,8 @@ func (v *validator) server() {
 		v.errorf("server.listenAddress", "is required: the address the appliance listens on, e.g. %s for all", DefaultServerListenAddress)
 	case a.Is4In6() || a.IsMulticast() || a == ipv4Broadcast:
 		v.errorf("server.listenAddress", "%s cannot be listened on: use %s (all IPv4 addresses), :: (all) or one local unicast address", a, DefaultServerListenAddress)
+	case a.Is6() && !a.IsUnspecified():
+		v.errorf("server.listenAddress", "%s is IPv6: the nodes reach the appliance on its IPv4 control-plane address; listen on %s (all IPv4 addresses), :: (all) or one local IPv4 address", a, DefaultServerListenAddress)
 	}
 	if s.Port == 0 {
 		v.errorf("server.port", "is required: the appliance's HTTPS port, usually %d", DefaultServerPort)
@@ -432,6 +446,8 @@ func (v *validator) paths() {
 		v.errorf("stateDir", "is required: an absolute directory such as %s", DefaultStateDir)
 	case !filepath.IsAbs(d):
 		v.errorf("stateDir", "%q is not absolute: write an absolute path such as %s", d, DefaultStateDir)
+	default:
+		v.stateDir(d)
 	}
 	switch b := v.c.Bundle.Path; {
 	case b == "":
@@ -445,6 +461,8 @@ func (v *validator) paths() {
 			v.errorf("bundle.path", "%s cannot be read: %v", b, err)
 		case !st.IsDir():
 			v.errorf("bundle.path", "%s is not a directory: point it at the unpacked bundle directory", b)
+		default:
+			v.bundleVersion(b)
 		}
 	}
 	bk := v.c.Bundle
@@ -461,10 +479,10 @@ func (v *validator) paths() {
 		if f == "" {
 			v.errorf(p, "is empty: name a file holding one \"ed25519:…\" key")
 		} else if v.opts.CheckFiles && v.file(p, f, false) {
-			if data, err := os.ReadFile(f); err != nil {
-				v.errorf(p, "%s cannot be read: %v", f, err)
-			} else if _, err := bundle.ParsePublicKey(string(data)); err != nil {
-				v.errorf(p, "%s: %v", f, err)
+			if data, ok := v.readFile(p, f); ok {
+				if _, err := bundle.ParsePublicKey(string(data)); err != nil {
+					v.errorf(p, "%s: %v", f, err)
+				}
 			}
 		}
 	}
@@ -514,32 +532,29 @@ func (v *validator) file(path, name string, secret bool) bool {
 	return true
 }
 
-// readFile reads a referenced file after file() accepted it, bounded by maxReferencedFile.
+// readFile reads a referenced file after file() accepted it, bounded by maxReferencedFile (and
+// refused if it has become something other than a regular file since).
 func (v *validator) readFile(path, name string) ([]byte, bool) {
-	f, err := os.Open(name)
-	if err != nil {
-		v.errorf(path, "%s cannot be read: %v", name, err)
-		return nil, false
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxReferencedFile+1))
-	if err != nil {
-		v.errorf(path, "%s cannot be read: %v", name, err)
-		return nil, false
-	}
-	if len(data) > maxReferencedFile {
+	data, err := readRegularFile(name, maxReferencedFile)
+	switch {
+	case errors.Is(err, errTooLarge):
 		v.errorf(path, "%s is larger than %d bytes: name the right file", name, maxReferencedFile)
+		return nil, false
+	case err != nil:
+		v.errorf(path, "%s cannot be read: %v", name, err)
 		return nil, false
 	}
 	return data, true
 }
 
 // ReadSecretFile reads a one-line secret (password) file as consumers must: one trailing "\n" or
-// "\r\n" is dropped, so `echo secret > file` works. Errors are the *fs.PathError of os.ReadFile.
+// "\r\n" is dropped, so `echo secret > file` works. Only a regular file of at most 1 MiB is read (a
+// FIFO or device is refused, never waited on). Errors are the *fs.PathError of the stat, open or
+// read, or say that the file is not a regular file or too large.
 func ReadSecretFile(name string) ([]byte, error) {
-	data, err := os.ReadFile(name)
+	data, err := readRegularFile(name, maxReferencedFile)
 	if err != nil {
-		return nil, err
+		return nil, withName(name, err)
 	}
 	data = bytes.TrimSuffix(data, []byte("\n"))
 	return bytes.TrimSuffix(data, []byte("\r")), nil

@@ -97,7 +97,7 @@ func TestValidateErrors(t *testing.T) {
 		{"pods too small for the nodes", func(c *BootstrapConfiguration) { c.Networks.Pods = netip.MustParsePrefix("10.233.0.0/23") },
 			[]string{"networks.pods"}, "holds 2 node ranges (/24 each) but there are 4 nodes"},
 		{"mixed families", func(c *BootstrapConfiguration) { c.Networks.Services = netip.MustParsePrefix("fd00:96::/112") },
-			[]string{"networks.services"}, "dual-stack is not supported"},
+			[]string{"networks.services"}, "fd00:96::/112 is IPv6: the appliance supports IPv4 networks only"},
 		{"VIP missing with keepalived", func(c *BootstrapConfiguration) { c.APIServer.VIP = netip.Addr{} },
 			[]string{"apiServer.vip"}, "is required when apiServer.keepalived.enabled is true"},
 		{"VIP outside controlPlane", func(c *BootstrapConfiguration) { c.APIServer.VIP = addr("10.200.0.100") },
