@@ -3,7 +3,6 @@ package registry
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"io"
 	"log"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"

@@ -23,9 +23,12 @@ import (
 	"time"
 
 	"github.com/distribution/distribution/v3/configuration"
+	"github.com/distribution/distribution/v3/registry/api/errcode"
+	v2 "github.com/distribution/distribution/v3/registry/api/v2"
 	"github.com/distribution/distribution/v3/registry/handlers"
 	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem" // registers "filesystem"
 	"github.com/distribution/reference"
+	"github.com/gorilla/mux"
 	"github.com/opencontainers/go-digest"
 	"github.com/sirupsen/logrus"
 )
@@ -190,10 +193,71 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "internal registry error", http.StatusInternalServerError)
 		}
 	}()
+	if refuseMalformed(w, r) {
+		return
+	}
 	if h.fastPath && (r.Method == http.MethodGet || r.Method == http.MethodHead) && h.serveBlob(w, r) {
 		return
 	}
 	h.app.ServeHTTP(w, r)
+}
+
+// maxEchoed bounds how much of a client's malformed digest an error detail repeats.
+const maxEchoed = 100
+
+// refuseMalformed answers, before distribution sees the request, the malformed paths distribution
+// answers wrongly, and returns whether it did. The request is matched against distribution's own route
+// table (registry/api/v2.Router), so the checks apply to exactly the routes distribution serves, for
+// every method:
+//
+//   - a repository name longer than reference.RepositoryNameTotalLengthMax (255) characters, counted
+//     over the whole name as the mirror's repositories are (RepositoryFor), or otherwise refused by
+//     reference.WithName: 400 NAME_INVALID (distribution v3.1.2 answers 500 UNKNOWN, as it passes
+//     reference's error on unwrapped; the OCI distribution spec's error table has NAME_INVALID);
+//   - a digest in the path (blobs/<digest>, or manifests/<reference> holding a ':', distribution's rule
+//     for a digest rather than a tag) that opencontainers/go-digest does not parse: 400 DIGEST_INVALID,
+//     with a message about the path's digest instead of distribution's stock one about uploaded
+//     content, and the first maxEchoed characters of the digest as detail.
+func refuseMalformed(w http.ResponseWriter, r *http.Request) bool {
+	var m mux.RouteMatch
+	if !v2.Router().Match(r, &m) {
+		return false
+	}
+	if name, ok := m.Vars["name"]; ok {
+		_, err := reference.WithName(name)
+		if len(name) > reference.RepositoryNameTotalLengthMax {
+			err = fmt.Errorf("repository name is %d characters long, more than %d", len(name), reference.RepositoryNameTotalLengthMax)
+		}
+		if err != nil {
+			serveRegistryError(w, errcode.ErrorCodeNameInvalid.WithDetail(err.Error()))
+			return true
+		}
+	}
+	ds, ok := m.Vars["digest"]
+	if ref, isManifest := m.Vars["reference"]; isManifest && strings.ContainsRune(ref, ':') {
+		ds, ok = ref, true
+	}
+	if !ok {
+		return false
+	}
+	if _, err := digest.Parse(ds); err != nil {
+		if len(ds) > maxEchoed {
+			ds = ds[:maxEchoed] + "..."
+		}
+		serveRegistryError(w, errcode.ErrorCodeDigestInvalid.
+			WithMessage("the digest in the request path is malformed: want <algorithm>:<encoded>, e.g. sha256: and 64 lower-case hex digits").
+			WithDetail(map[string]string{"digest": ds, "reason": err.Error()}))
+		return true
+	}
+	return false
+}
+
+// serveRegistryError writes e as the OCI distribution error document, with the headers distribution
+// sends on every response.
+func serveRegistryError(w http.ResponseWriter, e errcode.Error) {
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	_ = errcode.ServeJSON(w, e)
 }
 
 // serveBlob answers GET/HEAD /v2/<name>/blobs/<digest> when the blob is linked into <name>

@@ -204,6 +204,80 @@ func TestBlobFastPathMatchesDistribution(t *testing.T) {
 	}
 }
 
+// TestMalformedPathsAreClientErrors: a repository name the OCI distribution spec does not allow (over
+// 255 characters, reference.RepositoryNameTotalLengthMax) answers NAME_INVALID with 400, on every route
+// and method, as distribution's own error table says (distribution v3.1.2 itself answered 500 UNKNOWN);
+// a malformed digest in the path answers DIGEST_INVALID with 400 and a message about the path's
+// digest (distribution's stock message is about uploaded content). Both paths, fast and distribution.
+func TestMalformedPathsAreClientErrors(t *testing.T) {
+	f, addr, _, client, _ := servedFixture(t)
+	layer := readManifest(t, f.dir, f.pause).Layers[0].Digest
+	long := "registry.k8s.io/" + strings.Repeat("p", 256-len("registry.k8s.io/"))
+	max := long[:255]
+	type answer struct {
+		status  int
+		code    string
+		message string // substring of the first error's message
+	}
+	nameInvalid := answer{400, "NAME_INVALID", "invalid repository name"}
+	digestInvalid := answer{400, "DIGEST_INVALID", "digest in the request path"}
+	cases := []struct {
+		path string
+		want answer
+	}{
+		{"/v2/" + long + "/manifests/latest", nameInvalid},
+		{"/v2/" + long + "/manifests/" + f.pause.String(), nameInvalid},
+		{"/v2/" + long + "/blobs/" + layer.String(), nameInvalid},
+		{"/v2/" + long + "/tags/list", nameInvalid},
+		{"/v2/" + long + "/blobs/uploads/", nameInvalid},
+		{"/v2/" + long + "/blobs/uploads/0123", nameInvalid},
+		{"/v2/" + strings.Repeat("a/", 130) + "a/manifests/1", nameInvalid},
+		{"/v2/" + max + "/manifests/latest", answer{404, "MANIFEST_UNKNOWN", ""}},
+		{"/v2/registry.k8s.io/pause/blobs/sha256:zz", digestInvalid},
+		{"/v2/registry.k8s.io/pause/blobs/sha256:" + strings.Repeat("a", 63), digestInvalid},
+		{"/v2/registry.k8s.io/pause/blobs/md5:" + strings.Repeat("a", 32), digestInvalid},
+		{"/v2/registry.k8s.io/pause/manifests/sha256:zz", digestInvalid},
+		{"/v2/registry.k8s.io/pause/manifests/sha256:" + strings.ToUpper(f.pause.Hex), digestInvalid},
+		{"/v2/registry.k8s.io/pause/blobs/sha512:" + strings.Repeat("a", 128), answer{404, "BLOB_UNKNOWN", ""}},
+	}
+	for _, tc := range cases {
+		for _, method := range []string{"GET", "HEAD", "PUT", "DELETE", "PATCH", "POST"} {
+			want := tc.want
+			if want.status == 404 && method != "GET" && method != "HEAD" {
+				want = answer{405, "", ""} // read-only: only names and digests are checked first
+			}
+			req, _ := http.NewRequest(method, "https://"+addr+tc.path, nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			short := tc.path
+			if len(short) > 80 {
+				short = short[:80] + "..."
+			}
+			if resp.StatusCode != want.status {
+				t.Errorf("%s %s: %d %s, want %d %s", method, short, resp.StatusCode, body, want.status, want.code)
+				continue
+			}
+			if method == "HEAD" || want.code == "" { // no body; distribution's 405 is plain text
+				continue
+			}
+			var e struct {
+				Errors []struct{ Code, Message string } `json:"errors"`
+			}
+			if err := json.Unmarshal(body, &e); err != nil || len(e.Errors) == 0 || e.Errors[0].Code != want.code ||
+				!strings.Contains(e.Errors[0].Message, want.message) || strings.Contains(e.Errors[0].Message, "upload") {
+				t.Errorf("%s %s: body %s, want the OCI error %s (%q)", method, short, body, want.code, want.message)
+			}
+			if len(body) > 1024 {
+				t.Errorf("%s %s: a %d-byte error body echoes the request", method, short, len(body))
+			}
+		}
+	}
+}
+
 func TestNewHandlerTwiceAndEnvCannotUnlock(t *testing.T) {
 	// Operators' REGISTRY_* variables must not make the mirror writable or move its storage.
 	t.Setenv("REGISTRY_STORAGE_MAINTENANCE_READONLY", "{enabled: false}")
