@@ -39,7 +39,7 @@ The HTTPS services keep running after this command returns.`,
 		},
 	}
 	cmd.Flags().StringVarP(&f.config, "config", "c", "", "BootstrapConfiguration file (required)")
-	cmd.Flags().StringVar(&f.stateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().StringVarP(&f.stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	cmd.Flags().StringSliceVar(&f.skip, "skip-phases", nil, "phases to skip, comma-separated: "+strings.Join(bootstrap.PhaseNames()[1:], ", "))
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
 	cmd.Flags().DurationVar(&f.convergeTimeout, "converge-timeout", bootstrap.DefaultConvergeTimeout, "how long the converge phase waits for every node to be ready")

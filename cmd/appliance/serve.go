@@ -28,9 +28,9 @@ rendered Ignition configs the bootstrap phases left in the state directory.`,
 		},
 	}
 	cmd.Flags().StringVarP(&o.ConfigPath, "config", "c", "", "BootstrapConfiguration file (required)")
-	cmd.Flags().StringVar(&o.StateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().StringVarP(&o.StateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	cmd.Flags().StringVar(&o.HostagentBinary, "hostagent-binary", "", "hostagent executable served under /artifacts/hostagent")
-	cmd.Flags().StringVar(&o.Generation, "generation", "", "generation reported by /healthz (set by `appliance bootstrap`)")
+	cmd.Flags().StringVar(&o.Generation, "generation", "", "generation reported by /healthz (set by appliance bootstrap)")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -45,6 +47,13 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			dir := cfg.StateDir
 			if stateDir != "" {
 				dir = stateDir
+			}
+			if st, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("state directory %s does not exist: run `appliance bootstrap` first, or name the right one (stateDir, --state-dir)", dir)
+			} else if err != nil {
+				return fmt.Errorf("state directory: %w", err)
+			} else if !st.IsDir() {
+				return fmt.Errorf("state directory %s is not a directory: name the right one (stateDir, --state-dir)", dir)
 			}
 			store := nodestate.Open(statedir.Nodes(dir))
 			var rows []statusRow
@@ -88,8 +97,8 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	cmd.Flags().StringVar(&configPath, "config", "bootstrap.yaml", "the BootstrapConfiguration (for the node list and stateDir)")
-	cmd.Flags().StringVar(&stateDir, "state-dir", "", "override the configuration's stateDir")
+	cmd.Flags().StringVarP(&configPath, "config", "c", "bootstrap.yaml", "BootstrapConfiguration file (for the node list and stateDir)")
+	cmd.Flags().StringVarP(&stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	return cmd
 }
 

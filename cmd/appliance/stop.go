@@ -39,7 +39,7 @@ the state, certificates and firewall stay, and the next bootstrap starts the ser
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", "", "BootstrapConfiguration file")
-	cmd.Flags().StringVar(&stateDir, "state-dir", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().StringVarP(&stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	cmd.MarkFlagsOneRequired("config", "state-dir")
 	return cmd
 }

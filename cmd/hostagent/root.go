@@ -68,7 +68,7 @@ type runOptions struct {
 }
 
 func (o *runOptions) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&o.configPath, "config", agentapi.ConfigPath, "hostagent configuration (node, applianceURL, caPin, token)")
+	fs.StringVarP(&o.configPath, "config", "c", agentapi.ConfigPath, "hostagent configuration (node, applianceURL, caPin, token)")
 	fs.StringVar(&o.root, "root", "", "prefix of every file read or written on the node (e.g. /sysroot from an initramfs)")
 	fs.BoolVar(&o.noFirewall, "no-firewall", false, "do not install the node firewall (reported as skipped)")
 }
