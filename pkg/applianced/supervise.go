@@ -215,8 +215,18 @@ func alive(pid int) bool {
 }
 
 // Stop stops the `appliance serve` of stateDir: the systemd unit on a systemd host, else
-// the detached process recorded in STATE/serve/pid (checked to be that state directory's server).
+// the detached process recorded in STATE/serve/pid (checked to be that state directory's server);
+// then the keepalived that holds the API VIP for it, which outlives serve on purpose (runVIP).
 func Stop(stateDir string) (bool, error) {
+	stopped, err := stopServer(stateDir)
+	if err != nil {
+		return stopped, err
+	}
+	vip, err := stopVIP(stateDir)
+	return stopped || vip, err
+}
+
+func stopServer(stateDir string) (bool, error) {
 	if systemdBooted() {
 		if stopped, err := stopUnit(context.Background()); stopped || err != nil {
 			return stopped, err

@@ -38,6 +38,9 @@ ExecStart={{.Exec}}
 Environment=OTEL_TRACES_EXPORTER=none
 Restart=on-failure
 RestartSec=2s
+# serve starts keepalived for the API VIP detached; it must outlive a crash or restart of serve (the
+# next serve adopts it), so only serve itself is signalled. appliance stop ends keepalived.
+KillMode=process
 NoNewPrivileges=yes
 PrivateTmp=yes
 

@@ -26,7 +26,14 @@ const handedOffName = "handed-off"
 // once a control-plane node reports its API step done, the instance is stopped (SIGTERM: keepalived
 // sends a priority-0 advertisement, so a control plane takes over at once) and the hand-off is
 // recorded, so later runs of `appliance serve` leave the VRRP group alone. It returns when ctx ends
-// (stopping keepalived) or after the hand-off.
+// or after the hand-off.
+//
+// keepalived is detached from `appliance serve` (keepalived.Process.Detached: own session, log and
+// record in statedir.Keepalived), so the VIP never moves because serve crashed, was killed or was
+// restarted: when ctx ends keepalived is left running, and the next serve adopts it (same rendered
+// configuration: left alone; another: reloaded with SIGHUP) instead of restarting it. Only the
+// hand-off and Stop (`appliance stop`) end it. On systemd hosts the unit's KillMode=process keeps
+// systemd from killing it with serve (systemd.go).
 func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir string, log *slog.Logger) error {
 	kc, ok, err := ReadKeepalived(stateDir)
 	if err != nil || !ok {
@@ -37,22 +44,30 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 		log.Info("VIP already handed off to the control planes")
 		return nil
 	}
-	p := &keepalived.Process{Config: kc, Dir: dir, Log: log.With("component", "keepalived")}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := keepalived.StopStale(ctx, dir, log); err != nil {
-		return err
-	}
-	if err := p.Start(ctx); err != nil {
-		return fmt.Errorf("start keepalived for the API VIP: %w", err)
-	}
-	stop := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := p.Stop(sctx); err != nil && !errors.Is(err, keepalived.ErrNotStarted) {
-			log.Warn("stop keepalived", "error", err)
+	klog := log.With("component", "keepalived")
+	start := func() (*keepalived.Process, error) {
+		p := &keepalived.Process{Config: kc, Dir: dir, Log: klog, Detached: true}
+		err := p.Start(ctx)
+		if errors.Is(err, keepalived.ErrAlreadyRunning) {
+			// A keepalived without a record (started by an older serve): replace it once.
+			if err := keepalived.StopStale(ctx, dir, log); err != nil {
+				return nil, err
+			}
+			p = &keepalived.Process{Config: kc, Dir: dir, Log: klog, Detached: true}
+			err = p.Start(ctx)
 		}
+		if err != nil {
+			return nil, err
+		}
+		log.Info("keepalived for the API VIP", "outcome", p.Outcome(), "pid", p.Pid(), "log", p.LogPath())
+		return p, nil
+	}
+	p, err := start()
+	if err != nil {
+		return fmt.Errorf("start keepalived for the API VIP: %w", err)
 	}
 	store := nodestate.Open(statedir.Nodes(stateDir))
 	tick := time.NewTicker(time.Second)
@@ -60,23 +75,35 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 	for {
 		select {
 		case <-ctx.Done():
-			stop()
+			log.Info("leaving keepalived running for the next serve to adopt", "pid", p.Pid())
 			return nil
 		case <-p.Done():
-			log.Warn("keepalived exited; restarting", "error", p.Err())
-			p = &keepalived.Process{Config: kc, Dir: dir, Log: p.Log}
-			if err := p.Start(ctx); err != nil {
+			log.Warn("keepalived exited; restarting", "pid", p.Pid(), "error", p.Err())
+			if p, err = start(); err != nil {
 				return fmt.Errorf("restart keepalived for the API VIP: %w", err)
 			}
 		case <-tick.C:
 			if node, ok := controlPlaneAPIUp(cfg, store); ok {
 				log.Info("control plane API answers; leaving the VRRP group", "node", node)
-				stop()
-				_, err := atomicfile.Write(filepath.Join(dir, handedOffName), []byte(node+"\n"), 0o600)
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := p.Stop(sctx)
+				cancel()
+				if err != nil {
+					log.Warn("stop keepalived", "error", err)
+				}
+				_, err = atomicfile.Write(filepath.Join(dir, handedOffName), []byte(node+"\n"), 0o600)
 				return err
 			}
 		}
 	}
+}
+
+// stopVIP stops the detached keepalived of stateDir (`appliance stop`): SIGTERM, so the VIP moves to a
+// control plane at once if one is up; SIGKILL after 10 s.
+func stopVIP(stateDir string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return keepalived.StopDetached(ctx, statedir.Keepalived(stateDir))
 }
 
 // controlPlaneAPIUp reports a control-plane node whose hostagent reported the API step done.

@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/firewall"
-	"github.com/airgap-appliance/appliance/test/labns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/airgap-appliance/appliance/firewall"
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // The VRRP lab: a fabric namespace holding bridge br0, and one namespace per speaker ("node") whose

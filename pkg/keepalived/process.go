@@ -18,9 +18,10 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
 // Sentinel errors of Process.
@@ -168,11 +169,18 @@ type Process struct {
 	Binary string
 	// Log receives keepalived's output ("keepalived output", attribute line) and lifecycle records;
 	// nil discards. keepalived does not print auth_pass unless asked to dump its config, which Process
-	// never does.
+	// never does. A Detached keepalived's own output goes to its log file instead (LogPath).
 	Log *slog.Logger
+	// Detached makes keepalived independent of the caller, so that a crash of the caller (kill -9)
+	// never moves the VIP: keepalived runs in a session of its own, writes its output to LogPath, and
+	// is recorded in RecordPath; Start adopts a live keepalived of this Dir instead of starting another
+	// (see Start). Stop, and only Stop, ends it.
+	Detached bool
 
 	mu      sync.Mutex
-	cmd     *exec.Cmd
+	cmd     *exec.Cmd // nil for an adopted keepalived (not our child)
+	pid     int
+	outcome string
 	done    chan struct{}
 	waitErr error
 }
@@ -200,17 +208,28 @@ func (p *Process) ConfigPath() string { return filepath.Join(p.Dir, "keepalived.
 // bounds only the check; the process lives until Stop or Kill. Use Done to learn of an early exit
 // (e.g. another keepalived already owns the pid files).
 //
+// With Detached, Start first looks for the keepalived a previous owner of Dir started (RecordPath:
+// its PID, confirmed in /proc to be keepalived running DIR/keepalived.conf, and the SHA-256 of the
+// configuration it runs). A live one is adopted, not restarted, so the VIP it holds never moves: left
+// alone when its configuration is the rendered Config, else sent the new one (written, then SIGHUP,
+// as Reload). Outcome says which happened.
+//
 // Errors: ErrAlreadyStarted; validation or keepalived -t errors (wrap ErrInvalidConfig); file, netlink
 // or exec errors.
 func (p *Process) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd != nil {
+	if p.pid != 0 {
 		return ErrAlreadyStarted
 	}
 	bin, err := binary(p.Binary)
 	if err != nil {
 		return err
+	}
+	if p.Detached {
+		if ok, err := p.adopt(ctx); ok || err != nil {
+			return err
+		}
 	}
 	if err := p.writeConfig(ctx, p.Config); err != nil {
 		return err
@@ -230,17 +249,35 @@ func (p *Process) Start(ctx context.Context) error {
 	lw := &lineLogger{log: p.log(), netns: p.NetNS}
 	cmd.Stdout, cmd.Stderr = lw, lw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var logf *os.File
+	if p.Detached {
+		// Own session (so no signal to the caller's session or process group reaches it) and a log
+		// file instead of a pipe (a pipe would break when the caller dies).
+		if logf, err = os.OpenFile(p.LogPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err != nil {
+			return fmt.Errorf("open keepalived log: %w", err)
+		}
+		defer logf.Close()
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
-	p.cmd, p.done = cmd, make(chan struct{})
+	p.cmd, p.pid, p.done, p.outcome = cmd, cmd.Process.Pid, make(chan struct{}), "started"
 	go func() {
 		err := cmd.Wait()
 		lw.flush()
 		p.waitErr = err
 		close(p.done)
 	}()
-	p.log().Info("keepalived started", "pid", cmd.Process.Pid, "netns", p.NetNS, "config", p.ConfigPath())
+	if p.Detached {
+		if err := p.writeRecord(p.Config); err != nil {
+			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+			<-p.done
+			return err
+		}
+	}
+	p.log().Info("keepalived started", "pid", p.pid, "netns", p.NetNS, "config", p.ConfigPath(), "detached", p.Detached)
 	return nil
 }
 
@@ -303,10 +340,15 @@ func (p *Process) writeConfig(ctx context.Context, c Config) error {
 func (p *Process) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
+	return p.pid
+}
+
+// Outcome says what Start did, for people: "started", "adopted" (a Detached keepalived of Dir was
+// running with this configuration) or "adopted and reloaded"; "" before Start.
+func (p *Process) Outcome() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.outcome
 }
 
 // Done is closed when keepalived has exited (nil before Start); Err then tells how.
@@ -316,7 +358,8 @@ func (p *Process) Done() <-chan struct{} {
 	return p.done
 }
 
-// Err is keepalived's exit error after Done is closed (nil for a clean exit, e.g. after SIGTERM).
+// Err is keepalived's exit error after Done is closed (nil for a clean exit, e.g. after SIGTERM; always
+// nil for an adopted keepalived, whose exit status goes to its parent).
 func (p *Process) Err() error {
 	select {
 	case <-p.Done():
@@ -333,17 +376,31 @@ func (p *Process) Err() error {
 func (p *Process) Reload(ctx context.Context, c Config) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd == nil {
+	if p.pid == 0 {
 		return ErrNotStarted
+	}
+	return p.reload(ctx, c)
+}
+
+func (p *Process) reload(ctx context.Context, c Config) error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("signal keepalived %d to reload: %w", p.pid, os.ErrProcessDone)
+	default:
 	}
 	if err := p.writeConfig(ctx, c); err != nil {
 		return err
 	}
 	p.Config = c
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		return fmt.Errorf("signal keepalived %d to reload: %w", p.cmd.Process.Pid, err)
+	if err := syscall.Kill(p.pid, syscall.SIGHUP); err != nil {
+		return fmt.Errorf("signal keepalived %d to reload: %w", p.pid, err)
 	}
-	p.log().Info("keepalived reloaded", "pid", p.cmd.Process.Pid)
+	if p.Detached {
+		if err := p.writeRecord(c); err != nil {
+			return err
+		}
+	}
+	p.log().Info("keepalived reloaded", "pid", p.pid)
 	return nil
 }
 
@@ -353,21 +410,29 @@ func (p *Process) Reload(ctx context.Context, c Config) error {
 // exited is not an error. Errors: Cleanup failures.
 func (p *Process) Stop(ctx context.Context) error {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
+	pid, done := p.pid, p.done
 	p.mu.Unlock()
-	if cmd == nil {
+	if pid == 0 {
 		return nil
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM) // os.ErrProcessDone when already gone
 	select {
 	case <-done:
-		p.log().Info("keepalived stopped", "pid", cmd.Process.Pid)
+		p.removeRecord()
+		return nil
+	default:
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	select {
+	case <-done:
+		p.log().Info("keepalived stopped", "pid", pid)
+		p.removeRecord()
 		return nil
 	case <-ctx.Done():
 	}
-	p.log().Warn("keepalived ignored SIGTERM; killing it", "pid", cmd.Process.Pid)
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	p.log().Warn("keepalived ignored SIGTERM; killing it", "pid", pid)
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	<-done
+	p.removeRecord()
 	return p.Cleanup()
 }
 
@@ -376,9 +441,9 @@ func (p *Process) Stop(ctx context.Context) error {
 // on the interface, as after a real crash; call Cleanup to remove it. Errors: ErrNotStarted.
 func (p *Process) Kill() error {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
+	pid, done := p.pid, p.done
 	p.mu.Unlock()
-	if cmd == nil {
+	if pid == 0 {
 		return ErrNotStarted
 	}
 	select {
@@ -386,8 +451,8 @@ func (p *Process) Kill() error {
 		return nil
 	default:
 	}
-	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("kill keepalived process group %d: %w", cmd.Process.Pid, err)
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill keepalived process group %d: %w", pid, err)
 	}
 	<-done
 	return nil
