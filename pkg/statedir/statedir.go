@@ -14,7 +14,7 @@
 //	  nodes/<node>/          pkg/nodestate's records (Nodes)
 //	  serve/                 pid and serve.log of a detached `appliance serve` (Serve)
 //	  appliance/             the bootstrap host's own rendered firewall.json and keepalived.json (Appliance)
-//	  keepalived/            keepalived's runtime files and the VIP hand-off marker (Keepalived)
+//	  keepalived/            keepalived's runtime files (config, pid files, running.json, keepalived.log) and the VIP hand-off marker (Keepalived)
 package statedir
 
 import "path/filepath"
@@ -58,8 +58,9 @@ func Serve(state string) string { return filepath.Join(state, "serve") }
 // (pkg/plan: firewall.json, keepalived.json; 0600, the latter holds the VRRP secret).
 func Appliance(state string) string { return filepath.Join(state, "appliance") }
 
-// Keepalived is STATE/keepalived: the bootstrap host's keepalived runtime (config, pid files) and the
-// VIP hand-off marker.
+// Keepalived is STATE/keepalived: the bootstrap host's keepalived runtime (config, pid files, the
+// running.json record by which the next `appliance serve` adopts it, keepalived.log) and the VIP
+// hand-off marker.
 func Keepalived(state string) string { return filepath.Join(state, "keepalived") }
 
 // File and folder names inside RenderedNode (written by the render phase from pkg/plan, read by the
