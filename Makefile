@@ -99,6 +99,8 @@ bench: deps build fixtures ## speed benchmarks with ratios against reference ser
 .PHONY: fuzz
 fuzz: ## run the fuzz targets for a short while each
 	$(GO) test -run='^$$' -fuzz=FuzzLoad -fuzztime=30s -fuzzminimizetime=2s ./pkg/config
+	$(GO) test -run='^$$' -fuzz=FuzzHTTPSurface -fuzztime=30s -fuzzminimizetime=2s ./pkg/server
+	$(GO) test -run='^$$' -fuzz=FuzzRepositoryFor -fuzztime=15s -fuzzminimizetime=2s ./registry
 
 .PHONY: docs
 docs: ## regenerate the README's port table from firewall/ (the same table the firewall applies)

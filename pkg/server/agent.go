@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -97,8 +98,9 @@ func headerBearer(r *http.Request) string {
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
 //	                            rendered (passed through Gate when set); reading it records nothing
 //	                            (a node moves only by its reports)
-//	POST agentapi.ReportPathV1  one agentapi.Report (JSON, at most MaxReportBytes, unknown fields
-//	                            refused) recorded by the node store → 204; a bad report → 400
+//	POST agentapi.ReportPathV1  one agentapi.Report (one JSON object and nothing after it, at most
+//	                            MaxReportBytes, unknown fields refused) recorded by the node store →
+//	                            204; a bad report → 400
 //
 // The node is the one whose token is sent as "Authorization: Bearer <token>" (scheme in any case;
 // never in the query: it would reach logs of proxies). A missing, wrong or unknown token gets one
@@ -204,6 +206,12 @@ func (a *AgentAPI) report(w http.ResponseWriter, r *http.Request, node string) {
 			return
 		}
 		http.Error(w, "bad report: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	// One JSON document, then the end of a body as long as its Content-Length said (a body cut short
+	// or followed by more data is not the report the node sent).
+	if _, err := dec.Token(); err != io.EOF {
+		http.Error(w, "bad report: want exactly one JSON object, complete, and nothing after it", http.StatusBadRequest)
 		return
 	}
 	var plan []string

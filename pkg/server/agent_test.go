@@ -201,6 +201,8 @@ func TestAgentReport(t *testing.T) {
 		{"unknown step", `{"bootID":"b","step":"dance","status":"done"}`, http.StatusBadRequest},
 		{"unknown field", `{"bootID":"b","step":"config","status":"done","extra":1}`, http.StatusBadRequest},
 		{"not JSON", `nope`, http.StatusBadRequest},
+		{"two reports", `{"bootID":"b","step":"config","status":"done"}{"bootID":"b","step":"firewall","status":"done"}`, http.StatusBadRequest},
+		{"trailing garbage", `{"bootID":"b","step":"config","status":"done"} x`, http.StatusBadRequest},
 		{"too large", `{"bootID":"b","step":"config","status":"done","detail":"` + strings.Repeat("x", MaxReportBytes) + `"}`, http.StatusRequestEntityTooLarge},
 	} {
 		if code, body := doBody(t, h, "POST", agentapi.ReportPathV1, "tok-cp1", tc.body); code != tc.code {
