@@ -24,7 +24,8 @@ cleanup() {
 trap cleanup EXIT
 
 test/lab/lab.sh up >/dev/null
-test/lab/creds.sh >/dev/null
+# bootstrap.yaml names the default lab directory whatever the prefix.
+LAB_DIR=/var/lib/appliance-lab test/lab/creds.sh >/dev/null
 $BOOT bin/appliance bootstrap --config test/lab/bootstrap.yaml --state-dir "$STATE" --skip-phases power,converge 2>"$WORK/bootstrap.log" ||
 	{ cat "$WORK/bootstrap.log"; exit 1; }
 
