@@ -15,6 +15,12 @@ test/bench/registry-blobs.sh
 echo
 echo "== ignition endpoint: 200 concurrent clients over TLS (vs nginx static)"
 test/bench/ignition.sh
+echo
+echo "== fleet: N simulated nodes (real agent protocol) + image pullers against one appliance, N = 100..1000"
+test/bench/fleet.sh
+echo
+echo "== soak: fleet load at N = 250 for SOAK_SECONDS (600) with serve killed -9 every 60 s"
+test/bench/soak.sh || true # its verdict is printed; the other benches still run
 for extra in test/bench/power-fanout.sh test/bench/vip-failover.sh; do
 	if [ -x "$extra" ]; then echo; echo "== $(basename "$extra" .sh)"; "$extra"; fi
 done
