@@ -15,6 +15,7 @@ import (
 const (
 	simControlPlaneNet = "10.110.0.0/16"
 	simWorkloadNet     = "10.210.0.0/16"
+	simPods            = "10.224.0.0/12"
 )
 
 // simName is the name of simulated node i (1-based).
@@ -51,6 +52,8 @@ func configCmd(args []string) error {
 		}
 		p["cidrs"] = append(p["cidrs"].([]any), cidr)
 	}
+	// One /24 pod range per node (the bridge CNI): the lab's /16 holds 256 nodes.
+	nets["pods"] = simPods
 	nodes, _ := doc["nodes"].([]any)
 	for _, nd := range nodes { // the lab's own nodes keep their entries, pointed at this lab's credentials
 		if pw, ok := nd.(map[string]any)["power"].(map[string]any); ok && pw["kind"] == "ssh" {
