@@ -74,8 +74,10 @@ run() { # name url -> "rps p50 p99"
 ms() { # wrk latency (e.g. 3.21ms, 812.00us, 1.02s) -> milliseconds
 	awk -v v="$1" 'BEGIN { if (v ~ /us$/) {sub(/us$/,"",v); print v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v+0} else {sub(/s$/,"",v); print v*1000} }'
 }
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 read -r a_rps a_p50 a_p99 a_bad < <(run appliance https://127.0.0.1:8443/ignition/cp1)
 read -r n_rps n_p50 n_p99 n_bad < <(run nginx https://127.0.0.1:9443/cp1)
+echo "load average: $load0 -> $(cut -d' ' -f1-3 /proc/loadavg) (2 cores; wrk shares them)"
 printf '%-22s %10s %10s %10s %8s\n' server req/s p50 p99 non-2xx
 printf '%-22s %10s %10s %10s %8s\n' "appliance /ignition" "$a_rps" "$a_p50" "$a_p99" "$a_bad"
 printf '%-22s %10s %10s %10s %8s\n' "nginx static (ref)" "$n_rps" "$n_p50" "$n_p99" "$n_bad"
