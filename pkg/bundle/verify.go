@@ -172,7 +172,9 @@ func (b *Bundle) Verify(ctx context.Context, stampFile string) (VerifyResult, er
 		k := keyOf(fi)
 		res.Bytes += k.Size
 		if e, ok := old.Files[p]; ok && unchanged(e.statKey, k) && e.SHA256 == want[p] {
-			facts[p] = &fileFacts{key: k, sha256: e.SHA256, stable: true}
+			// The entry is kept as recorded: a link made since (registry import) changes ctime and
+			// nlink, and rewriting the stamp for that alone would report a change on a rerun.
+			facts[p] = &fileFacts{key: e.statKey, sha256: e.SHA256, stable: true}
 			res.Cached++
 			continue
 		}
