@@ -18,20 +18,8 @@ NODES=${NODES:-100 250 500 1000}
 DURATION=${DURATION:-40}
 PULLERS=${PULLERS:-2}
 export LAB_PREFIX=${LAB_PREFIX:-fl}
-LABDIR=/var/lib/appliance-lab-$LAB_PREFIX
-BOOT="ip netns exec ${LAB_PREFIX}-boot"
-WORK=$(mktemp -d /tmp/fleet-bench.XXXXXX)
-STATE=$WORK/state
-cleanup() {
-	bin/appliance stop --state-dir "$STATE" >/dev/null 2>&1 || true
-	test/lab/lab.sh down >/dev/null 2>&1 || true
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-go build -o "$WORK/fleet" ./test/bench/fleet
-test/lab/lab.sh up >/dev/null
-test/lab/creds.sh >/dev/null
+NAME=fleet-bench
+. test/bench/fleet-lab.sh
 for n in $NODES; do
 	"$WORK/fleet" config -in test/lab/bootstrap.yaml -out "$WORK/fleet-$n.yaml" -nodes "$n" -lab-dir "$LABDIR"
 	start=$(date +%s.%N)

@@ -18,20 +18,8 @@ SOAK_NODES=${SOAK_NODES:-250}
 KILL_EVERY=${KILL_EVERY:-60}
 PULLERS=${PULLERS:-1}
 export LAB_PREFIX=${LAB_PREFIX:-sk}
-LABDIR=/var/lib/appliance-lab-$LAB_PREFIX
-BOOT="ip netns exec ${LAB_PREFIX}-boot"
-WORK=$(mktemp -d /tmp/soak-bench.XXXXXX)
-STATE=$WORK/state
-cleanup() {
-	bin/appliance stop --state-dir "$STATE" >/dev/null 2>&1 || true
-	test/lab/lab.sh down >/dev/null 2>&1 || true
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-go build -o "$WORK/fleet" ./test/bench/fleet
-test/lab/lab.sh up >/dev/null
-test/lab/creds.sh >/dev/null
+NAME=soak-bench
+. test/bench/fleet-lab.sh
 "$WORK/fleet" config -in test/lab/bootstrap.yaml -out "$WORK/fleet.yaml" -nodes "$SOAK_NODES" -lab-dir "$LABDIR"
 $BOOT bin/appliance bootstrap --config "$WORK/fleet.yaml" --state-dir "$STATE" --skip-phases power,converge 2>"$WORK/bootstrap.log" ||
 	{ tail -20 "$WORK/bootstrap.log"; exit 1; }
