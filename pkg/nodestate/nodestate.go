@@ -81,13 +81,15 @@ type Event struct {
 
 // Store reads and writes the records under one directory. It is safe for concurrent use within
 // one process; one process (the appliance server) writes a directory at a time, and the power
-// phase's Set calls go through the same rules.
+// phase's Set calls go through the same rules. Writers of one node are serialised (a mutex per node
+// in this process, an flock across processes); writers of different nodes and every reader run in
+// parallel, so one node's two fsyncs never hold up another node's report or any config fetch.
 type Store struct {
 	dir string
 	// Now is the clock (tests replace it); nil means time.Now.
 	Now func() time.Time
 
-	mu sync.Mutex
+	locks sync.Map // node name → *sync.Mutex
 }
 
 // Open returns a store for dir (STATE/nodes). The directory is created 0700 on first write.
@@ -110,13 +112,12 @@ func checkNode(node string) error {
 	return nil
 }
 
-// Get returns the node's record; an error wrapping ErrNotFound when it has none.
+// Get returns the node's record; an error wrapping ErrNotFound when it has none. It takes no lock:
+// status.json is only ever replaced whole (pkg/atomicfile), so a read sees one complete record.
 func (s *Store) Get(node string) (agentapi.NodeStatus, error) {
 	if err := checkNode(node); err != nil {
 		return agentapi.NodeStatus{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return s.read(node)
 }
 
@@ -341,17 +342,19 @@ func (s *Store) Events(node string) ([]Event, error) {
 	return out, nil
 }
 
-// lockRead locks node's record against this process (mu) and other processes (lockNode) and reads
-// it; found is false for a node without a record (st is then its pending default). The caller must
-// call unlock once it has committed.
+// lockRead locks node's record against this process (the node's mutex) and other processes
+// (lockNode) and reads it; found is false for a node without a record (st is then its pending
+// default). The caller must call unlock once it has committed.
 func (s *Store) lockRead(node string) (st agentapi.NodeStatus, found bool, unlock func(), err error) {
-	s.mu.Lock()
+	v, _ := s.locks.LoadOrStore(node, new(sync.Mutex))
+	mu := v.(*sync.Mutex)
+	mu.Lock()
 	release, err := s.lockNode(node)
 	if err != nil {
-		s.mu.Unlock()
+		mu.Unlock()
 		return agentapi.NodeStatus{}, false, nil, err
 	}
-	unlock = func() { release(); s.mu.Unlock() }
+	unlock = func() { release(); mu.Unlock() }
 	st, err = s.read(node)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		unlock()

@@ -254,3 +254,38 @@ func TestTwoWritersLoseNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestNodesDoNotWaitForEachOther holds node a's write lock (as a report of a between its two fsyncs
+// does) and checks that a write of node b and a read of node a still finish. With one store-wide
+// lock (before) both waited until a's writer let go, so every report and config fetch of a fleet
+// queued behind one node's disk writes.
+func TestNodesDoNotWaitForEachOther(t *testing.T) {
+	s := Open(t.TempDir())
+	if _, err := s.Set("a", agentapi.StatePowering, ""); err != nil {
+		t.Fatal(err)
+	}
+	_, _, unlock, err := s.lockRead("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	done := make(chan error, 2)
+	go func() { _, err := s.Set("b", agentapi.StatePowering, ""); done <- err }()
+	go func() {
+		st, err := s.Get("a")
+		if err == nil && st.State != agentapi.StatePowering {
+			err = fmt.Errorf("node a read as %q, want %q", st.State, agentapi.StatePowering)
+		}
+		done <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second): // a deadlock guard, not a speed check
+			t.Fatal("a write of node b or a read of node a waited for node a's write lock")
+		}
+	}
+}
