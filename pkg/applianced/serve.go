@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
@@ -54,6 +55,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.StateDir != "" {
 		stateDir = o.StateDir
 	}
+	sweepNodeRecords(stateDir, log)
 	pkiDir := statedir.PKI(stateDir)
 	cert, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "serving.crt"), filepath.Join(pkiDir, "serving.key"))
 	if err != nil {
@@ -118,6 +120,21 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	cancelVIP()
 	<-vipDone
 	return err
+}
+
+// sweepNodeRecords removes the temporary files a killed serve left in STATE/nodes (a report
+// written between create and rename; atomicfile.CleanStale). Only serve writes there besides the
+// bootstrap's power phase, and CleanStale never touches a live writer's file, so this is safe while a
+// bootstrap runs. Serve is restarted after a crash by its supervisor without a bootstrap run, which
+// is why it sweeps its own directory rather than waiting for the next bootstrap. Failures are logged.
+func sweepNodeRecords(stateDir string, log *slog.Logger) {
+	removed, err := atomicfile.CleanStale(statedir.Nodes(stateDir))
+	if err != nil {
+		log.Warn("remove temporary files a killed serve left", "dir", statedir.Nodes(stateDir), "error", err)
+	}
+	if len(removed) > 0 {
+		log.Info("removed temporary files a killed serve left", "count", len(removed), "paths", removed)
+	}
 }
 
 // readTokens reads the node tokens the pki phase made, without creating any.
