@@ -121,6 +121,20 @@ type KeepalivedConfig struct {
 	// Peers are the other VRRP speakers' control-plane addresses (unicast_peer): the other control
 	// planes and the bootstrap host.
 	Peers []netip.Addr `json:"peers"`
+	// AdvertIntervalMS is the VRRP advertisement interval in milliseconds (bootstrap.yaml
+	// apiServer.keepalived.advertInterval), the same on every speaker of the VIP: a multiple of 10
+	// (VRRPv3 carries centiseconds, RFC 5798 §5.2.7) from 10 to 40950 without AuthPass; whole seconds
+	// (1000..255000, VRRPv2 carries seconds, RFC 3768 §5.3.7) with AuthPass. 0 or absent means 1000,
+	// the RFC default every appliance used before this field existed, so an older appliance's node
+	// config keeps its meaning. A hostagent that predates the field ignores it and advertises every
+	// second while the others use this interval: upgrade hostagents with the appliance.
+	AdvertIntervalMS uint32 `json:"advertIntervalMS,omitempty"`
+}
+
+// AdvertInterval is AdvertIntervalMS as a duration; 0 when unset, which keepalived.Instance reads
+// as keepalived.DefaultAdvertInterval (1 s).
+func (k KeepalivedConfig) AdvertInterval() time.Duration {
+	return time.Duration(k.AdvertIntervalMS) * time.Millisecond
 }
 
 // Mirror is one containerd registry mirror.
