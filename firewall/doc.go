@@ -15,5 +15,39 @@
 // and rebuilds it in a single atomic netlink batch when, and only when, the live table differs. Other
 // tables are never flushed or read for decisions. Render prints the equivalent `nft -f` script.
 //
-// A firewalld backend would implement Backend (see there) for hosts where firewalld runs; none is needed yet.
+// # firewalld
+//
+// On a host where firewalld runs, our own table cannot help: firewalld owns nftables there, and a packet its
+// table rejects is gone whatever another table accepts. The firewalld backend (Firewalld, the only importer of
+// github.com/godbus/dbus/v5 for firewalld) speaks firewalld's D-Bus API — never firewall-cmd — and owns two
+// firewalld objects, in the permanent configuration (so `firewall-cmd --reload` and restarts keep them) and in
+// the runtime one, each marked by its description ("Managed by the airgap appliance ..."):
+//
+//   - zone `appliance`: sources = the node networks, target default, ports = the SourceNodeNetworks entries.
+//     firewalld classifies a packet into the zone of its source before the zone of its interface, so traffic
+//     from the node networks meets this zone only: from there exactly the table's ports are open, everything
+//     else is rejected, as with the nftables backend's drop policy.
+//   - policy `appliance-host`: ingress ANY, egress HOST (traffic to the host itself), priority -100 (before
+//     every zone), target CONTINUE, ports = the SourceAnywhere entries, plus one rich rule per VRRP peer,
+//     `rule family="ipv4" source address="PEER" protocol value="112" accept`. Packets from outside the node
+//     networks are classified into the interface's or the default zone, which is not ours; the policy opens
+//     the anywhere ports (and VRRP from the peers) whatever zone that is, without touching it.
+//
+// So the open set from the node networks, and the ports open from anywhere, equal the nftables backend's (the
+// lab test test/lab/firewalld_test.go checks both backends against the same expectation, with real packets).
+// One difference is by design: from outside the node networks, what the administrator's own zone opens (e.g.
+// Debian's default zone public: ssh, dhcpv6-client) stays open, where the nftables backend's drop policy would
+// close it too; the appliance never edits zones it does not own. Loopback, ICMP and established traffic are
+// accepted by firewalld itself.
+//
+// Apply reads both configurations, writes only what differs — the permanent objects as one whole settings dict
+// each (config.addZone2/update2, config.addPolicy/update), the runtime ones with setZoneSettings2 /
+// setPolicySettings (firewalld checks a whole dict before applying it) — and undoes earlier writes when a
+// later one fails. A zone or policy new to the runtime can only be made live by a reload in firewalld 1.3, so
+// the first Apply on a host (and Remove) reloads firewalld: runtime-only changes other tools made are lost
+// then, as with any `firewall-cmd --reload`. A second Apply makes no write (Calls and Writes count them).
+//
+// Choose picks the backend: Firewalld when org.fedoraproject.FirewallD1 has an owner on the system bus and
+// runs in the target network namespace, else NFTables. Describe and BackendOfDetail put the backend into the
+// hostagent's and the bootstrap phase's report details, where `appliance status` finds it.
 package firewall

@@ -15,15 +15,14 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// Backend installs a Spec on a host. NFTables is the only implementation today.
-//
-// A firewalld backend plugs in here when the host runs firewalld (which owns nftables and flushes foreign
-// tables on reload): it would put Spec's ports into a dedicated zone whose sources are the node networks
-// plus a rich rule for VRRP from each peer, through firewalld's D-Bus API, with the same semantics:
-// Apply idempotent and reporting whether it changed anything, InPlace a read-only check, Remove deleting
-// only what it created.
+// Backend installs a Spec on a host: NFTables (a table of our own) or Firewalld (a zone and policy of our own in
+// firewalld, for hosts where firewalld runs and owns nftables). Choose picks one for a host.
 type Backend interface {
-	// Apply makes the host's firewall match s; changed is false when it already did.
+	// Name is "nftables" or "firewalld", for reports.
+	Name() string
+	// Objects names what the backend owns on the host, for reports, e.g. "table inet appliance".
+	Objects() string
+	// Apply makes the host's firewall match s; changed is false when it already did (then nothing was written).
 	Apply(ctx context.Context, s Spec) (changed bool, err error)
 	// InPlace reports whether exactly the rule set of s is live, without changing anything.
 	InPlace(s Spec) (bool, error)
@@ -50,6 +49,12 @@ type NFTables struct {
 // libMu serialises batch building: google/nftables v0.3.0 allocates set IDs from an unguarded
 // package-level counter, which races when two Conns add sets concurrently.
 var libMu sync.Mutex
+
+// Name returns "nftables".
+func (n *NFTables) Name() string { return "nftables" }
+
+// Objects returns "table inet NAME".
+func (n *NFTables) Objects() string { return "table inet " + n.table() }
 
 func (n *NFTables) table() string {
 	if n.Table == "" {
