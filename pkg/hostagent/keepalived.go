@@ -44,6 +44,7 @@ func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []str
 			VirtualRouterID: k.VirtualRouterID,
 			Priority:        k.Priority,
 			AuthPass:        k.AuthPass,
+			AdvertInterval:  k.AdvertInterval(),
 			TrackScript: &keepalived.Script{
 				Command: track, Interval: 2 * time.Second, Timeout: 2 * time.Second, Fall: 2, Rise: 1,
 				Weight: agentapi.VRRPAPIHealthWeight,
