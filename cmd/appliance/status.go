@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
@@ -28,6 +29,8 @@ type statusRow struct {
 	BootID  string    `json:"bootID,omitempty"`
 	// Steps is the last report per hostagent step.
 	Steps map[string]agentapi.Report `json:"steps,omitempty"`
+	// Firewall is the node's firewall backend ("nftables", "firewalld") from its firewall step's report.
+	Firewall string `json:"firewall,omitempty"`
 }
 
 // newStatusCommand is `appliance status --config FILE`: every configured node's state from
@@ -37,7 +40,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 	var configPath, stateDir string
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show every node's state: NODE ROLES STATE UPDATED REASON (JSON array with --output json)",
+		Short: "Show every node's state: NODE ROLES STATE FIREWALL UPDATED REASON (JSON array with --output json)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, _, err := config.Load(configPath, config.ValidateOptions{})
@@ -70,7 +73,8 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 					st = agentapi.NodeStatus{State: agentapi.StatePending}
 				}
 				rows = append(rows, statusRow{Node: n.Name, Roles: roles, State: st.State, Updated: st.Updated,
-					Reason: st.Reason, BootID: st.BootID, Steps: st.Steps})
+					Reason: st.Reason, BootID: st.BootID, Steps: st.Steps,
+					Firewall: firewall.BackendOfDetail(st.Steps[agentapi.StepFirewall].Detail)})
 			}
 			out := cmd.OutOrStdout()
 			if g.output == "json" {
@@ -82,7 +86,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 				return enc.Encode(rows)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tROLES\tSTATE\tUPDATED\tREASON")
+			fmt.Fprintln(tw, "NODE\tROLES\tSTATE\tFIREWALL\tUPDATED\tREASON")
 			for _, r := range rows {
 				updated := "-"
 				if !r.Updated.IsZero() {
@@ -92,7 +96,11 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 				if reason == "" {
 					reason = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Node, strings.Join(r.Roles, ","), r.State, updated, oneLine(reason))
+				fw := r.Firewall
+				if fw == "" {
+					fw = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, strings.Join(r.Roles, ","), r.State, fw, updated, oneLine(reason))
 			}
 			return tw.Flush()
 		},

@@ -36,7 +36,9 @@ func FirewallRoles(roles []string) []firewall.Role {
 	return out
 }
 
-// stepFirewall installs the node's nftables table (firewall.NFTables, table inet appliance).
+// stepFirewall installs the node's firewall through the backend firewall.Choose picks: firewalld (zone and
+// policy appliance, over D-Bus) when firewalld runs on the node, else our nftables table inet appliance. The
+// detail names the backend (firewall.Describe), which `appliance status` shows.
 func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 	if a.opts.NoFirewall {
 		return "skipped: --no-firewall", nil
@@ -52,12 +54,15 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 	if nc.Keepalived != nil {
 		spec.VRRPPeers = nc.Keepalived.Peers
 	}
-	fw := &firewall.NFTables{NetNSPath: a.nsPath(), Log: a.log}
-	changed, err := fw.Apply(ctx, spec)
+	fw, _, err := firewall.Choose(ctx, firewall.ChooseOptions{NetNSPath: a.nsPath(), Log: a.log})
 	if err != nil {
 		return "", err
 	}
-	detail := fmt.Sprintf("table inet %s: roles %v, %d node networks, %d VRRP peers", firewall.DefaultTable, spec.Roles, len(spec.NodeNetworks), len(spec.VRRPPeers))
+	changed, err := fw.Apply(ctx, spec)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", fw.Name(), err)
+	}
+	detail := firewall.Describe(fw, spec)
 	if !changed {
 		return "unchanged: " + detail, nil
 	}
