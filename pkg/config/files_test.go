@@ -60,6 +60,7 @@ func newFileFixture(t *testing.T) *fileFixture {
 	c.Bundle.PublicKeyFiles = []string{pub}
 	c.StateDir = filepath.Join(dir, "state")
 	c.APIServer.Keepalived.AuthPasswordFile = vrrp
+	c.APIServer.Keepalived.AdvertInterval = DefaultAdvertIntervalPASS // as SetDefaults sets it with a password file
 	c.Ignition.All = []string{snippet}
 	c.Nodes[0].Ignition = []string{snippet}
 	for i := range 3 {

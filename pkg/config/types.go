@@ -18,6 +18,7 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
@@ -37,8 +38,8 @@ type BootstrapConfiguration struct {
 	// Kind must be Kind.
 	Kind string `yaml:"kind"`
 	// ClusterName names the cluster (kubeadm ClusterConfiguration.clusterName). Required, a DNS-1123
-	// label (RFC 1123: lowercase alphanumerics and '-', at most 63 characters). It also seeds the
-	// default VRRP virtual router ID (DefaultVirtualRouterID).
+	// label (RFC 1123: lowercase alphanumerics and '-', at most 63 characters). With apiServer.vip it
+	// also seeds the default VRRP virtual router ID (DefaultVirtualRouterID).
 	ClusterName string `yaml:"clusterName"`
 	// KubernetesVersion is the version kubeadm installs, "vMAJOR.MINOR.PATCH". Default
 	// DefaultKubernetesVersion.
@@ -67,6 +68,12 @@ type BootstrapConfiguration struct {
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
 	lines strictyaml.Lines
+	// vridDerived records that SetDefaults derived APIServer.Keepalived.VirtualRouterID
+	// (VirtualRouterIDDerived).
+	vridDerived bool
+	// advertDerived records that SetDefaults set APIServer.Keepalived.AdvertInterval
+	// (AdvertIntervalDerived).
+	advertDerived bool
 }
 
 // Kubernetes configures the cluster hostagent builds with kubeadm on the nodes.
@@ -119,16 +126,46 @@ type APIServer struct {
 	Keepalived Keepalived `yaml:"keepalived"`
 }
 
-// Keepalived configures VRRP (RFC 5798) for the API VIP.
+// Keepalived configures VRRP for the API VIP: keepalived in unicast mode on the bootstrap host and
+// every control plane (pkg/keepalived).
+//
+// By default the speakers use VRRPv3 (RFC 5798) without authentication and advertise every
+// DefaultAdvertInterval (250 ms), so a backup takes the VIP within about 0.9 s of the holder's last
+// advertisement when the holder dies (Master_Down_Interval = 3 intervals + a skew below one
+// interval, RFC 5798 §6.1). VRRPv2 (RFC 3768) with PASS authentication remains an
+// option (AuthPasswordFile), but it carries the interval in whole seconds (at least 1 s: failover
+// about 3.6 s) and its password travels in clear text in every advertisement, so it protects nothing
+// that the firewall's VRRP rule (accepted only from the configured peers, on the bootstrap host and
+// every node) does not already protect. The guards against foreign speakers are that rule and the
+// pre-flight check before a VIP is claimed, not the password.
 type Keepalived struct {
 	// Enabled: nil means true (see IsEnabled).
 	Enabled *bool `yaml:"enabled"`
-	// VirtualRouterID is the VRRP VRID, 1..255. Default DefaultVirtualRouterID(clusterName). Two
-	// clusters on one L2 segment must not share it.
+	// VirtualRouterID is the VRRP VRID, 1..255. Default DefaultVirtualRouterID(clusterName,
+	// apiServer.vip). Two clusters on one L2 segment must not share it.
 	VirtualRouterID uint8 `yaml:"virtualRouterID" strictyaml:"nonzero"`
+	// AdvertInterval is the VRRP advertisement interval, a duration such as "250ms". Without
+	// AuthPasswordFile (VRRPv3): a multiple of 10ms from 10ms to 40.95s, default
+	// DefaultAdvertInterval (250ms). With AuthPasswordFile (VRRPv2): whole seconds from 1s to 255s,
+	// default DefaultAdvertIntervalPASS (1s). A backup declares the holder dead after 3 to 4
+	// intervals without an advertisement; shorter intervals fail over faster but cost one small
+	// packet per peer per interval and make a holder that stalls for a moment (CPU starvation, a
+	// paused VM) look dead sooner.
+	AdvertInterval time.Duration `yaml:"advertInterval"`
 	// AuthPasswordFile optionally names a file holding the VRRP PASS authentication secret: 1 to 8
 	// bytes (keepalived truncates longer ones), one trailing newline ignored (see ReadSecretFile).
+	// Setting it selects VRRPv2 with whole-second advertisements (see Keepalived); the password is
+	// sent in clear text.
 	AuthPasswordFile string `yaml:"authPasswordFile,omitempty"`
+}
+
+// VRRPVersion is the VRRP version the speakers use: 2 with AuthPasswordFile (PASS authentication
+// exists only in VRRPv2), else 3.
+func (k Keepalived) VRRPVersion() int {
+	if k.AuthPasswordFile != "" {
+		return 2
+	}
+	return 3
 }
 
 // IsEnabled reports whether keepalived runs: true unless Enabled is explicitly false.

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
@@ -283,8 +284,9 @@ func (v *validator) apiServer() {
 	}
 	k := a.Keepalived
 	if k.VirtualRouterID == 0 {
-		v.errorf("apiServer.keepalived.virtualRouterID", "0 is out of range: use 1..255, or omit it to derive one from clusterName")
+		v.errorf("apiServer.keepalived.virtualRouterID", "0 is out of range: use 1..255, or omit it to derive one from clusterName and apiServer.vip")
 	}
+	v.advertInterval(k)
 	if k.IsEnabled() {
 		switch {
 		case !a.VIP.IsValid():
@@ -313,6 +315,24 @@ func (v *validator) apiServer() {
 				v.errorf(path, "%s holds %d bytes: VRRP PASS authentication uses at most 8 (keepalived would silently truncate it); shorten it", k.AuthPasswordFile, len(secret))
 			}
 		}
+	}
+}
+
+// advertInterval checks apiServer.keepalived.advertInterval against the VRRP version it is carried
+// in (Keepalived.VRRPVersion).
+func (v *validator) advertInterval(k Keepalived) {
+	const path = "apiServer.keepalived.advertInterval"
+	iv := k.AdvertInterval
+	switch {
+	case iv == 0:
+		v.errorf(path, "is required: a duration such as %s, or leave it out of the document for the default", DefaultAdvertInterval)
+	case k.VRRPVersion() == 2 && iv < time.Second:
+		v.errorf(path, "%s is below 1s, but apiServer.keepalived.authPasswordFile selects VRRPv2 with PASS authentication, whose advertisements carry whole seconds (RFC 3768 §5.3.7): "+
+			"remove authPasswordFile to use VRRPv3 with sub-second intervals (the PASS password is sent in clear text and protects nothing the firewall's peer-only VRRP rule does not), or use 1s or more", iv)
+	case k.VRRPVersion() == 2 && (iv%time.Second != 0 || iv > 255*time.Second):
+		v.errorf(path, "%s is not a whole number of seconds from 1s to 255s, as VRRPv2 (selected by apiServer.keepalived.authPasswordFile) requires (RFC 3768 §5.3.7)", iv)
+	case k.VRRPVersion() == 3 && (iv%(10*time.Millisecond) != 0 || iv < 10*time.Millisecond || iv > 40950*time.Millisecond):
+		v.errorf(path, "%s is not a multiple of 10ms from 10ms to 40.95s, as VRRPv3 requires (RFC 5798 §5.2.7: the interval is carried in centiseconds); the default is %s", iv, DefaultAdvertInterval)
 	}
 }
 

@@ -3,6 +3,7 @@ package plan
 import (
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
@@ -12,8 +13,8 @@ import (
 // validated): its roles and the cluster's networks; NodeNetworks = the control-plane and
 // workload-plane CIDRs and the pod CIDR (pods reach host-network ports such as the kubelet), without
 // duplicates; the appliance's control-plane address applianceAddr; the API VIP and port; mirrors and
-// caPEM as given. Control-plane nodes get a keepalived instance when c enables keepalived: VRID from
-// c, auth vrrpAuthPass (1..8 bytes, or "" for VRRPv3 without authentication), priority
+// caPEM as given. Control-plane nodes get a keepalived instance when c enables keepalived: VRID,
+// authentication and advertisement interval from v (VRRPFor: the same on every speaker), priority
 // agentapi.VRRPControlPlaneBasePriority minus the node's index among the control planes, and as peers the other
 // control planes' control-plane addresses (each one's first static address inside a control-plane
 // CIDR; a control plane without one cannot be named and is left out) plus applianceAddr.
@@ -22,7 +23,7 @@ import (
 //
 // With c.Kubernetes enabled, cluster (the cluster CA and kubeadm join secrets) must be set and the
 // node also gets its agentapi.KubernetesConfig (see kubernetesFor).
-func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, vrrpAuthPass string, mirrors []agentapi.Mirror, cluster *ClusterSecrets) (agentapi.NodeConfig, error) {
+func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAddr netip.Addr, caPEM []byte, v VRRP, mirrors []agentapi.Mirror, cluster *ClusterSecrets) (agentapi.NodeConfig, error) {
 	nc := agentapi.NodeConfig{
 		Node:               n.Name,
 		Roles:              Roles(n),
@@ -64,10 +65,11 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		peers = append(peers, applianceAddr)
 	}
 	nc.Keepalived = &agentapi.KeepalivedConfig{
-		VirtualRouterID: c.APIServer.Keepalived.VirtualRouterID,
-		AuthPass:        vrrpAuthPass,
-		Priority:        uint8(prio),
-		Peers:           peers,
+		VirtualRouterID:  v.VirtualRouterID,
+		AuthPass:         v.AuthPass,
+		Priority:         uint8(prio),
+		Peers:            peers,
+		AdvertIntervalMS: uint32(v.AdvertInterval / time.Millisecond),
 	}
 	return nc, nil
 }

@@ -33,7 +33,8 @@ func TestNodeConfigFor(t *testing.T) {
 	}
 	mirrors := []agentapi.Mirror{{Registry: "docker.io", Endpoint: "https://10.0.0.1:8443/v2/docker.io"}}
 	app := a("10.0.0.1")
-	cp2, err := NodeConfigFor(c, c.Nodes[1], app, []byte("PEM"), "pw", mirrors, nil)
+	v := VRRP{VirtualRouterID: 7, AuthPass: "pw", AdvertInterval: time.Second}
+	cp2, err := NodeConfigFor(c, c.Nodes[1], app, []byte("PEM"), v, mirrors, nil)
 	if err != nil || cp2.Kubernetes != nil {
 		t.Fatalf("NodeConfigFor(cp2), kubernetes disabled: %v, kubernetes %+v", err, cp2.Kubernetes)
 	}
@@ -42,16 +43,16 @@ func TestNodeConfigFor(t *testing.T) {
 		t.Errorf("cp2: %+v", cp2)
 	}
 	k := cp2.Keepalived
-	if k == nil || k.Priority != agentapi.VRRPControlPlaneBasePriority-1 || k.VirtualRouterID != 7 || k.AuthPass != "pw" ||
+	if k == nil || k.Priority != agentapi.VRRPControlPlaneBasePriority-1 || k.VirtualRouterID != 7 || k.AuthPass != "pw" || k.AdvertIntervalMS != 1000 ||
 		!slices.Equal(k.Peers, []netip.Addr{a("10.0.0.11"), app}) {
 		t.Errorf("cp2 keepalived: %+v (want priority %d, peers cp1's control-plane address and the appliance)", k, agentapi.VRRPControlPlaneBasePriority-1)
 	}
-	if w, _ := NodeConfigFor(c, c.Nodes[3], app, nil, "pw", nil, nil); w.Keepalived != nil || w.Mirrors == nil {
+	if w, _ := NodeConfigFor(c, c.Nodes[3], app, nil, v, nil, nil); w.Keepalived != nil || w.Mirrors == nil {
 		t.Errorf("worker: %+v", w)
 	}
 	off := false
 	c.APIServer.Keepalived.Enabled = &off
-	if cp, _ := NodeConfigFor(c, c.Nodes[0], app, nil, "pw", nil, nil); cp.Keepalived != nil {
+	if cp, _ := NodeConfigFor(c, c.Nodes[0], app, nil, v, nil, nil); cp.Keepalived != nil {
 		t.Errorf("keepalived disabled, yet cp1 got %+v", cp.Keepalived)
 	}
 }
@@ -99,7 +100,7 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 		{agentapi.ActionJoin, "cp1", "10.233.3.0/24"},
 	}
 	for i, n := range c.Nodes {
-		nc, err := NodeConfigFor(c, n, a("10.100.0.2"), ca.CertPEM, "pw", nil, cluster)
+		nc, err := NodeConfigFor(c, n, a("10.100.0.2"), ca.CertPEM, VRRP{VirtualRouterID: 7, AuthPass: "pw", AdvertInterval: time.Second}, nil, cluster)
 		if err != nil {
 			t.Fatalf("%s: %v", n.Name, err)
 		}
@@ -132,7 +133,7 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 			t.Errorf("%s: SANs %v", n.Name, k.APIServerCertSANs)
 		}
 	}
-	if _, err := NodeConfigFor(c, c.Nodes[0], a("10.100.0.2"), ca.CertPEM, "pw", nil, nil); err == nil {
+	if _, err := NodeConfigFor(c, c.Nodes[0], a("10.100.0.2"), ca.CertPEM, VRRP{VirtualRouterID: 7, AuthPass: "pw", AdvertInterval: time.Second}, nil, nil); err == nil {
 		t.Error("kubernetes enabled without cluster secrets: no error")
 	}
 }

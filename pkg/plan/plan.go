@@ -41,8 +41,13 @@ type Inputs struct {
 	CA *pki.CA
 	// Tokens maps node name → bearer token (secret).
 	Tokens map[string]string
-	// VRRPAuth is the keepalived PASS secret (secret); "" for VRRPv3 without authentication.
+	// VRRPAuth is the keepalived PASS secret (secret), used only when the configuration selects VRRPv2
+	// (apiServer.keepalived.authPasswordFile); "" is fine otherwise.
 	VRRPAuth string
+	// RecordedVRRP is the bootstrap host's VRRP instance as the previous render wrote it
+	// (ReadRecorded), nil on a first run: a running cluster keeps its VRID and VRRP version unless
+	// the document sets them (VRRPFor).
+	RecordedVRRP *keepalived.Instance
 	// Cluster is the Kubernetes cluster CA and kubeadm join secrets; nil without Kubernetes.
 	Cluster *ClusterSecrets
 	// Registries are the registry hosts the bundle's images come from (bundle phase), e.g.
@@ -82,6 +87,10 @@ type Plan struct {
 	// Keepalived is the bootstrap host's VRRP instance for the API VIP; nil when keepalived is
 	// disabled or there is no VIP.
 	Keepalived *keepalived.Config
+	// VRRP is what every speaker of the VIP shares (VRRPFor), and VRRPNotes say what a rerun kept
+	// from the cluster's bootstrap rather than deriving it anew.
+	VRRP      VRRP
+	VRRPNotes []string
 }
 
 // ApplianceDirectory is the first path element of the bootstrap host's own files in Plan.Files
@@ -103,7 +112,8 @@ func Build(in Inputs) (*Plan, error) {
 		}
 		mirrors = append(mirrors, agentapi.Mirror{Registry: host, Endpoint: in.ApplianceURL + "/v2/" + component})
 	}
-	p := &Plan{Firewall: ApplianceFirewall(c)}
+	vrrp, notes := VRRPFor(c, in.VRRPAuth, in.RecordedVRRP)
+	p := &Plan{Firewall: ApplianceFirewall(c), VRRP: vrrp, VRRPNotes: notes}
 	for _, n := range c.Nodes {
 		a := NodeArtefacts{Name: n.Name, Ignition: map[string][]byte{}}
 		var err error
@@ -113,7 +123,7 @@ func Build(in Inputs) (*Plan, error) {
 		if err != nil {
 			return nil, err
 		}
-		a.NodeConfig, err = NodeConfigFor(c, n, in.ControlPlane.Prefix.Addr(), in.CA.CertPEM, in.VRRPAuth, mirrors, in.Cluster)
+		a.NodeConfig, err = NodeConfigFor(c, n, in.ControlPlane.Prefix.Addr(), in.CA.CertPEM, vrrp, mirrors, in.Cluster)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
@@ -149,7 +159,7 @@ func Build(in Inputs) (*Plan, error) {
 		}
 		p.Nodes = append(p.Nodes, a)
 	}
-	kc, err := ApplianceKeepalived(c, in.ControlPlane, in.VRRPAuth)
+	kc, err := ApplianceKeepalived(c, in.ControlPlane, vrrp)
 	if err != nil {
 		return nil, err
 	}
@@ -206,9 +216,10 @@ func KernelCmdline(applianceURL, caPin, node, token string) string {
 
 // ApplianceKeepalived is the bootstrap host's VRRP instance for the API VIP: unicast from its
 // control-plane address cp (interface cp.Interface) to every control plane's ControlPlaneAddress, the
-// cluster's VRID, auth, priority agentapi.VRRPAppliancePriority, the VIP with the prefix length of
-// cp's CIDR. nil (no error) when keepalived is disabled or there is no VIP.
-func ApplianceKeepalived(c *config.BootstrapConfiguration, cp netresolve.Address, auth string) (*keepalived.Config, error) {
+// cluster's VRID, authentication and advertisement interval from v (VRRPFor), priority
+// agentapi.VRRPAppliancePriority, the VIP with the prefix length of cp's CIDR. nil (no error) when
+// keepalived is disabled or there is no VIP.
+func ApplianceKeepalived(c *config.BootstrapConfiguration, cp netresolve.Address, v VRRP) (*keepalived.Config, error) {
 	vip := c.APIServer.VIP
 	if !c.APIServer.Keepalived.IsEnabled() || !vip.IsValid() {
 		return nil, nil
@@ -224,9 +235,10 @@ func ApplianceKeepalived(c *config.BootstrapConfiguration, cp netresolve.Address
 			SourceIP:        cp.Prefix.Addr(),
 			Peers:           ControlPlaneAddresses(c),
 			VIP:             vipPrefix(vip, cp),
-			VirtualRouterID: c.APIServer.Keepalived.VirtualRouterID,
+			VirtualRouterID: v.VirtualRouterID,
 			Priority:        agentapi.VRRPAppliancePriority,
-			AuthPass:        auth,
+			AuthPass:        v.AuthPass,
+			AdvertInterval:  v.AdvertInterval,
 		}},
 	}, nil
 }
