@@ -193,13 +193,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "internal registry error", http.StatusInternalServerError)
 		}
 	}()
-	if refuseMalformed(w, r) {
+	if refuseMalformed(w, r) || refuseWrite(w, r) {
 		return
 	}
 	if h.fastPath && (r.Method == http.MethodGet || r.Method == http.MethodHead) && h.serveBlob(w, r) {
 		return
 	}
 	h.app.ServeHTTP(w, r)
+}
+
+// refuseWrite answers every method but GET and HEAD on a route distribution serves with 405 and the
+// OCI error UNSUPPORTED (distribution spec, "Error Codes"; Allow: GET, HEAD as RFC 9110 §15.5.6
+// asks), and returns whether it did. The mirror is read-only; distribution's own read-only refusal is
+// a plain-text "Method not allowed" without Allow, which OCI clients cannot parse.
+func refuseWrite(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return false
+	}
+	var m mux.RouteMatch
+	if !v2.Router().Match(r, &m) {
+		return false
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	serveRegistryError(w, errcode.ErrorCodeUnsupported.WithMessage("this registry is a read-only mirror of the bundle: only GET and HEAD are served"))
+	return true
 }
 
 // maxEchoed bounds how much of a client's malformed digest an error detail repeats.
