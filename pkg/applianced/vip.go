@@ -17,6 +17,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/pkg/vipcheck"
 )
 
 // handedOffName is the hand-off marker in statedir.Keepalived.
@@ -34,6 +35,11 @@ const handedOffName = "handed-off"
 // configuration: left alone; another: reloaded with SIGHUP) instead of restarting it. Only the
 // hand-off and Stop (`appliance stop`) end it. On systemd hosts the unit's KillMode=process keeps
 // systemd from killing it with serve (systemd.go).
+//
+// Before the first claim (no keepalived of ours runs yet) the VRRP pre-flight (pkg/vipcheck) listens
+// for a few advertisement intervals and ARP-probes the VIP; a foreign speaker on our VRID or another
+// host answering for the VIP stops the claim: runVIP returns that error (serve logs it) and starts
+// nothing.
 func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir string, log *slog.Logger) error {
 	kc, ok, err := ReadKeepalived(stateDir)
 	if err != nil || !ok {
@@ -64,6 +70,16 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 		}
 		log.Info("keepalived for the API VIP", "outcome", p.Outcome(), "pid", p.Pid(), "log", p.LogPath())
 		return p, nil
+	}
+	// Only the first claim is checked: a keepalived of ours that already runs (adopted below) is
+	// left alone and costs nothing.
+	if pid, running := vipcheck.KeepalivedRunning(dir); running {
+		log.Info("keepalived for the API VIP already runs; no VRRP pre-flight", "pid", pid)
+	} else if err := preflight(ctx, kc, "", log); err != nil {
+		if ctx.Err() != nil { // serve is stopping: nothing was claimed, nothing to report
+			return nil
+		}
+		return err
 	}
 	p, err := start()
 	if err != nil {
@@ -96,6 +112,25 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 			}
 		}
 	}
+}
+
+// preflight runs the VRRP pre-flight (pkg/vipcheck) for every instance of kc in the network
+// namespace at nsPath ("" = this one), logs what it heard and how long it took, and returns the
+// conflicts: another VRRP group on our VRID, or another host answering for the VIP, each naming the
+// speaker and the configuration field to change.
+func preflight(ctx context.Context, kc keepalived.Config, nsPath string, log *slog.Logger) error {
+	for _, in := range kc.Instances {
+		o := vipcheck.FromInstance(nsPath, in)
+		o.Log = log
+		res, err := vipcheck.Run(ctx, o)
+		log.Info("VRRP pre-flight", "vip", in.VIP.Addr(), "vrid", in.VirtualRouterID, "interface", in.Interface,
+			"took", res.Took.Round(time.Millisecond), "window", res.Window, "peerAdverts", res.Adverts,
+			"otherVRIDs", res.OtherVRIDs, "peersAnswering", len(res.PeerMACs), "conflict", err != nil)
+		if err != nil {
+			return fmt.Errorf("VRRP pre-flight before claiming the API VIP %s refused the claim: %w", in.VIP.Addr(), err)
+		}
+	}
+	return nil
 }
 
 // stopVIP stops the detached keepalived of stateDir (`appliance stop`): SIGTERM, so the VIP moves to a
