@@ -13,6 +13,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
+	"github.com/airgap-appliance/appliance/pkg/vipcheck"
 )
 
 // KeepalivedConfig builds the node's keepalived configuration: unicast from the node's control-plane
@@ -120,8 +121,20 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	if restarted {
 		a.log.Warn("keepalived had exited", "error", a.keep.proc.Err())
 		_ = a.keep.proc.Cleanup()
-	} else if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
-		return "", err
+	} else {
+		// The first start in this agent: check the segment before claiming, unless a keepalived of
+		// ours from a previous agent still runs (a rerun: only the first claim is checked).
+		_, stale := vipcheck.KeepalivedRunning(dir)
+		if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
+			return "", err
+		}
+		if !stale {
+			took, err := a.vipPreflight(ctx, in)
+			if err != nil {
+				return "", err
+			}
+			desc += fmt.Sprintf(", VRRP pre-flight clear in %.1fs", took.Seconds())
+		}
 	}
 	p := &keepalived.Process{Config: cfg, Dir: dir, NetNS: a.opts.NetNS, Log: a.log.With("component", "keepalived")}
 	if err := p.Start(ctx); err != nil {
@@ -133,4 +146,19 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 		verb = "restarted"
 	}
 	return fmt.Sprintf("%s keepalived (pid %d), %s", verb, p.Pid(), desc), nil
+}
+
+// vipPreflight runs the VRRP pre-flight (pkg/vipcheck) for in in the agent's namespace before
+// keepalived first claims the VIP: a foreign speaker on our VRID or another host answering for the VIP
+// fails the step with the speaker and the field to change (the node report's detail).
+func (a *Agent) vipPreflight(ctx context.Context, in keepalived.Instance) (time.Duration, error) {
+	o := vipcheck.FromInstance(a.nsPath(), in)
+	o.Log = a.log
+	res, err := vipcheck.Run(ctx, o)
+	a.log.Info("VRRP pre-flight", "vip", in.VIP.Addr(), "vrid", in.VirtualRouterID, "took", res.Took.Round(time.Millisecond),
+		"window", res.Window, "peerAdverts", res.Adverts, "otherVRIDs", res.OtherVRIDs, "conflict", err != nil)
+	if err != nil {
+		return res.Took, fmt.Errorf("VRRP pre-flight refused to claim the API VIP %s: %w", in.VIP.Addr(), err)
+	}
+	return res.Took, nil
 }

@@ -1,0 +1,68 @@
+package hostagent
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/keepalived"
+	"github.com/airgap-appliance/appliance/pkg/vipcheck"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// TestAgentKeepalivedPreflightRefuses (issue 14): a control plane whose VIP is already answered for
+// by a host that is not one of its VRRP peers (a real kernel holding the address in a linked
+// namespace) does not start keepalived: the keepalived step fails, and the node report's detail names
+// the VIP, the answering host's MAC and the field to change.
+func TestAgentKeepalivedPreflightRefuses(t *testing.T) {
+	labns.RequireRoot(t)
+	labns.RequireTool(t, "keepalived")
+	labns.RequireTool(t, "nft")
+	ns := labns.New(t, "hagt")
+	foreign := labns.New(t, "hfor")
+	ifc, fifc := labns.Link(t, ns, "10.79.0.2/24", foreign, "10.79.0.50/24")
+	vip := netip.MustParseAddr("10.79.0.100")
+	foreign.MustRun("ip", "addr", "add", vip.String()+"/24", "dev", fifc)
+	foreignMAC := strings.TrimSpace(foreign.MustRun("cat", "/sys/class/net/"+fifc+"/address"))
+
+	nc := agentapi.NodeConfig{
+		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
+		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
+		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
+		ApplianceAddress:  netip.MustParseAddr("10.79.0.9"), APIServerVIP: vip, APIServerPort: 6443,
+		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 43, Priority: 100,
+			Peers: []netip.Addr{netip.MustParseAddr("10.79.0.9")}},
+		Mirrors: []agentapi.Mirror{},
+	}
+	app := newAppliance(t, nc)
+	root := t.TempDir()
+	cfg := app.config()
+	cfg.Roles = []string{"control-plane"}
+	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
+		TrackScript: []string{"/bin/true"}})
+
+	var detail string
+	waitFor(t, "the keepalived step to fail", func() bool {
+		st, _ := app.store.Get("cp1")
+		r := st.Steps[agentapi.StepKeepalived]
+		detail = r.Detail
+		return r.Status == agentapi.StatusFailed
+	})
+	t.Logf("keepalived step detail: %s", detail)
+	for _, want := range []string{vip.String(), foreignMAC, vipcheck.FieldVIP} {
+		if !strings.Contains(detail, want) {
+			t.Errorf("the keepalived step's detail does not name %q: %s", want, detail)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, KeepalivedDir, "keepalived.pid")); err == nil {
+		t.Errorf("keepalived was started although the pre-flight refused the claim")
+	}
+	if held, err := keepalived.Holds(ns.Path(), ifc, vip); err != nil || held {
+		t.Errorf("the node claimed the VIP anyway (held %v, err %v)", held, err)
+	}
+}
