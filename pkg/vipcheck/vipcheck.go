@@ -336,6 +336,10 @@ func judge(res *Result, o Options, own net.HardwareAddr, adverts []Advert, seen 
 		if !ok {
 			speaker = neighbourOf(o.NetNSPath, o.Interface, p.SenderHardwareAddr)
 		}
+		if slices.Contains(o.Peers, speaker) { // a peer the neighbour table knows, silent to our requests
+			res.Holders[p.SenderIP] = speaker
+			continue
+		}
 		errs = append(errs, &ConflictError{Interface: o.Interface, Field: FieldVIP, Speaker: speaker,
 			MAC: slices.Clone(p.SenderHardwareAddr), VIP: p.SenderIP, Peers: o.Peers})
 	}
