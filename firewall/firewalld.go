@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -67,7 +68,7 @@ var (
 //     holding the SourceAnywhere ports and one rich rule per VRRP peer (`protocol value="112"`): these are
 //     accepted whatever zone the packet was classified into; everything else falls through to the zones.
 //
-// Apply reads both configurations (8 calls), writes only what differs — the permanent zone and policy as one
+// Apply reads both configurations (10 calls), writes only what differs — the permanent zone and policy as one
 // whole settings dict each (config.addZone2/update2, config.addPolicy/update: firewalld checks the whole dict
 // before writing the file), then the runtime ones (setZoneSettings2, setPolicySettings, each checked by
 // firewalld as a whole first), or one reload when an object is new to the runtime (firewalld 1.3 makes a new
@@ -377,22 +378,21 @@ func canon(v any) string {
 			l[i] = strings.Join([]string{p.Port, p.Protocol, p.ToPort, p.ToAddr}, "/")
 		}
 		return canonList(l)
-	case [][]any: // a(ss), a(ssss) from D-Bus
-		l := make([]string, len(x))
-		for i, p := range x {
-			parts := make([]string, len(p))
-			for j, e := range p {
-				parts[j] = fmt.Sprint(e)
-			}
-			l[i] = strings.Join(parts, "/")
+	}
+	// From D-Bus: a(ss) and a(ssss) decode as [][]any; firewalld sends some port lists as aas.
+	if rows := rowsOf(v); rows != nil {
+		l := make([]string, len(rows))
+		for i, r := range rows {
+			l[i] = strings.Join(r, "/")
 		}
 		return canonList(l)
-	case []any:
-		l := make([]string, len(x))
-		for i, e := range x {
-			l[i] = strings.Trim(canon(e), `"[]`)
+	}
+	if l, ok := v.([]any); ok {
+		out := make([]string, len(l))
+		for i, e := range l {
+			out[i] = strings.Trim(canon(e), `"[]`)
 		}
-		return canonList(l)
+		return canonList(out)
 	}
 	return fmt.Sprintf("%T(%v)", v, v)
 }
@@ -461,7 +461,7 @@ func (o liveObject) description() (string, bool) {
 	return "", false
 }
 
-// read fetches the zone and the policy from both configurations: 8 calls when both exist.
+// read fetches the zone and the policy from both configurations: 10 calls when both exist.
 func (c *fwdConn) read(ctx context.Context) (zone, policy liveObject, err error) {
 	f := c.f
 	var names []string
@@ -787,41 +787,69 @@ func (c *fwdConn) checkSources(ctx context.Context, want firewalldState, zone li
 	return nil
 }
 
-// retype makes a variant decoded from firewalld sendable again: godbus decodes a(ss) and a(ssss) into
-// [][]any, which it would encode as arrays of variants under the old signature; typed structs encode right.
-func retype(v dbus.Variant) dbus.Variant {
-	rows, ok := v.Value().([][]any)
-	if !ok {
+// retype makes a value decoded from firewalld sendable again under key k. firewalld wants its port lists as
+// arrays of structs (a(ss), a(ssss): Python tuples; an array of arrays is refused as "not of type tuple"), but
+// godbus decodes structs as []any and would encode those back as arrays of variants; typed structs encode right.
+func retype(k string, v dbus.Variant) dbus.Variant {
+	rows := rowsOf(v.Value())
+	if rows == nil {
 		return v
 	}
-	str := func(r []any, i int) string {
+	col := func(r []string, i int) string {
 		if i < len(r) {
-			s, _ := r[i].(string)
-			return s
+			return r[i]
 		}
 		return ""
 	}
-	switch v.Signature().String() {
-	case "a(ss)":
+	switch k {
+	case "ports", "source_ports":
 		out := make([]portProto, len(rows))
 		for i, r := range rows {
-			out[i] = portProto{str(r, 0), str(r, 1)}
+			out[i] = portProto{col(r, 0), col(r, 1)}
 		}
 		return dbus.MakeVariant(out)
-	case "a(ssss)":
+	case "forward_ports":
 		out := make([]forwardPort, len(rows))
 		for i, r := range rows {
-			out[i] = forwardPort{str(r, 0), str(r, 1), str(r, 2), str(r, 3)}
+			out[i] = forwardPort{col(r, 0), col(r, 1), col(r, 2), col(r, 3)}
 		}
 		return dbus.MakeVariant(out)
 	}
 	return v
 }
 
+// rowsOf returns a list of lists (of any element types: [][]any, [][]string, []any of []any) as strings, or
+// nil when v is not one.
+func rowsOf(v any) [][]string {
+	rv := reflect.ValueOf(v)
+	if !rv.IsValid() || rv.Kind() != reflect.Slice {
+		return nil
+	}
+	out := [][]string{}
+	for i := 0; i < rv.Len(); i++ {
+		e := rv.Index(i)
+		for e.Kind() == reflect.Interface {
+			e = e.Elem()
+		}
+		if e.Kind() != reflect.Slice {
+			return nil
+		}
+		row := make([]string, e.Len())
+		for j := range row {
+			row[j] = fmt.Sprint(e.Index(j).Interface())
+		}
+		out = append(out, row)
+	}
+	if rv.Len() == 0 && rv.Type().Elem().Kind() != reflect.Slice {
+		return nil
+	}
+	return out
+}
+
 func retyped(m map[string]dbus.Variant) map[string]dbus.Variant {
 	out := make(map[string]dbus.Variant, len(m))
 	for k, v := range m {
-		out[k] = retype(v)
+		out[k] = retype(k, v)
 	}
 	return out
 }
@@ -839,7 +867,7 @@ func restoreSettings(want settings, live map[string]dbus.Variant, keys []string)
 	}
 	for _, k := range keys {
 		if v, ok := live[k]; ok {
-			out[k] = retype(v)
+			out[k] = retype(k, v)
 			continue
 		}
 		switch want[k].(type) {

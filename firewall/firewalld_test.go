@@ -129,3 +129,32 @@ func TestChooseWithoutBus(t *testing.T) {
 		t.Errorf("Apply of an invalid spec = %v, want ErrInvalidSpec first", err)
 	}
 }
+
+// TestRetype: port lists come back from firewalld as a(ss) (decoded [][]any) or aas; sent back for an undo they
+// must be arrays of structs again (firewalld refuses arrays of arrays: "not of type tuple").
+func TestRetype(t *testing.T) {
+	for _, v := range []dbus.Variant{
+		dbus.MakeVariant([][]any{{"22", "tcp"}}),
+		dbus.MakeVariant([][]string{{"22", "tcp"}}),
+		dbus.MakeVariant([]portProto{{"22", "tcp"}}),
+	} {
+		got := retype("ports", v)
+		if got.Signature().String() != "a(ss)" || canon(got) != "[22/tcp]" || canon(v) != "[22/tcp]" {
+			t.Errorf("retype(%s %v) = %s %v", v.Signature(), v.Value(), got.Signature(), got.Value())
+		}
+	}
+	if got := retype("forward_ports", dbus.MakeVariant([][]any{{"80", "tcp", "8080", ""}})); got.Signature().String() != "a(ssss)" {
+		t.Errorf("forward_ports retyped as %s", got.Signature())
+	}
+	if got := retype("sources", dbus.MakeVariant([]string{"10.0.0.0/8"})); got.Signature().String() != "as" {
+		t.Errorf("sources retyped as %s", got.Signature())
+	}
+	if got := retype("ports", dbus.MakeVariant([][]any{})); got.Signature().String() != "a(ss)" {
+		t.Errorf("empty ports retyped as %s", got.Signature())
+	}
+	undo := restoreSettings(settings{"ports": []portProto{}, "sources": []string{}, "short": ""},
+		map[string]dbus.Variant{"ports": dbus.MakeVariant([][]any{{"22", "tcp"}})}, nil)
+	if undo["ports"].Signature().String() != "a(ss)" || undo["sources"].Signature().String() != "as" || undo["short"].Value() != "" {
+		t.Errorf("restoreSettings = %v", undo)
+	}
+}
