@@ -206,6 +206,13 @@ func (s *sampler) Stop() (samples, doubles int) {
 	return s.samples, s.doubles
 }
 
+// doublesSoFar is how many samples so far saw two or more holders.
+func (s *sampler) doublesSoFar() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.doubles
+}
+
 // waitHolder waits until the sampled holder set is exactly {want}; it returns when it was first seen.
 func (s *sampler) waitHolder(t testing.TB, want int) (time.Time, bool) {
 	t.Helper()
@@ -235,7 +242,12 @@ type claimWatcher struct {
 	held   []bool
 	claims []int // VIP additions per node
 	most   int
-	done   chan struct{}
+	// overlap is how long two or more nodes held the VIP at once since the last resetMost, as the
+	// events arrived here (approximate: each namespace's events come over their own socket);
+	// overlapSince is when the current overlap began, zero when there is none.
+	overlap      time.Duration
+	overlapSince time.Time
+	done         chan struct{}
 }
 
 func (l *vrrpLab) watchClaims() *claimWatcher {
@@ -278,11 +290,44 @@ func (l *vrrpLab) watchClaims() *claimWatcher {
 					}
 				}
 				w.most = max(w.most, cur)
+				switch {
+				case cur > 1 && w.overlapSince.IsZero():
+					w.overlapSince = time.Now()
+				case cur < 2 && !w.overlapSince.IsZero():
+					w.overlap += time.Since(w.overlapSince)
+					w.overlapSince = time.Time{}
+				}
 				w.mu.Unlock()
 			}
 		}()
 	}
 	return w
+}
+
+// resetMost starts counting the most simultaneous holders (and their overlap) anew from now.
+func (w *claimWatcher) resetMost() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.most, w.overlap, w.overlapSince = 0, 0, time.Time{}
+	for _, h := range w.held {
+		if h {
+			w.most++
+		}
+	}
+	if w.most > 1 {
+		w.overlapSince = time.Now()
+	}
+}
+
+// overlapped is how long two or more nodes held the VIP at once since the last resetMost.
+func (w *claimWatcher) overlapped() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.overlap
+	if !w.overlapSince.IsZero() {
+		d += time.Since(w.overlapSince)
+	}
+	return d
 }
 
 func (w *claimWatcher) snapshot() (most int, claims []int) {
