@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
@@ -213,6 +214,11 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 	want := "config:running config:done firewall:running firewall:done containerd:running containerd:done ready:running ready:done"
 	if got := strings.Join(steps(evs, "boot-1"), " "); got != want {
 		t.Errorf("reports:\n got %s\nwant %s", got, want)
+	}
+	// The firewall report names the backend the chooser took (no firewalld here: nftables), for `appliance status`.
+	if st, _ := app.store.Get("w1"); firewall.BackendOfDetail(st.Steps[agentapi.StepFirewall].Detail) != firewall.BackendNFTables ||
+		!strings.Contains(st.Steps[agentapi.StepFirewall].Detail, "nftables (table inet appliance)") {
+		t.Errorf("firewall report detail %q does not name the nftables backend", st.Steps[agentapi.StepFirewall].Detail)
 	}
 
 	// Restart with the appliance down, and a firewall the agent must restore from its cache.
