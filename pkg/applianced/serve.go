@@ -107,12 +107,16 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if o.Listener != nil {
 		return srv.ServeListener(ctx, o.Listener, o.Ready)
 	}
-	// The API VIP starts on this host and is handed to the control planes (see runVIP).
+	// The API VIP starts on this host and is handed to the control planes (see runVIP). The pre-flight
+	// runs first, so a segment where the claim would collide stops serve before it serves.
+	if err := checkVIPClaim(ctx, stateDir, log.With("component", "vip")); err != nil {
+		return err
+	}
 	vctx, cancelVIP := context.WithCancel(ctx)
 	vipDone := make(chan struct{})
 	go func() {
 		defer close(vipDone)
-		if err := runVIP(vctx, cfg, stateDir, log.With("component", "vip")); err != nil {
+		if err := runVIP(vctx, cfg, stateDir, log.With("component", "vip"), true); err != nil {
 			log.Error("API VIP on the bootstrap host", "error", err)
 		}
 	}()

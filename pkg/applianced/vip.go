@@ -39,8 +39,9 @@ const handedOffName = "handed-off"
 // Before the first claim (no keepalived of ours runs yet) the VRRP pre-flight (pkg/vipcheck) listens
 // for a few advertisement intervals and ARP-probes the VIP; a foreign speaker on our VRID or another
 // host answering for the VIP stops the claim: runVIP returns that error (serve logs it) and starts
-// nothing.
-func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir string, log *slog.Logger) error {
+// nothing. Serve runs that check itself before it serves (checkVIPClaim), so that a refusal makes
+// serve exit and `appliance bootstrap` print it; it then passes checked = true.
+func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir string, log *slog.Logger, checked bool) error {
 	kc, ok, err := ReadKeepalived(stateDir)
 	if err != nil || !ok {
 		return err
@@ -75,6 +76,8 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 	// left alone and costs nothing.
 	if pid, running := vipcheck.KeepalivedRunning(dir); running {
 		log.Info("keepalived for the API VIP already runs; no VRRP pre-flight", "pid", pid)
+	} else if checked {
+		log.Debug("VRRP pre-flight done before serving")
 	} else if err := preflight(ctx, kc, "", log); err != nil {
 		if ctx.Err() != nil { // serve is stopping: nothing was claimed, nothing to report
 			return nil
@@ -112,6 +115,26 @@ func runVIP(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir st
 			}
 		}
 	}
+}
+
+// checkVIPClaim runs the VRRP pre-flight when this host is about to claim the API VIP for the first
+// time: keepalived is configured, the VIP was not handed off, and no keepalived of ours runs (a rerun
+// or a restarted serve adopts it and checks nothing). Serve calls it before it serves: a conflict is
+// returned, serve exits with it, and the bootstrap's serve phase prints it with serve's last log
+// lines. It adds the pre-flight's window (vipcheck.Options.Window) to a first start only.
+func checkVIPClaim(ctx context.Context, stateDir string, log *slog.Logger) error {
+	kc, ok, err := ReadKeepalived(stateDir)
+	if err != nil || !ok {
+		return err
+	}
+	dir := statedir.Keepalived(stateDir)
+	if _, err := os.Stat(filepath.Join(dir, handedOffName)); err == nil {
+		return nil
+	}
+	if _, running := vipcheck.KeepalivedRunning(dir); running {
+		return nil
+	}
+	return preflight(ctx, kc, "", log)
 }
 
 // preflight runs the VRRP pre-flight (pkg/vipcheck) for every instance of kc in the network

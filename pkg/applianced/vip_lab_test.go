@@ -27,7 +27,8 @@ import (
 const holderEnv = "APPLIANCED_VIP_HOLDER_STATE"
 
 // TestHelperVIPHolder is not a test: run by TestVIPSurvivesServeCrash as a child process inside a lab
-// namespace, it is the VIP half of `appliance serve` (runVIP, the real code) until killed or SIGTERMed.
+// namespace, it is the VIP half of `appliance serve` (checkVIPClaim then runVIP, the real code, in Serve's order)
+// until killed or SIGTERMed.
 func TestHelperVIPHolder(t *testing.T) {
 	state := os.Getenv(holderEnv)
 	if state == "" {
@@ -36,7 +37,12 @@ func TestHelperVIPHolder(t *testing.T) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := runVIP(ctx, &config.BootstrapConfiguration{}, state, log); err != nil {
+	// As Serve does it: the pre-flight before serving, then the holder that trusts it.
+	if err := checkVIPClaim(ctx, state, log); err != nil {
+		log.Error("runVIP", "error", err)
+		os.Exit(1)
+	}
+	if err := runVIP(ctx, &config.BootstrapConfiguration{}, state, log, true); err != nil {
 		log.Error("runVIP", "error", err)
 		os.Exit(1)
 	}
