@@ -223,6 +223,11 @@ func TestPreflight(t *testing.T) {
 			unicastSpeaker(t, l.host("10.81.0.20"), "10.81.0.20", []string{us, "10.81.0.21"}, "10.81.0.200", 81, 0)
 			return nil
 		}},
+		{name: "foreign 1s speaker while we advertise at 250ms", advert: 250 * time.Millisecond, want: FieldVRID, speaker: "10.81.0.20", setup: func(t *testing.T, l *lab) *labns.NS {
+			// VRRP's default interval: our 250 ms says nothing about a foreign group's.
+			unicastSpeaker(t, l.host("10.81.0.20"), "10.81.0.20", []string{us, "10.81.0.21"}, "10.81.0.200", 81, 0)
+			return nil
+		}},
 		{name: "foreign multicast speaker on our VRID", want: FieldVRID, speaker: "10.81.0.20", setup: func(t *testing.T, l *lab) *labns.NS {
 			multicastSpeaker(t, l.host("10.81.0.20"), "10.81.0.200", 81)
 			return nil

@@ -105,7 +105,10 @@ func FromInstance(nsPath string, in keepalived.Instance) Options {
 	}
 }
 
-// Window is how long Run listens: Intervals × AdvertInterval, after defaults.
+// Window is how long Run listens: Intervals × AdvertInterval after defaults, but never less than
+// Intervals × keepalived.DefaultAdvertInterval (3 s by default). Our own interval says nothing about a
+// foreign group's: VRRP's default is 1 s (RFC 3768 §5.3.7, RFC 5798 §5.2.7), so a 0.75 s window
+// (3 × our 250 ms) could hear no advertisement at all from a group that kept it.
 func (o Options) Window() time.Duration {
 	iv, n := o.AdvertInterval, o.Intervals
 	if iv <= 0 {
@@ -114,7 +117,7 @@ func (o Options) Window() time.Duration {
 	if n <= 0 {
 		n = DefaultIntervals
 	}
-	return time.Duration(n) * iv
+	return time.Duration(n) * max(iv, keepalived.DefaultAdvertInterval)
 }
 
 // ConflictError is one speaker that stops the claim.

@@ -77,3 +77,22 @@ func FuzzParseAdvert(f *testing.F) {
 		}
 	})
 }
+
+// TestWindowHearsDefaultSpeakers: however fast our own adverts, the pre-flight listens at least
+// DefaultIntervals × 1 s, VRRP's default interval, so a foreign group that kept the default is heard
+// (before: 3 × 250 ms = 0.75 s, shorter than one of its intervals).
+func TestWindowHearsDefaultSpeakers(t *testing.T) {
+	for _, tc := range []struct {
+		advert time.Duration
+		want   time.Duration
+	}{
+		{0, 3 * time.Second},
+		{250 * time.Millisecond, 3 * time.Second},
+		{10 * time.Millisecond, 3 * time.Second},
+		{2 * time.Second, 6 * time.Second},
+	} {
+		if got := (Options{AdvertInterval: tc.advert}).Window(); got != tc.want {
+			t.Errorf("Window with %s adverts = %s, want %s", tc.advert, got, tc.want)
+		}
+	}
+}
