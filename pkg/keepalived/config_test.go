@@ -52,6 +52,14 @@ func goldenCases() map[string]Config {
 	}
 	v3 := bootstrapInstance()
 	v3.AuthPass, v3.AdvertInterval, v3.Nopreempt = "", 250*time.Millisecond, true
+	// The appliance's default for a control plane (pkg/hostagent KeepalivedConfig): VRRPv3 at 250 ms
+	// with the API track script in whole seconds.
+	cpv3 := cp
+	cpv3.AuthPass, cpv3.AdvertInterval = "", 250*time.Millisecond
+	cpv3.TrackScript = &Script{
+		Command:  []string{"/usr/bin/curl", "-sfk", "https://127.0.0.1:6443/readyz"},
+		Interval: 2 * time.Second, Timeout: 2 * time.Second, Fall: 2, Rise: 1, Weight: 50,
+	}
 	v6 := Instance{
 		Name: "api-vip6", Interface: goldenIface,
 		SourceIP: netip.MustParseAddr("fd00:77::5"), Peers: ips("fd00:77::11", "fd00:77::12"),
@@ -62,6 +70,7 @@ func goldenCases() map[string]Config {
 		"bootstrap-v2":            {RouterID: "appliance", Instances: []Instance{bootstrapInstance()}},
 		"control-plane-v2-health": {RouterID: "cp-1", ScriptUser: "nobody", Instances: []Instance{cp}},
 		"v3-subsecond-nopreempt":  {Instances: []Instance{v3}},
+		"control-plane-v3-health": {RouterID: "cp-1", ScriptUser: "nobody", Instances: []Instance{cpv3}},
 		"dual-stack":              {RouterID: "cp-2", Instances: []Instance{v3, v6}},
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -45,6 +47,9 @@ type nodeSpec struct {
 	fwPeers   func(others []netip.Addr) []netip.Addr
 	authPass  string
 	advertInt time.Duration
+	// track, when set, is a track script (as hostagent's: 2 s interval and timeout, fall 2, rise 1,
+	// weight +50) run as nobody.
+	track []string
 }
 
 type vrrpLab struct {
@@ -101,14 +106,20 @@ func newLab(t testing.TB, specs []nodeSpec, withFirewall bool) *vrrpLab {
 				t.Fatalf("firewall in %s: %v", n.name, err)
 			}
 		}
+		cfg := Config{RouterID: s.name, Instances: []Instance{{
+			Name: "api-vip", Interface: labIface, SourceIP: n.addr, Peers: others, VIP: labVIP,
+			VirtualRouterID: 77, Priority: s.priority, AuthPass: s.authPass, AdvertInterval: s.advertInt,
+		}}}
+		if s.track != nil {
+			cfg.ScriptUser = "nobody"
+			cfg.Instances[0].TrackScript = &Script{Command: s.track, Interval: 2 * time.Second, Timeout: 2 * time.Second,
+				Fall: 2, Rise: 1, Weight: 50}
+		}
 		n.proc = &Process{
-			Config: Config{RouterID: s.name, Instances: []Instance{{
-				Name: "api-vip", Interface: labIface, SourceIP: n.addr, Peers: others, VIP: labVIP,
-				VirtualRouterID: 77, Priority: s.priority, AuthPass: s.authPass, AdvertInterval: s.advertInt,
-			}}},
-			Dir:   t.TempDir(),
-			NetNS: n.ns.Name,
-			Log:   slog.New(slog.NewTextHandler(tWriter{t, s.name}, nil)),
+			Config: cfg,
+			Dir:    t.TempDir(),
+			NetNS:  n.ns.Name,
+			Log:    slog.New(slog.NewTextHandler(tWriter{t, s.name}, nil)),
 		}
 	}
 	for _, n := range l.nodes {
@@ -488,3 +499,53 @@ func TestFirewallVRRPPeers(t *testing.T) {
 
 // String names a node for messages.
 func (n *labNode) String() string { return fmt.Sprintf("%s(%s)", n.name, n.addr) }
+
+// TestTrackScriptWithSubsecondAdverts: the control planes' track script runs in whole seconds (2 s,
+// fall 2, weight +50, as hostagent sets it) while VRRPv3 advertises every 250 ms. The healthy
+// higher-priority speaker holds the VIP; when its check starts failing it loses the 50 and the other
+// speaker preempts; when it passes again the VIP comes back. The seconds are logged, not asserted:
+// detection takes fall × interval (2–4 s plus up to the timeout), the move after it one advert.
+func TestTrackScriptWithSubsecondAdverts(t *testing.T) {
+	// The check is `test -e FILE` run as nobody: the directory must be readable by nobody.
+	dir, err := os.MkdirTemp("", "kv-track-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	health := []string{filepath.Join(dir, "cp1"), filepath.Join(dir, "cp2")}
+	for _, f := range health {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	specs := []nodeSpec{
+		{name: "cp1", priority: 100, advertInt: 250 * time.Millisecond, track: []string{"/usr/bin/test", "-e", health[0]}},
+		{name: "cp2", priority: 90, advertInt: 250 * time.Millisecond, track: []string{"/usr/bin/test", "-e", health[1]}},
+	}
+	l := newLab(t, specs, false)
+	s := l.startSampler()
+	if _, ok := s.waitHolder(t, 0); !ok {
+		t.FailNow()
+	}
+	t0 := time.Now()
+	if err := os.Remove(health[0]); err != nil {
+		t.Fatal(err)
+	}
+	at, ok := s.waitHolder(t, 1)
+	if !ok {
+		t.FailNow()
+	}
+	t.Logf("cp1's check failing: VIP on cp2 after %.2fs", at.Sub(t0).Seconds())
+	t0 = time.Now()
+	if err := os.WriteFile(health[0], nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	at, ok = s.waitHolder(t, 0)
+	if !ok {
+		t.FailNow()
+	}
+	t.Logf("cp1's check passing again: VIP back on cp1 after %.2fs", at.Sub(t0).Seconds())
+}
