@@ -127,7 +127,9 @@ type KeepalivedConfig struct {
 	// (1000..255000, VRRPv2 carries seconds, RFC 3768 §5.3.7) with AuthPass. 0 or absent means 1000,
 	// the RFC default every appliance used before this field existed, so an older appliance's node
 	// config keeps its meaning. A hostagent that predates the field ignores it and advertises every
-	// second while the others use this interval: upgrade hostagents with the appliance.
+	// second: VRRPv3 speakers with different intervals still form one group (keepalived 2.2.7;
+	// pkg/keepalived TestMixedAdvertIntervalsOneGroup), but the others take over from that node only
+	// after its own, longer Master_Down_Interval, so upgrade hostagents with the appliance.
 	AdvertIntervalMS uint32 `json:"advertIntervalMS,omitempty"`
 }
 

@@ -549,3 +549,21 @@ func TestTrackScriptWithSubsecondAdverts(t *testing.T) {
 	}
 	t.Logf("cp1's check passing again: VIP back on cp1 after %.2fs", at.Sub(t0).Seconds())
 }
+
+// TestMixedAdvertIntervalsOneGroup: VRRPv3 speakers whose advert_int differ (1 s and 250 ms: a node
+// whose hostagent predates agentapi.KeepalivedConfig.AdvertIntervalMS, beside upgraded ones) still
+// form one group: keepalived 2.2.7 does not discard advertisements for their interval, so after the
+// election exactly one speaker holds the VIP and keeps it.
+func TestMixedAdvertIntervalsOneGroup(t *testing.T) {
+	specs := []nodeSpec{
+		{name: "cp1", priority: 100, advertInt: time.Second},
+		{name: "cp2", priority: 90, advertInt: 250 * time.Millisecond},
+		{name: "cp3", priority: 80, advertInt: 250 * time.Millisecond},
+	}
+	l := newLab(t, specs, false)
+	s := l.startSampler()
+	if _, ok := s.waitHolder(t, 0); !ok {
+		t.FailNow()
+	}
+	s.holdSteady(t, 0, 2*masterDown(time.Second, 80))
+}
