@@ -189,6 +189,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(wait):
 		case <-died:
+			// A keepalived killed with SIGKILL leaves the VIP on the interface, where the kernel keeps
+			// answering ARP for it while a peer takes over within a second: two holders. Remove it now,
+			// not when the keepalived step runs again after the config fetch, which can wait for an
+			// unreachable appliance far longer than the peers do.
+			if err := a.keep.proc.Cleanup(); err != nil {
+				a.log.Warn("keepalived exited; removing the VIP it left failed", "error", err)
+			}
 			a.log.Warn("keepalived exited; restarting it")
 		}
 	}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -319,3 +322,85 @@ func readPid(t *testing.T, path string) int {
 }
 
 func fmtSscan(s string, p *int) (int, error) { return fmt.Sscan(s, p) }
+
+// TestAgentRemovesVIPWhenKeepalivedDies: keepalived killed with SIGKILL leaves the VIP on the
+// interface, and the kernel keeps answering ARP for it while a peer takes the VIP within a second. The
+// agent must remove it as soon as it sees keepalived die, not when its keepalived step runs again after
+// the next config fetch. Here the appliance hangs (a listener that accepts and never answers, as an
+// appliance behind a dead route looks): the VIP must be gone while the agent's first connection after
+// the kill is still open. Before, it stayed until that fetch timed out and the client gave up on it.
+func TestAgentRemovesVIPWhenKeepalivedDies(t *testing.T) {
+	labns.RequireRoot(t)
+	labns.RequireTool(t, "keepalived")
+	curl := labns.RequireTool(t, "curl")
+	ns, ifc := nodeNS(t, "10.79.0.2/24", "10.79.0.9/24")
+	vip := netip.MustParseAddr("10.79.0.100")
+	nc := agentapi.NodeConfig{
+		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
+		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
+		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
+		ApplianceAddress:  netip.MustParseAddr("10.79.0.9"), APIServerVIP: vip, APIServerPort: 6443,
+		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 43, Priority: 100, AdvertIntervalMS: 250,
+			Peers: []netip.Addr{netip.MustParseAddr("10.79.0.9")}},
+		Mirrors: []agentapi.Mirror{},
+	}
+	app := newAppliance(t, nc)
+	root := t.TempDir()
+	cfg := app.config()
+	cfg.Roles = []string{"control-plane"}
+	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
+		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"}})
+	waitFor(t, "cp1 ready", func() bool { st, _ := app.store.Get("cp1"); return st.State == agentapi.StateReady })
+	waitFor(t, "VIP on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
+
+	// The appliance hangs: accept, never answer; count the connections the agent gives up on.
+	app.stop()
+	var ln net.Listener
+	var err error
+	for range 50 {
+		if ln, err = net.Listen("tcp", app.addr); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened, closed atomic.Int32
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() { // runs before the agent stops: end the hung connections here
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			opened.Add(1)
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+			go func() {
+				_, _ = io.Copy(io.Discard, c) // returns when the agent closes its end
+				closed.Add(1)
+			}()
+		}
+	}()
+
+	pid := readPid(t, filepath.Join(root, KeepalivedDir, "keepalived.pid"))
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the dead keepalived's VIP removed", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return !ok })
+	if n := closed.Load(); n > 0 {
+		t.Errorf("the VIP left the interface only after the agent gave up on %d of %d connections to the hung appliance: it waited for the config fetch", n, opened.Load())
+	}
+}
