@@ -653,6 +653,11 @@ func (v *validator) nodes() {
 		}) {
 			v.errorf(path+".addresses", "has no address inside networks.workloadPlane.cidrs: with kubernetes.enabled the bridge CNI routes this node's pod range via that address, so list the node's static workload-plane address (or set kubernetes.enabled: false)")
 		}
+		if v.c.APIServer.Keepalived.IsEnabled() && addrsOK && slices.Contains(n.Roles, RoleControlPlane) && !slices.ContainsFunc(n.Addresses, func(a netip.Addr) bool {
+			return slices.ContainsFunc(v.c.Networks.ControlPlane.CIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+		}) {
+			v.errorf(path+".addresses", "has no address inside networks.controlPlane.cidrs: keepalived's unicast peers and every firewall's VRRP rule list each control plane by that address, so a control plane without one would be left out of the VRRP group and claim the VIP beside it; list the node's static control-plane address")
+		}
 		v.snippets(path+".ignition", n.Ignition)
 		v.power(path+".power", n)
 	}

@@ -114,6 +114,9 @@ func TestValidateErrors(t *testing.T) {
 		}, nil, ""},
 		{"VIP equals a node address", func(c *BootstrapConfiguration) { c.APIServer.VIP = addr("10.100.0.12") },
 			[]string{"nodes[1].addresses[0]"}, "is the API server VIP (apiServer.vip)"},
+		{"control plane without a control-plane address", func(c *BootstrapConfiguration) {
+			c.Nodes[1].Addresses = []netip.Addr{addr("10.200.0.12")}
+		}, []string{"nodes[1].addresses"}, "keepalived's unicast peers and every firewall's VRRP rule list each control plane by that address"},
 		{"virtualRouterID 0", func(c *BootstrapConfiguration) { c.APIServer.Keepalived.VirtualRouterID = 0 },
 			[]string{"apiServer.keepalived.virtualRouterID"}, "out of range: use 1..255"},
 		{"apiServer port unset", func(c *BootstrapConfiguration) { c.APIServer.Port = 0 },
@@ -191,6 +194,7 @@ func TestValidateErrors(t *testing.T) {
 			c.Nodes[0].Power.Address = ""
 			c.Nodes[0].Addresses = nil
 			c.Kubernetes.Enabled = new(false) // else the missing workload-plane address is refused too
+			c.APIServer.Keepalived.Enabled = new(false) // else the missing control-plane address is refused too
 		}, []string{"nodes[0].power.address"}, "or give the node an address in nodes[0].addresses"},
 		{"ssh bad address", func(c *BootstrapConfiguration) { c.Nodes[0].Power.Address = "cp 1:22" },
 			[]string{"nodes[0].power.address"}, "is not host or host:port"},
