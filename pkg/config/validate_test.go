@@ -193,7 +193,7 @@ func TestValidateErrors(t *testing.T) {
 		{"ssh without address", func(c *BootstrapConfiguration) {
 			c.Nodes[0].Power.Address = ""
 			c.Nodes[0].Addresses = nil
-			c.Kubernetes.Enabled = new(false) // else the missing workload-plane address is refused too
+			c.Kubernetes.Enabled = new(false)           // else the missing workload-plane address is refused too
 			c.APIServer.Keepalived.Enabled = new(false) // else the missing control-plane address is refused too
 		}, []string{"nodes[0].power.address"}, "or give the node an address in nodes[0].addresses"},
 		{"ssh bad address", func(c *BootstrapConfiguration) { c.Nodes[0].Power.Address = "cp 1:22" },
