@@ -141,6 +141,7 @@ func SetDefaults(c *BootstrapConfiguration) {
 	for i := range c.Nodes {
 		setNodeDefaults(&c.Nodes[i])
 	}
+	setBootDefaults(c)
 }
 
 func setNodeDefaults(n *Node) {

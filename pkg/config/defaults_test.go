@@ -67,6 +67,7 @@ nodes:
 			{Name: "w2", Roles: []Role{RoleWorker},
 				Power: Power{Kind: PowerRedfish, Address: "https://bmc-w2.lab", Username: "admin", PasswordFile: "/p", CAFile: "/ca", BootDevice: BootCDROM}},
 		},
+		Boot: Boot{DHCP: BootDHCPOff}, // no node has both a mac and a pxe-booting BMC
 	}
 	if diff := cmp.Diff(want, c, cmpConfig...); diff != "" {
 		t.Errorf("SetDefaults (-want +got):\n%s", diff)

@@ -64,6 +64,8 @@ type BootstrapConfiguration struct {
 	// firstboot`): its static addresses, the disk that keeps its state, whether it bootstraps
 	// unattended. `appliance bootstrap` on a host set up by other means ignores it. Optional.
 	Host Host `yaml:"host,omitempty"`
+	// Boot is network boot served by the appliance (DHCP proxy/server, TFTP, iPXE over HTTP): boot.go.
+	Boot Boot `yaml:"boot,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.

@@ -56,6 +56,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.paths()
 	v.nodes()
 	v.host()
+	v.boot()
 	v.ports()
 	return v.warns, v.errs
 }

@@ -1,0 +1,188 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+)
+
+// BootDHCP is how the appliance takes part in DHCP for network boot (pkg/netboot).
+type BootDHCP string
+
+const (
+	// BootDHCPProxy answers PXE clients with boot options only and no address (proxyDHCP, PXE 2.1
+	// §2.2.5), beside the datacenter's own DHCP server, which hands out the addresses.
+	BootDHCPProxy BootDHCP = "proxy"
+	// BootDHCPServer makes the appliance the provisioning network's DHCP server: it leases addresses
+	// from boot.range and adds the boot options.
+	BootDHCPServer BootDHCP = "server"
+	// BootDHCPOff runs no DHCP at all.
+	BootDHCPOff BootDHCP = "off"
+)
+
+// DefaultBootHTTPPort is boot.httpPort when unset: the plain-HTTP port of the boot artefacts.
+const DefaultBootHTTPPort uint16 = 8080
+
+// Boot configures network boot served by the appliance (pkg/netboot): DHCP (proxy or server), TFTP
+// for Debian's iPXE binaries and, over plain HTTP on HTTPPort, each machine's iPXE script, kernel and
+// initrd. Only machines with nodes[].mac get answers.
+type Boot struct {
+	// DHCP: proxy, server or off. Default (see SetDefaults): proxy when some node can boot from the
+	// network (nodes[].mac set, power.kind ipmi or redfish, power.bootDevice pxe), otherwise off, so
+	// that an appliance with nothing to network-boot never binds the DHCP and TFTP ports nor answers
+	// on the network.
+	DHCP BootDHCP `yaml:"dhcp,omitempty"`
+	// Interface is the network interface DHCP and TFTP bind to, e.g. ens3 (a Linux interface name,
+	// at most 15 characters). Empty: the interface that carries the appliance's address in
+	// networks.controlPlane.cidrs.
+	Interface string `yaml:"interface,omitempty"`
+	// Range is the pool of addresses leased with dhcp: server: both ends inside one
+	// networks.controlPlane.cidrs entry, clear of every node address and the VIP. Required with
+	// dhcp: server, refused otherwise (it would do nothing).
+	Range BootRange `yaml:"range,omitempty"`
+	// Router is the default gateway (DHCP option 3) given with dhcp: server; optional, inside the
+	// range's network. Refused otherwise.
+	Router netip.Addr `yaml:"router,omitempty"`
+	// HTTPPort is the TCP port of the plain-HTTP server for the boot artefacts (iPXE in Debian 12
+	// has no HTTPS). Default DefaultBootHTTPPort; never server.port or apiServer.port.
+	HTTPPort uint16 `yaml:"httpPort,omitempty" strictyaml:"nonzero"`
+}
+
+// BootRange is an inclusive range of IPv4 addresses.
+type BootRange struct {
+	Start netip.Addr `yaml:"start,omitempty"`
+	End   netip.Addr `yaml:"end,omitempty"`
+}
+
+// IsZero reports whether neither end is set.
+func (r BootRange) IsZero() bool { return !r.Start.IsValid() && !r.End.IsValid() }
+
+// NetworkBootable reports whether n can boot from the network served by the appliance: it has a MAC
+// and a BMC (power.kind ipmi or redfish) that sets a one-time PXE boot.
+func (n Node) NetworkBootable() bool {
+	return n.MAC != "" && (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE
+}
+
+// setBootDefaults fills boot after the nodes are defaulted (it reads their power.bootDevice).
+func setBootDefaults(c *BootstrapConfiguration) {
+	b := &c.Boot
+	if b.DHCP == "" {
+		b.DHCP = BootDHCPOff
+		for _, n := range c.Nodes {
+			if n.NetworkBootable() {
+				b.DHCP = BootDHCPProxy
+				break
+			}
+		}
+	}
+	if b.HTTPPort == 0 && b.DHCP != BootDHCPOff {
+		b.HTTPPort = DefaultBootHTTPPort
+	}
+}
+
+// ifaceNameRE: a Linux interface name (IFNAMSIZ 16 with the NUL; no '/', ':' or white space).
+var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+
+// boot validates boot.
+func (v *validator) boot() {
+	b := v.c.Boot
+	switch b.DHCP {
+	case BootDHCPProxy, BootDHCPServer, BootDHCPOff:
+	case "":
+		v.errorf("boot.dhcp", "is required: proxy (boot options beside the datacenter's DHCP server), server (the appliance leases addresses from boot.range) or off")
+	default:
+		v.errorf("boot.dhcp", "%q is not a DHCP mode: use proxy, server or off", string(b.DHCP))
+	}
+	if b.Interface != "" && !ifaceNameRE.MatchString(b.Interface) {
+		v.errorf("boot.interface", "%q is not a network interface name: give one such as ens3 (at most 15 letters, digits, '.', '-' or '_'), or leave it out to use the interface of the appliance's control-plane address", b.Interface)
+	}
+	if b.DHCP != BootDHCPOff && b.DHCP != "" {
+		if b.HTTPPort == 0 {
+			v.errorf("boot.httpPort", "is required: the plain-HTTP port of the boot artefacts, usually %d", DefaultBootHTTPPort)
+		}
+		switch b.HTTPPort {
+		case 0:
+		case v.c.Server.Port:
+			v.errorf("boot.httpPort", "%d is also server.port: the appliance serves HTTPS there; choose another port (default %d)", b.HTTPPort, DefaultBootHTTPPort)
+		case v.c.APIServer.Port:
+			v.errorf("boot.httpPort", "%d is also apiServer.port: the appliance host carries the VIP at first; choose another port (default %d)", b.HTTPPort, DefaultBootHTTPPort)
+		}
+		bootable := 0
+		for i, n := range v.c.Nodes {
+			if (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE && n.MAC == "" {
+				v.warnf(fmt.Sprintf("nodes[%d].mac", i), "is empty: node %q boots from the network (power.bootDevice pxe) but boot.dhcp answers only MACs of the inventory; give its boot NIC's MAC", n.Name)
+			}
+			if n.MAC != "" {
+				bootable++
+			}
+		}
+		if bootable == 0 {
+			v.warnf("boot.dhcp", "is %s but no node has a mac: no machine will get a boot answer; set nodes[].mac or boot.dhcp: off", b.DHCP)
+		}
+	}
+	if b.DHCP == BootDHCPServer {
+		v.bootRange()
+		return
+	}
+	if !b.Range.IsZero() {
+		v.errorf("boot.range", "is only used with boot.dhcp: server (it is %s): remove it, or set boot.dhcp: server", b.DHCP)
+	}
+	if b.Router.IsValid() {
+		v.errorf("boot.router", "is only used with boot.dhcp: server (it is %s): remove it, or set boot.dhcp: server", b.DHCP)
+	}
+}
+
+// bootRange checks boot.range and boot.router for dhcp: server.
+func (v *validator) bootRange() {
+	r := v.c.Boot.Range
+	ok := true
+	for _, end := range []struct {
+		path string
+		a    netip.Addr
+	}{{"boot.range.start", r.Start}, {"boot.range.end", r.End}} {
+		switch {
+		case !end.a.IsValid():
+			v.errorf(end.path, "is required with boot.dhcp: server: the range of addresses to lease, inside networks.controlPlane.cidrs")
+			ok = false
+		case !end.a.Is4():
+			v.errorf(end.path, "%s is not an IPv4 address: DHCP leases IPv4 addresses only", end.a)
+			ok = false
+		}
+	}
+	if !ok {
+		return
+	}
+	if r.End.Less(r.Start) {
+		v.errorf("boot.range.end", "%s is before boot.range.start %s: swap them", r.End, r.Start)
+		return
+	}
+	var net netip.Prefix
+	for _, p := range v.c.Networks.ControlPlane.CIDRs {
+		if p.Contains(r.Start) && p.Contains(r.End) {
+			net = p
+			break
+		}
+	}
+	if !net.IsValid() {
+		v.errorf("boot.range", "%s-%s is not inside one of networks.controlPlane.cidrs: the machines boot on the control-plane network; choose a range inside it", r.Start, r.End)
+		return
+	}
+	last := lastAddr(net)
+	if (r.Start == net.Addr() || r.End == last) && net.Bits() < 31 {
+		v.errorf("boot.range", "%s-%s includes the network or broadcast address of %s: start after %s and end before %s", r.Start, r.End, net, net.Addr(), last)
+	}
+	in := func(a netip.Addr) bool { return a.IsValid() && !a.Less(r.Start) && !r.End.Less(a) }
+	if vip := v.c.APIServer.VIP; in(vip) {
+		v.errorf("boot.range", "%s-%s includes the API server VIP %s: keep the VIP out of the leased range", r.Start, r.End, vip)
+	}
+	for i, n := range v.c.Nodes {
+		for j, a := range n.Addresses {
+			if in(a) {
+				v.errorf("boot.range", "%s-%s includes %s (nodes[%d].addresses[%d], %s): keep the nodes' static addresses out of the leased range", r.Start, r.End, a, i, j, n.Name)
+			}
+		}
+	}
+	if rt := v.c.Boot.Router; rt.IsValid() && !net.Contains(rt) {
+		v.errorf("boot.router", "%s is outside %s, the network of boot.range: give a gateway on that network", rt, net)
+	}
+}

@@ -1,0 +1,174 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// labWith decodes testdata/lab.yaml with extra appended (top-level keys) after replacing each
+// old→new pair of edits, then applies defaults and validates.
+func labWith(t *testing.T, extra string, edits ...string) (*BootstrapConfiguration, []*FieldError, ErrorList) {
+	t.Helper()
+	data, err := os.ReadFile("testdata/lab.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	for i := 0; i+1 < len(edits); i += 2 {
+		if !strings.Contains(doc, edits[i]) {
+			t.Fatalf("lab.yaml has no %q to edit", edits[i])
+		}
+		doc = strings.Replace(doc, edits[i], edits[i+1], 1)
+	}
+	c, err := Decode([]byte(doc + extra))
+	if err != nil {
+		var errs ErrorList
+		if errors.As(err, &errs) {
+			return nil, nil, errs
+		}
+		t.Fatalf("Decode: %v", err)
+	}
+	SetDefaults(c)
+	warns, errs := Validate(c, ValidateOptions{})
+	return c, warns, errs
+}
+
+// w1MAC gives the lab's IPMI worker w1 a MAC, making it network-bootable.
+var w1MAC = []string{"    passwordFile: /var/lib/appliance-lab/bmc/w1.password", "    passwordFile: /var/lib/appliance-lab/bmc/w1.password\n  mac: \"52:54:00:00:00:21\""}
+
+func TestBootDefaults(t *testing.T) {
+	tests := []struct {
+		name     string
+		extra    string
+		edits    []string
+		wantDHCP BootDHCP
+		wantPort uint16
+	}{
+		{name: "no node with a mac: off", wantDHCP: BootDHCPOff},
+		{name: "an ipmi pxe node with a mac: proxy", edits: w1MAC, wantDHCP: BootDHCPProxy, wantPort: DefaultBootHTTPPort},
+		{name: "a mac but bootDevice disk: off", edits: append(append([]string{}, w1MAC...),
+			"    username: admin\n    passwordFile: /var/lib/appliance-lab/bmc/w1.password", "    username: admin\n    bootDevice: disk\n    passwordFile: /var/lib/appliance-lab/bmc/w1.password"), wantDHCP: BootDHCPOff},
+		{name: "written mode kept", extra: "boot:\n  dhcp: off\n", edits: w1MAC, wantDHCP: BootDHCPOff},
+		{name: "written port kept", extra: "boot:\n  httpPort: 8081\n", edits: w1MAC, wantDHCP: BootDHCPProxy, wantPort: 8081},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, warns, errs := labWith(t, tt.extra, tt.edits...)
+			if len(errs) > 0 {
+				t.Fatalf("errors: %v", errs)
+			}
+			if len(warns) > 0 {
+				t.Errorf("warnings: %v", warns)
+			}
+			if c.Boot.DHCP != tt.wantDHCP || c.Boot.HTTPPort != tt.wantPort {
+				t.Errorf("boot = %+v, want dhcp %q httpPort %d", c.Boot, tt.wantDHCP, tt.wantPort)
+			}
+			before := c.Boot
+			SetDefaults(c)
+			if c.Boot != before {
+				t.Errorf("SetDefaults not idempotent: %+v then %+v", before, c.Boot)
+			}
+		})
+	}
+}
+
+func TestBootValid(t *testing.T) {
+	for name, extra := range map[string]string{
+		"server":         "boot:\n  dhcp: server\n  interface: ens3\n  range: {start: 10.100.0.200, end: 10.100.0.250}\n  router: 10.100.0.1\n",
+		"server one ip":  "boot:\n  dhcp: server\n  range: {start: 10.100.0.200, end: 10.100.0.200}\n",
+		"proxy":          "boot:\n  dhcp: proxy\n  interface: br-prov.10\n",
+		"off with port":  "boot:\n  dhcp: off\n  httpPort: 9000\n",
+		"explicit proxy": "boot:\n  dhcp: proxy\n  httpPort: 8080\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, warns, errs := labWith(t, extra, w1MAC...)
+			if len(errs) > 0 || len(warns) > 0 {
+				t.Errorf("errors %v, warnings %v", errs, warns)
+			}
+		})
+	}
+}
+
+// TestBootInvalid asserts the exact set of error paths, each with what its message must say.
+func TestBootInvalid(t *testing.T) {
+	type want struct{ path, msg string }
+	tests := []struct {
+		name  string
+		extra string
+		edits []string
+		want  []want
+	}{
+		{"unknown mode", "boot:\n  dhcp: relay\n", nil, []want{{"boot.dhcp", `"relay" is not a DHCP mode: use proxy, server or off`}}},
+		{"server without range", "boot:\n  dhcp: server\n", nil, []want{
+			{"boot.range.start", "is required with boot.dhcp: server"},
+			{"boot.range.end", "is required with boot.dhcp: server"}}},
+		{"range reversed", "boot:\n  dhcp: server\n  range: {start: 10.100.0.250, end: 10.100.0.200}\n", nil, []want{
+			{"boot.range.end", "10.100.0.200 is before boot.range.start 10.100.0.250: swap them"}}},
+		{"range outside the control plane", "boot:\n  dhcp: server\n  range: {start: 10.200.0.200, end: 10.200.0.250}\n", nil, []want{
+			{"boot.range", "10.200.0.200-10.200.0.250 is not inside one of networks.controlPlane.cidrs"}}},
+		{"range across two networks", "boot:\n  dhcp: server\n  range: {start: 10.100.0.200, end: 10.200.0.250}\n", nil, []want{
+			{"boot.range", "is not inside one of networks.controlPlane.cidrs"}}},
+		{"range ipv6", "boot:\n  dhcp: server\n  range: {start: \"fd00::1\", end: 10.100.0.250}\n", nil, []want{
+			{"boot.range.start", "fd00::1 is not an IPv4 address"}}},
+		{"range includes a node", "boot:\n  dhcp: server\n  range: {start: 10.100.0.20, end: 10.100.0.30}\n", nil, []want{
+			{"boot.range", "includes 10.100.0.21 (nodes[3].addresses[0], w1)"}}},
+		{"range includes the VIP and the broadcast address", "boot:\n  dhcp: server\n  range: {start: 10.100.0.90, end: 10.100.0.255}\n", nil, []want{
+			{"boot.range", "includes the API server VIP 10.100.0.100"},
+			{"boot.range", "includes the network or broadcast address of 10.100.0.0/24"}}},
+		{"router off the network", "boot:\n  dhcp: server\n  range: {start: 10.100.0.200, end: 10.100.0.250}\n  router: 10.200.0.1\n", nil, []want{
+			{"boot.router", "10.200.0.1 is outside 10.100.0.0/24"}}},
+		{"range with proxy", "boot:\n  dhcp: proxy\n  range: {start: 10.100.0.200, end: 10.100.0.250}\n  router: 10.100.0.1\n", w1MAC, []want{
+			{"boot.range", "is only used with boot.dhcp: server (it is proxy)"},
+			{"boot.router", "is only used with boot.dhcp: server (it is proxy)"}}},
+		{"http port is the appliance port", "boot:\n  dhcp: proxy\n  httpPort: 8443\n", w1MAC, []want{
+			{"boot.httpPort", "8443 is also server.port"}}},
+		{"http port is the API port", "boot:\n  dhcp: proxy\n  httpPort: 6443\n", w1MAC, []want{
+			{"boot.httpPort", "6443 is also apiServer.port"}}},
+		{"http port zero", "boot:\n  httpPort: 0\n", w1MAC, []want{{"boot.httpPort", ""}}},
+		{"bad interface", "boot:\n  dhcp: proxy\n  interface: \"eth0/1 \"\n", w1MAC, []want{
+			{"boot.interface", `"eth0/1 " is not a network interface name`}}},
+		{"interface too long", "boot:\n  dhcp: proxy\n  interface: abcdefghijklmnop\n", w1MAC, []want{
+			{"boot.interface", "is not a network interface name"}}},
+		{"unknown key", "boot:\n  dhcp: proxy\n  nextServer: 10.100.0.1\n", w1MAC, []want{{"boot.nextServer", ""}}},
+		{"a MAC in two nodes", "", append(append([]string{}, w1MAC...),
+			"  addresses: [10.100.0.13, 10.200.0.13]\n", "  addresses: [10.100.0.13, 10.200.0.13]\n  mac: \"52:54:00:00:00:21\"\n"), []want{
+			{"nodes[3].mac", "is also nodes[2].mac: MAC addresses must be unique"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, errs := labWith(t, tt.extra, tt.edits...)
+			var paths []string
+			for _, w := range tt.want {
+				requireErr(t, errs, w.path, w.msg, 0)
+				paths = append(paths, w.path)
+			}
+			if got := errPaths(errs); strings.Join(got, ",") != strings.Join(slices.Sorted(slices.Values(paths)), ",") {
+				t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
+			}
+		})
+	}
+}
+
+func TestBootWarnings(t *testing.T) {
+	// w1 boots from the network (ipmi, bootDevice pxe by default) but has no mac.
+	_, warns, errs := labWith(t, "boot:\n  dhcp: proxy\n")
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	requireErr(t, warns, "nodes[3].mac", `node "w1" boots from the network`, 0)
+	requireErr(t, warns, "boot.dhcp", "no node has a mac", 0)
+}
+
+// TestBootErrorLine: boot errors carry the source line.
+func TestBootErrorLine(t *testing.T) {
+	data, err := os.ReadFile("testdata/lab.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Count(string(data), "\n") + 2 // "boot:" is the first appended line, dhcp the next
+	_, _, errs := labWith(t, "boot:\n  dhcp: relay\n")
+	requireErr(t, errs, "boot.dhcp", "is not a DHCP mode", line)
+}
