@@ -1,0 +1,133 @@
+package netboot
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+)
+
+// Handler is the plain-HTTP handler of the boot artefacts: GET or HEAD of ChainPath, ScriptPath+MAC,
+// KernelPath and InitrdPath; anything else is 404, another method 405, an unknown or malformed MAC
+// 404 with a line saying what to fix. It never answers a client's input with a 5xx (only a kernel or
+// initrd file vanishing from the appliance's disk gives 503).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(ChainPath, s.serveChain)
+	mux.HandleFunc(ScriptPath, s.serveScript)
+	mux.HandleFunc(KernelPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Kernel) })
+	mux.HandleFunc(InitrdPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Initrd) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not found: this port serves only the network-boot artefacts ("+ChainPath+", "+ScriptPath+"MAC, "+KernelPath+", "+InitrdPath+")", http.StatusNotFound)
+	})
+	return mux
+}
+
+func allowGet(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed: use GET", http.StatusMethodNotAllowed)
+		return false
+	}
+	return true
+}
+
+func (s *Server) baseURL() string {
+	return "http://" + netip.AddrPortFrom(s.cfg.ServerIP, s.cfg.HTTPPort).String()
+}
+
+// serveChain answers a client that does not know its script's URL: chain to it by ${netX/mac}
+// (netX is the interface iPXE last opened, the one that booted).
+func (s *Server) serveChain(w http.ResponseWriter, r *http.Request) {
+	if !allowGet(w, r) {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "#!ipxe\nchain %s%s${netX/mac}\n", s.baseURL(), ScriptPath)
+}
+
+// parseMAC accepts 52:54:00:00:00:21, 52-54-00-00-00-21 and 525400000021.
+func parseMAC(s string) (net.HardwareAddr, bool) {
+	if len(s) == 12 && !strings.ContainsAny(s, ":-.") {
+		var b strings.Builder
+		for i := 0; i < 12; i += 2 {
+			if i > 0 {
+				b.WriteByte(':')
+			}
+			b.WriteString(s[i : i+2])
+		}
+		s = b.String()
+	}
+	hw, err := net.ParseMAC(s)
+	return hw, err == nil && len(hw) == 6
+}
+
+// Script returns the iPXE script of the machine with this MAC, and false for a MAC not in the
+// inventory. It carries public data only: the kernel and initrd URLs and the command line
+// (Config.KernelArgs plus appliance.node=NAME and, for UEFI, initrd=initrd).
+func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
+	m, ok := s.dhcp.machines[mac.String()]
+	if !ok {
+		return "", false
+	}
+	args := append([]string{"initrd=initrd"}, s.cfg.KernelArgs...)
+	args = append(args, "appliance.node="+m.Name)
+	base := s.baseURL()
+	return fmt.Sprintf("#!ipxe\n"+
+		"echo appliance: network boot of %s (${netX/mac})\n"+
+		"kernel %s%s %s\n"+
+		"initrd %s%s\n"+
+		"boot\n", m.Name, base, KernelPath, strings.Join(args, " "), base, InitrdPath), true
+}
+
+func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
+	if !allowGet(w, r) {
+		return
+	}
+	raw := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, ScriptPath), ".ipxe")
+	mac, ok := parseMAC(raw)
+	if !ok {
+		http.Error(w, fmt.Sprintf("%q is not a MAC address: ask for %sMAC, e.g. %s52:54:00:00:00:21", clip(raw), ScriptPath, ScriptPath), http.StatusNotFound)
+		return
+	}
+	script, ok := s.Script(mac)
+	if !ok {
+		s.dhcp.logUnknown(mac.String(), "HTTP")
+		http.Error(w, fmt.Sprintf("%s is not in the inventory: add it as nodes[].mac", mac), http.StatusNotFound)
+		return
+	}
+	s.cfg.Logger.Info("netboot: iPXE script", "mac", mac.String(), "remote", r.RemoteAddr)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte(script))
+}
+
+func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, path string) {
+	if !allowGet(w, r) {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		s.cfg.Logger.Warn("netboot: boot artefact missing on the appliance", "file", path, "err", err)
+		http.Error(w, "boot artefact not available on the appliance", http.StatusServiceUnavailable)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		http.Error(w, "boot artefact not available on the appliance", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	http.ServeContent(w, r, "", st.ModTime().Truncate(time.Second), f)
+}
+
+// clip bounds client input echoed in an error.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
