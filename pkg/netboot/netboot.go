@@ -131,7 +131,7 @@ type Config struct {
 	Kernel, Initrd string
 	// KernelArgs are the kernel command-line arguments every machine gets (public data only: the
 	// appliance URL, the CA pin, console settings). New refuses an argument whose key contains
-	// "token", "password", "secret" or "key" (case-insensitive; "ca.pin"-style pins are fine).
+	// "token", "passw", "secret", "private" or "credential" (case-insensitive).
 	KernelArgs []string
 	// DHCPPort, PXEPort and TFTPPort override the standard ports (tests); 0: the standard one.
 	DHCPPort, PXEPort, TFTPPort int
@@ -140,7 +140,7 @@ type Config struct {
 }
 
 // secretKeyRE matches kernel-argument keys that would carry a secret.
-var secretKeyRE = regexp.MustCompile(`(?i)(token|passw|secret|key)`)
+var secretKeyRE = regexp.MustCompile(`(?i)(token|passw|secret|private|credential)`)
 
 // ErrConfig is matched (errors.Is) by every error New returns for a bad Config.
 var ErrConfig = errors.New("netboot: invalid configuration")
