@@ -1,12 +1,9 @@
 package lab
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -31,129 +28,36 @@ import (
 // (/proc/<container init>/root/run/dbus/system_bus_socket), runs firewall-cmd and systemctl inside with
 // nsenter, and sends real packets from the peer namespace.
 
-// fwdHelperEnv makes the test binary a small peer program (listen, dial, vrrp-recv, vrrp-send, choose-apply).
-const fwdHelperEnv = "APPLIANCE_FIREWALLD_TEST_HELPER"
-
+// The firewalld lab sends real packets with labns's probe (test/labns/probe.go), plus one mode of its
+// own, choose-apply ROLE: inside the container, what the bootstrap phase and hostagent do (Choose, Apply).
 func TestMain(m *testing.M) {
-	if os.Getenv(fwdHelperEnv) == "1" {
-		os.Exit(fwdHelper(os.Args[1:]))
-	}
+	labns.ProbeMain(map[string]func([]string) int{"choose-apply": fwdChooseApply})
 	os.Exit(m.Run())
 }
 
-// fwdDialTimeout bounds how long a blocked connection or a dropped packet is waited for (a bound, not a
-// speed assertion).
-const fwdDialTimeout = time.Second
-
-func fwdHelper(args []string) int {
+func fwdChooseApply(args []string) int {
 	fail := func(err error) int { fmt.Println("error:", err); return 1 }
-	if len(args) == 0 {
-		return fail(errors.New("no mode"))
+	if len(args) != 2 {
+		return fail(errors.New("choose-apply ROLE"))
 	}
-	switch args[0] {
-	case "listen": // ADDR...: TCP listeners answering "hello"; "ready", then serve until stdin closes
-		for _, a := range args[1:] {
-			l, err := net.Listen("tcp", a)
-			if err != nil {
-				return fail(err)
-			}
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					_, _ = c.Write([]byte("hello\n"))
-					_ = c.Close()
-				}
-			}()
-		}
-		fmt.Println("ready")
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		return 0
-	case "dial": // SRC DST: "open" or "blocked: ..."
-		d := net.Dialer{Timeout: fwdDialTimeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(args[1])}}
-		c, err := d.Dial("tcp", args[2])
-		if err != nil {
-			fmt.Println("blocked:", err)
-			return 0
-		}
-		defer func() { _ = c.Close() }()
-		_ = c.SetDeadline(time.Now().Add(fwdDialTimeout))
-		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "hello\n" {
-			fmt.Printf("blocked: connected but read %q, %v\n", line, err)
-			return 0
-		}
-		fmt.Println("open")
-		return 0
-	case "vrrp-recv": // raw IP protocol 112 socket; "ready", then "got SRC" per packet
-		pc, err := net.ListenPacket(fmt.Sprintf("ip4:%d", firewall.IPProtoVRRP), "0.0.0.0")
-		if err != nil {
-			return fail(err)
-		}
-		go func() {
-			buf := make([]byte, 1500)
-			for {
-				_, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				fmt.Println("got", from)
-			}
-		}()
-		fmt.Println("ready")
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		return 0
-	case "vrrp-send": // SRC DST: one VRRPv3 advertisement
-		src, dst := netip.MustParseAddr(args[1]), netip.MustParseAddr(args[2])
-		pc, err := net.ListenPacket(fmt.Sprintf("ip4:%d", firewall.IPProtoVRRP), src.String())
-		if err != nil {
-			return fail(err)
-		}
-		defer func() { _ = pc.Close() }()
-		if _, err := pc.WriteTo(fwdVRRPAdvert(src, dst), &net.IPAddr{IP: dst.AsSlice()}); err != nil {
-			return fail(err)
-		}
-		fmt.Println("sent")
-		return 0
-	case "choose-apply": // ROLE: inside the container, what the bootstrap phase and hostagent do: Choose, Apply
-		spec := fwdSpec(firewall.Role(args[1]))
-		ctx := context.Background()
-		b, why, err := firewall.Choose(ctx, firewall.ChooseOptions{})
-		if err != nil {
-			return fail(err)
-		}
-		start := time.Now()
-		changed, err := b.Apply(ctx, spec)
-		if err != nil {
-			return fail(err)
-		}
-		calls, writes := int64(-1), int64(-1)
-		if f, ok := b.(*firewall.Firewalld); ok {
-			calls, writes = f.Calls(), f.Writes()
-		}
-		fmt.Printf("backend=%s changed=%v calls=%d writes=%d took=%v why=%q detail=%q\n", b.Name(), changed, calls, writes,
-			time.Since(start).Round(time.Millisecond), why, firewall.Describe(b, spec))
-		return 0
+	spec := fwdSpec(firewall.Role(args[1]))
+	ctx := context.Background()
+	b, why, err := firewall.Choose(ctx, firewall.ChooseOptions{})
+	if err != nil {
+		return fail(err)
 	}
-	return fail(fmt.Errorf("unknown mode %q", args[0]))
-}
-
-// fwdVRRPAdvert builds a VRRPv3 advertisement (RFC 5798 §5.1) with the IPv4 pseudo-header checksum.
-func fwdVRRPAdvert(src, dst netip.Addr) []byte {
-	b := []byte{0x31, 51, 100, 1, 0x00, 100, 0, 0, 10, 77, 0, 100}
-	pseudo := append(append(append(src.AsSlice(), dst.AsSlice()...), 0, firewall.IPProtoVRRP), 0, byte(len(b)))
-	var sum uint32
-	for _, part := range [][]byte{pseudo, b} {
-		for i := 0; i+1 < len(part); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(part[i:]))
-		}
+	start := time.Now()
+	changed, err := b.Apply(ctx, spec)
+	if err != nil {
+		return fail(err)
 	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
+	calls, writes := int64(-1), int64(-1)
+	if f, ok := b.(*firewall.Firewalld); ok {
+		calls, writes = f.Calls(), f.Writes()
 	}
-	binary.BigEndian.PutUint16(b[6:], ^uint16(sum))
-	return b
+	fmt.Printf("backend=%s changed=%v calls=%d writes=%d took=%v why=%q detail=%q\n", b.Name(), changed, calls, writes,
+		time.Since(start).Round(time.Millisecond), why, firewall.Describe(b, spec))
+	return 0
 }
 
 // Topology (as firewall/packets_test.go): the node 10.77.0.1 (+ fresh addresses .3-.7 and .9 for VRRP cases
@@ -199,81 +103,6 @@ func newFwdNet(t *testing.T) fwdNet {
 		peer.MustRun("ip", "addr", "add", a+"/64", "dev", ib, "nodad")
 	}
 	return fwdNet{node, peer}
-}
-
-// fwdHelperCmd is the test binary in helper mode inside ns.
-func fwdHelperCmd(t *testing.T, ns *labns.NS, args ...string) *exec.Cmd {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := ns.Command(append([]string{exe}, args...)...)
-	cmd.Env = append(os.Environ(), fwdHelperEnv+"=1", "GORACE=atexit_sleep_ms=0")
-	return cmd
-}
-
-type fwdProc struct{ lines chan string }
-
-// fwdStart runs a long-lived helper in ns until the test ends (stopped by its PID), after its "ready".
-func fwdStart(t *testing.T, ns *labns.NS, args ...string) *fwdProc {
-	t.Helper()
-	cmd := fwdHelperCmd(t, ns, args...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &fwdProc{lines: make(chan string, 64)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		_ = cmd.Process.Kill() // by PID: the helper we started
-		_ = cmd.Wait()
-	})
-	if l, ok := <-p.lines; !ok || l != "ready" {
-		t.Fatalf("helper %v did not start: %q", args, l)
-	}
-	return p
-}
-
-func (p *fwdProc) received(from string) bool {
-	deadline := time.After(fwdDialTimeout)
-	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				return false
-			}
-			if l == "got "+from {
-				return true
-			}
-		case <-deadline:
-			return false
-		}
-	}
-}
-
-func fwdOnce(t *testing.T, ns *labns.NS, args ...string) string {
-	t.Helper()
-	out, err := fwdHelperCmd(t, ns, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("helper %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // fwdProbe is one connection attempt of the open/closed table.
@@ -324,7 +153,7 @@ func fwdCheckTable(t *testing.T, n fwdNet, s firewall.Spec, label string) int {
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	for i, p := range probes {
-		cmd := fwdHelperCmd(t, n.peer, "dial", p.src, net.JoinHostPort(p.dst, strconv.Itoa(int(p.port))))
+		cmd := labns.ProbeCommand(t, n.peer, "dial", p.src, net.JoinHostPort(p.dst, strconv.Itoa(int(p.port))))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -636,14 +465,14 @@ func TestFirewalldBackend(t *testing.T) {
 		labns.RequireTool(t, tool)
 	}
 	n := newFwdNet(t)
-	fwdStart(t, n.node, fwdListenArgs()...)
+	labns.StartProbe(t, n.node, fwdListenArgs()...)
 	c := bootFirewalldNode(t, n)
 	t.Logf("container up: init pid %d, firewalld %s", c.init, strings.TrimSpace(c.exec("firewall-cmd", "--version")))
 	ctx := context.Background()
 	spec := fwdNodeSpec()
 	kubelet := fwdProbe{fwdPeerIP, fwdNodeIP, 10250, true}
 	dial := func(p fwdProbe) string {
-		return fwdOnce(t, n.peer, "dial", p.src, net.JoinHostPort(p.dst, strconv.Itoa(int(p.port))))
+		return labns.ProbeOnce(t, n.peer, "dial", p.src, net.JoinHostPort(p.dst, strconv.Itoa(int(p.port))))
 	}
 
 	t.Run("firewalld rejects what our nftables table accepts", func(t *testing.T) {
@@ -835,8 +664,8 @@ func TestFirewalldBackend(t *testing.T) {
 	})
 
 	t.Run("bootstrap host: the chooser inside picks firewalld", func(t *testing.T) {
-		first := c.must("env", fwdHelperEnv+"=1", "/usr/local/bin/fwdtest", "choose-apply", string(firewall.RoleBootstrap))
-		second := c.must("env", fwdHelperEnv+"=1", "/usr/local/bin/fwdtest", "choose-apply", string(firewall.RoleBootstrap))
+		first := c.must("env", labns.ProbeEnv+"=1", "/usr/local/bin/fwdtest", "choose-apply", string(firewall.RoleBootstrap))
+		second := c.must("env", labns.ProbeEnv+"=1", "/usr/local/bin/fwdtest", "choose-apply", string(firewall.RoleBootstrap))
 		t.Logf("bootstrap role, first: %s", strings.TrimSpace(first))
 		t.Logf("bootstrap role, second: %s", strings.TrimSpace(second))
 		if !strings.Contains(first, "backend=firewalld changed=true") || !strings.Contains(first, `detail="firewalld (zone appliance`) {
@@ -873,12 +702,12 @@ func fwdVRRP(t *testing.T, n fwdNet, c *fwdContainer, fw *firewall.Firewalld, sp
 	if _, err := fw.Apply(context.Background(), spec); err != nil {
 		t.Fatal(err)
 	}
-	rx := fwdStart(t, n.node, "vrrp-recv")
+	rx := labns.StartProbe(t, n.node, "vrrp-recv")
 	send := func(src, dst string) bool {
-		if got := fwdOnce(t, n.peer, "vrrp-send", src, dst); got != "sent" {
+		if got := labns.ProbeOnce(t, n.peer, "vrrp-send", src, dst); got != "sent" {
 			t.Fatalf("vrrp-send: %s", got)
 		}
-		return rx.received(src)
+		return rx.Received(src)
 	}
 	// Each (source, destination) pair once: a new conntrack entry every time.
 	if !send(fwdPeerIP, fresh[0]) {
@@ -904,8 +733,8 @@ func fwdVRRP(t *testing.T, n fwdNet, c *fwdContainer, fw *firewall.Firewalld, sp
 		t.Error("advertisement from the peer dropped after Apply restored the rule")
 	}
 	// Positive control: the receiver works.
-	fwdOnce(t, n.node, "vrrp-send", "127.0.0.1", "127.0.0.1")
-	if !rx.received("127.0.0.1") {
+	labns.ProbeOnce(t, n.node, "vrrp-send", "127.0.0.1", "127.0.0.1")
+	if !rx.Received("127.0.0.1") {
 		t.Fatal("receiver did not see a local advertisement: the test proves nothing")
 	}
 }
@@ -945,7 +774,7 @@ func TestNFTablesOpenSet(t *testing.T) {
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "nft")
 	n := newFwdNet(t)
-	fwdStart(t, n.node, fwdListenArgs()...)
+	labns.StartProbe(t, n.node, fwdListenArgs()...)
 	for _, spec := range []firewall.Spec{fwdNodeSpec(), fwdSpec(firewall.RoleBootstrap)} {
 		nft := &firewall.NFTables{NetNSPath: n.node.Path()}
 		if _, err := nft.Apply(context.Background(), spec); err != nil {
