@@ -259,23 +259,11 @@ func TestAgentControlPlaneKeepalived(t *testing.T) {
 	labns.RequireTool(t, "keepalived")
 	curl := labns.RequireTool(t, "curl")
 	ns, ifc := nodeNS(t, "10.78.0.2/24", "10.78.0.9/24")
-	vip := netip.MustParseAddr("10.78.0.100")
-	nc := agentapi.NodeConfig{
-		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
-		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
-		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
-		ApplianceAddress:  netip.MustParseAddr("10.78.0.9"), APIServerVIP: vip, APIServerPort: 6443,
-		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 42, AuthPass: "s3cret", Priority: 100,
-			Peers: []netip.Addr{netip.MustParseAddr("10.78.0.9")}},
-		Mirrors: []agentapi.Mirror{},
-	}
+	nc := cpNodeConfig("10.78.0", 42)
+	nc.Keepalived.AuthPass = "s3cret"
+	vip := nc.APIServerVIP
 	app := newAppliance(t, nc)
-	root := t.TempDir()
-	cfg := app.config()
-	cfg.Roles = []string{"control-plane"}
-	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
-		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
-		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"}})
+	root := startControlPlaneAgent(t, app, ns, []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"})
 
 	waitFor(t, "cp1 ready", func() bool { st, _ := app.store.Get("cp1"); return st.State == agentapi.StateReady })
 	waitFor(t, "VIP on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
@@ -307,6 +295,34 @@ func TestAgentControlPlaneKeepalived(t *testing.T) {
 	}
 }
 
+// cpNodeConfig is control plane cp1's node config on the /24 network NET (e.g. "10.78.0"): control-plane
+// and node network NET.0/24, the appliance (its only VRRP peer) at NET.9, the API VIP NET.100, VRRP
+// router ID vrid, priority 100.
+func cpNodeConfig(network string, vrid uint8) agentapi.NodeConfig {
+	a := func(host string) netip.Addr { return netip.MustParseAddr(network + "." + host) }
+	return agentapi.NodeConfig{
+		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
+		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix(network + ".0/24")},
+		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix(network + ".0/24")},
+		ApplianceAddress:  a("9"), APIServerVIP: a("100"), APIServerPort: 6443,
+		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: vrid, Priority: 100, Peers: []netip.Addr{a("9")}},
+		Mirrors:    []agentapi.Mirror{},
+	}
+}
+
+// startControlPlaneAgent runs cp1's agent in ns against app, with track as keepalived's API track
+// script and quick retries, until the test ends; it returns the agent's root directory.
+func startControlPlaneAgent(t *testing.T, app *appliance, ns *labns.NS, track []string) string {
+	t.Helper()
+	root := t.TempDir()
+	cfg := app.config()
+	cfg.Roles = []string{"control-plane"}
+	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
+		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
+		TrackScript: track})
+	return root
+}
+
 func readPid(t *testing.T, path string) int {
 	t.Helper()
 	var pid int
@@ -334,23 +350,11 @@ func TestAgentRemovesVIPWhenKeepalivedDies(t *testing.T) {
 	labns.RequireTool(t, "keepalived")
 	curl := labns.RequireTool(t, "curl")
 	ns, ifc := nodeNS(t, "10.79.0.2/24", "10.79.0.9/24")
-	vip := netip.MustParseAddr("10.79.0.100")
-	nc := agentapi.NodeConfig{
-		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
-		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
-		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
-		ApplianceAddress:  netip.MustParseAddr("10.79.0.9"), APIServerVIP: vip, APIServerPort: 6443,
-		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 43, Priority: 100, AdvertIntervalMS: 250,
-			Peers: []netip.Addr{netip.MustParseAddr("10.79.0.9")}},
-		Mirrors: []agentapi.Mirror{},
-	}
+	nc := cpNodeConfig("10.79.0", 43)
+	nc.Keepalived.AdvertIntervalMS = 250
+	vip := nc.APIServerVIP
 	app := newAppliance(t, nc)
-	root := t.TempDir()
-	cfg := app.config()
-	cfg.Roles = []string{"control-plane"}
-	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
-		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
-		TrackScript: []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"}})
+	root := startControlPlaneAgent(t, app, ns, []string{curl, "-sfk", "https://127.0.0.1:6443/readyz"})
 	waitFor(t, "cp1 ready", func() bool { st, _ := app.store.Get("cp1"); return st.State == agentapi.StateReady })
 	waitFor(t, "VIP on the node interface", func() bool { ok, _ := keepalived.Holds(ns.Path(), ifc, vip); return ok })
 

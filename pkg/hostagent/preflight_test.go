@@ -1,12 +1,10 @@
 package hostagent
 
 import (
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
@@ -25,26 +23,13 @@ func TestAgentKeepalivedPreflightRefuses(t *testing.T) {
 	ns := labns.New(t, "hagt")
 	foreign := labns.New(t, "hfor")
 	ifc, fifc := labns.Link(t, ns, "10.79.0.2/24", foreign, "10.79.0.50/24")
-	vip := netip.MustParseAddr("10.79.0.100")
+	nc := cpNodeConfig("10.79.0", 43)
+	vip := nc.APIServerVIP
 	foreign.MustRun("ip", "addr", "add", vip.String()+"/24", "dev", fifc)
 	foreignMAC := strings.TrimSpace(foreign.MustRun("cat", "/sys/class/net/"+fifc+"/address"))
 
-	nc := agentapi.NodeConfig{
-		Node: "cp1", Roles: []string{"control-plane"}, ClusterName: "lab",
-		ControlPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
-		NodeNetworks:      []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24")},
-		ApplianceAddress:  netip.MustParseAddr("10.79.0.9"), APIServerVIP: vip, APIServerPort: 6443,
-		Keepalived: &agentapi.KeepalivedConfig{VirtualRouterID: 43, Priority: 100,
-			Peers: []netip.Addr{netip.MustParseAddr("10.79.0.9")}},
-		Mirrors: []agentapi.Mirror{},
-	}
 	app := newAppliance(t, nc)
-	root := t.TempDir()
-	cfg := app.config()
-	cfg.Roles = []string{"control-plane"}
-	startAgent(t, Options{Config: cfg, Root: root, NetNS: ns.Name, BootID: "b1",
-		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour,
-		TrackScript: []string{"/bin/true"}})
+	root := startControlPlaneAgent(t, app, ns, []string{"/bin/true"})
 
 	var detail string
 	waitFor(t, "the keepalived step to fail", func() bool {
