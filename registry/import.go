@@ -234,7 +234,7 @@ func writeLink(path string, h v1.Hash, dryRun, durable bool) (bool, error) {
 	if durable {
 		return atomicfile.Write(path, want, 0o644)
 	}
-	tmp := filepath.Join(dir, ".link.tmp-"+randHex())
+	tmp := atomicfile.TempName(path) // its writer's PID in the name: the next bootstrap removes it after a kill
 	if err := os.WriteFile(tmp, want, 0o644); err != nil {
 		_ = os.Remove(tmp)
 		return false, fmt.Errorf("write link: %w", err)
@@ -296,8 +296,8 @@ func placeBlob(src blobSrc, dst string, dryRun bool) (placement, bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return placedNone, false, fmt.Errorf("create blob directory: %w", err)
 	}
-	tmp := filepath.Join(dir, ".data.tmp-"+randHex())
-	defer os.Remove(tmp) // no-op after a successful rename
+	tmp := atomicfile.TempName(dst) // its writer's PID in the name: the next bootstrap removes it after a kill
+	defer os.Remove(tmp)            // no-op after a successful rename
 	how := placedLink
 	if err := os.Link(src.path, tmp); err != nil {
 		// EXDEV (layout on another filesystem, e.g. the ISO), EPERM (protected_hardlinks): symlink.

@@ -10,6 +10,8 @@ package atomicfile
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -71,6 +73,15 @@ func tempPrefix(path string) string {
 	return "." + filepath.Base(path) + ".tmp-" + strconv.Itoa(os.Getpid()) + "-"
 }
 
+// TempName is a temporary name next to path for writers that cannot use Write (a hard link or
+// symlink renamed into place, as the registry import does): ".NAME.tmp-PID-RANDOM" in path's directory,
+// RANDOM decimal, so CleanStale removes it once this process is gone. The caller creates and renames it.
+func TempName(path string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return filepath.Join(filepath.Dir(path), tempPrefix(path)+strconv.FormatUint(binary.BigEndian.Uint64(b[:])>>1, 10))
+}
+
 // tempRE matches the temporary files of Write (".NAME.tmp-PID-RANDOM", group 1 the PID) and the
 // older ".NAME.tmp-RANDOM" form without a PID that earlier versions (and other writers following
 // the same recipe: pkg/debrepo) use.
@@ -81,7 +92,8 @@ var tempRE = regexp.MustCompile(`^\..+\.tmp-(?:([0-9]+)-)?[0-9]+$`)
 const legacyAge = time.Minute
 
 // CleanStale removes, in root and every directory below it except those named in skip (paths
-// relative to root, e.g. "registry"), the temporary files that Write's killed callers left: those
+// relative to root, e.g. "registry"), the temporary files (regular files, or TempName's symlinks) that
+// killed callers of Write and TempName left: those
 // whose writer PID no longer runs (/proc/PID is gone or a zombie), and those without a PID older than
 // a minute. A live writer's file is never touched, so CleanStale is safe while other processes write
 // in root. It returns the removed paths. A missing root is not an error; other errors are the failing
@@ -108,7 +120,7 @@ func CleanStale(root string, skip ...string) (removed []string, err error) {
 			return nil
 		}
 		m := tempRE.FindStringSubmatch(d.Name())
-		if m == nil || !d.Type().IsRegular() {
+		if m == nil || !d.Type().IsRegular() && d.Type()&fs.ModeSymlink == 0 { // a symlink: TempName's callers make them
 			return nil
 		}
 		if m[1] != "" {

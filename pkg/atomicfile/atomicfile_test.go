@@ -137,3 +137,26 @@ func TestCleanStale(t *testing.T) {
 		t.Errorf("missing root: %v %v, want nothing and no error", removed, err)
 	}
 }
+
+// TestTempNameIsSwept: a TempName of a dead writer, a regular file or a symlink (the registry import
+// renames hard links and symlinks into place), is removed by CleanStale; this process's is not.
+func TestTempNameIsSwept(t *testing.T) {
+	root := t.TempDir()
+	mine := TempName(filepath.Join(root, "link"))
+	if !strings.HasPrefix(filepath.Base(mine), fmt.Sprintf(".link.tmp-%d-", os.Getpid())) {
+		t.Fatalf("TempName = %s, want .link.tmp-%d-N", mine, os.Getpid())
+	}
+	dead := filepath.Join(root, ".data.tmp-2147483646-5") // a PID above any pid_max
+	for _, p := range []string{mine, dead} {
+		if err := os.Symlink("/nonexistent", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := CleanStale(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != dead {
+		t.Errorf("removed %v, want only %s", removed, dead)
+	}
+}

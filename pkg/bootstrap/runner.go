@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // Options are the inputs of one `appliance bootstrap` run.
@@ -224,11 +223,12 @@ func openStateDir(st *State) error {
 
 // removeLeftovers deletes what a run killed mid-write left in the state directory (the caller holds
 // its lock): the atomic writers' temporary files whose writer is gone (atomicfile.CleanStale; a
-// key's temporary file holds the key) and dry runs' scratch copies of the PKI (.dry-run-*, made only
-// under the lock). The registry's storage belongs to the registry and is not walked. Failures are
-// logged, not fatal: the phases rewrite every file they own.
+// key's temporary file holds the key; in the registry's storage, the bundle import's links and blobs
+// placed under atomicfile.TempName — distribution's own files never carry such names) and dry runs'
+// scratch copies of the PKI (.dry-run-*, made only under the lock). Failures are logged, not fatal: the
+// phases rewrite every file they own.
 func removeLeftovers(st *State) {
-	removed, err := atomicfile.CleanStale(st.StateDir, filepath.Base(statedir.Registry(st.StateDir)))
+	removed, err := atomicfile.CleanStale(st.StateDir)
 	if err != nil {
 		st.Options.Logger.Warn("remove temporary files a killed run left", "error", err)
 	}

@@ -229,10 +229,26 @@ func TestRunnerRemovesCrashLeftovers(t *testing.T) {
 		_ = os.Chtimes(p, old, old)
 		leftovers = append(leftovers, p)
 	}
-	keep := filepath.Join(dir, "registry", "docker", ".data.tmp-2147483646-1")
-	if err := os.MkdirAll(filepath.Dir(keep), 0o700); err != nil {
+	// The bundle import's temporary link and blob in the registry's storage (atomicfile.TempName): a
+	// hard link (regular file) and a symlink into the bundle. Before, the registry was not swept.
+	blobs := filepath.Join(dir, "registry", "docker", "registry", "v2", "blobs", "sha256", "ab", "abcd")
+	repo := filepath.Join(dir, "registry", "docker", "registry", "v2", "repositories", "r", "_layers", "sha256", "abcd")
+	for _, d := range []string{blobs, repo} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	regTmp := filepath.Join(repo, ".link.tmp-2147483646-77")
+	if err := os.WriteFile(regTmp, []byte("sha256:abcd"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	regLink := filepath.Join(blobs, ".data.tmp-2147483646-78")
+	if err := os.Symlink("/nonexistent/bundle/blob", regLink); err != nil {
+		t.Fatal(err)
+	}
+	leftovers = append(leftovers, regTmp, regLink)
+	// Distribution's own files are never touched.
+	keep := filepath.Join(blobs, "data")
 	if err := os.WriteFile(keep, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +256,7 @@ func TestRunnerRemovesCrashLeftovers(t *testing.T) {
 	var seen []string
 	_, err := runPhases(context.Background(), Options{}, phasesFor(dir, &log, &fakePhase{name: "pki", check: func(st *State) {
 		for _, p := range leftovers {
-			if _, err := os.Stat(p); err == nil {
+			if _, err := os.Lstat(p); err == nil {
 				seen = append(seen, p)
 			}
 		}
