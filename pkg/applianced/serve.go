@@ -53,6 +53,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	stateDir := cfg.StateDir
 	if o.StateDir != "" {
+		if err := config.CheckStateDir(o.StateDir); err != nil {
+			return err
+		}
 		stateDir = o.StateDir
 	}
 	sweepNodeRecords(stateDir, log)

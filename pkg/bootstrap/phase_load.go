@@ -24,6 +24,9 @@ func (loadPhase) Run(_ context.Context, st *State) (Result, error) {
 	st.Config = cfg
 	st.StateDir = cfg.StateDir
 	if st.Options.StateDir != "" {
+		if err := config.CheckStateDir(st.Options.StateDir); err != nil {
+			return Result{}, err
+		}
 		st.StateDir = st.Options.StateDir
 	}
 	detail := fmt.Sprintf("cluster %q, %d control-plane and %d worker nodes", cfg.ClusterName, len(cfg.ControlPlaneNodes()), len(cfg.WorkerNodes()))

@@ -76,6 +76,21 @@ func systemDir(d string) string {
 	return ""
 }
 
+// CheckStateDir refuses a state directory given outside bootstrap.yaml (the --state-dir flag of
+// bootstrap and serve) for the reasons validation refuses stateDir: not absolute, a system directory, or
+// one through symbolic links. Errors name the flag and say what to use instead.
+func CheckStateDir(d string) error {
+	if !filepath.IsAbs(d) {
+		return fmt.Errorf("--state-dir %q is not absolute: give an absolute path, e.g. %s", d, DefaultStateDir)
+	}
+	v := &validator{c: &BootstrapConfiguration{}, opts: ValidateOptions{CheckFiles: true}}
+	v.stateDir(d)
+	if len(v.errs) > 0 {
+		return fmt.Errorf("--state-dir: %s", v.errs[0].Msg)
+	}
+	return nil
+}
+
 // stateDir refuses a state directory that is, or (CheckFiles) resolves through symbolic links to, a
 // system directory.
 func (v *validator) stateDir(d string) {

@@ -206,3 +206,27 @@ func TestConfiguredPortNames(t *testing.T) {
 		t.Errorf("firewall.Ports has %s=%d, %s=%d; want 1111 and 2222", portNameAppliance, found[portNameAppliance], portNameAPI, found[portNameAPI])
 	}
 }
+
+// TestCheckStateDir: --state-dir gets the checks stateDir gets (before, the flag skipped them: `appliance
+// bootstrap --state-dir /etc` was accepted).
+func TestCheckStateDir(t *testing.T) {
+	link := filepath.Join(t.TempDir(), "to-etc")
+	if err := os.Symlink("/etc", link); err != nil {
+		t.Fatal(err)
+	}
+	for dir, want := range map[string]string{
+		"/etc":                 "a system directory",
+		"/proc/appliance":      "inside /proc",
+		"state":                "is not absolute",
+		link:                   "resolves to /etc",
+		"/var/lib/appliance-x": "",
+	} {
+		err := CheckStateDir(dir)
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("CheckStateDir(%q) = %v, want nil", dir, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--state-dir")):
+			t.Errorf("CheckStateDir(%q) = %v, want an error naming --state-dir and %q", dir, err, want)
+		}
+	}
+}
