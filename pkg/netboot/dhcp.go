@@ -157,12 +157,14 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 		}
 	}
 	if pxe {
-		mods = append(mods,
-			dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
-			dhcpv4.WithOption(dhcpv4.OptBootFileName(file)),
-		)
+		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptBootFileName(file)))
 		if r.cfg.Mode == ModeProxy {
-			mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
+			// What marks a proxyDHCP offer (PXE 2.1 §2.2.5). A server-mode reply leaves both out: a
+			// PXEClient vendor class there makes iPXE wait for proxyDHCP offers and PXE boot
+			// servers that do not exist before it boots the file.
+			mods = append(mods,
+				dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
+				dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
 		}
 		// Echo the client's UUID (option 97): PXE clients drop offers without it (PXE 2.1 §2.2.5).
 		if uuid := req.Options.Get(dhcpv4.OptionClientMachineIdentifier); uuid != nil {
