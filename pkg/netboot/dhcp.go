@@ -157,14 +157,13 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 		}
 	}
 	if pxe {
-		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptBootFileName(file)))
+		// Option 60 PXEClient marks a PXE offer (PXE 2.1 §2.2.5); in server mode it also tells iPXE
+		// that this offer is complete, so it does not wait for proxyDHCP offers.
+		mods = append(mods,
+			dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
+			dhcpv4.WithOption(dhcpv4.OptBootFileName(file)))
 		if r.cfg.Mode == ModeProxy {
-			// What marks a proxyDHCP offer (PXE 2.1 §2.2.5). A server-mode reply leaves both out: a
-			// PXEClient vendor class there makes iPXE wait for proxyDHCP offers and PXE boot
-			// servers that do not exist before it boots the file.
-			mods = append(mods,
-				dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
-				dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
+			mods = append(mods, dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
 		}
 		// Echo the client's UUID (option 97): PXE clients drop offers without it (PXE 2.1 §2.2.5).
 		if uuid := req.Options.Get(dhcpv4.OptionClientMachineIdentifier); uuid != nil {
