@@ -302,3 +302,28 @@ func TestConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// FuzzRespond: no packet a client can send makes the responder panic, and no reply offers an address
+// in proxy mode or outside the range in server mode.
+func FuzzRespond(f *testing.F) {
+	f.Add(pxeDiscover(f, macW1, iana.INTEL_X86PC).ToBytes())
+	f.Add(pxeDiscover(f, macW2, iana.EFI_X86_64, ipxeUserClass).ToBytes())
+	req, _ := dhcpv4.NewRequestFromOffer(pxeDiscover(f, macW1, iana.EFI_BC))
+	f.Add(req.ToBytes())
+	proxy, server := newResponder(f, ModeProxy, nil), newResponder(f, ModeServer, nil)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := dhcpv4.FromBytes(b)
+		if err != nil {
+			return
+		}
+		if r, _ := proxy.respond(m); r != nil && !r.YourIPAddr.IsUnspecified() {
+			t.Fatalf("proxy reply offers %s", r.YourIPAddr)
+		}
+		if r, _ := server.respond(m); r != nil && r.MessageType() != dhcpv4.MessageTypeNak {
+			a, _ := netip.AddrFromSlice(r.YourIPAddr.To4())
+			if a.Less(server.cfg.RangeStart) || server.cfg.RangeEnd.Less(a) {
+				t.Fatalf("server reply offers %s outside the range", r.YourIPAddr)
+			}
+		}
+	})
+}
