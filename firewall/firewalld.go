@@ -604,18 +604,11 @@ func (f *Firewalld) Apply(ctx context.Context, s Spec) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, err
 	}
-	c, err := f.connect(ctx)
+	c, zone, policy, err := f.open(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer c.close()
-	zone, policy, err := c.read(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := f.checkOurs(zone, policy); err != nil {
-		return false, err
-	}
 	want := firewalldDesired(s)
 	p := f.plan(want, zone, policy)
 	if p.empty() {
@@ -630,6 +623,23 @@ func (f *Firewalld) Apply(ctx context.Context, s Spec) (bool, error) {
 	f.log().Info("firewalld zone and policy updated", "zone", f.zone(), "policy", f.policy(),
 		"reason", strings.Join(p.reasons, "; "))
 	return true, nil
+}
+
+// open connects, reads our zone and policy (permanent and runtime) and refuses objects of our names the
+// appliance did not create (checkOurs): the start of Apply, InPlace and Remove. On success the caller
+// closes c.
+func (f *Firewalld) open(ctx context.Context) (c *fwdConn, zone, policy liveObject, err error) {
+	if c, err = f.connect(ctx); err != nil {
+		return nil, zone, policy, err
+	}
+	if zone, policy, err = c.read(ctx); err == nil {
+		err = f.checkOurs(zone, policy)
+	}
+	if err != nil {
+		c.close()
+		return nil, zone, policy, err
+	}
+	return c, zone, policy, nil
 }
 
 // undoStack runs the inverse of each write made, newest first.
@@ -893,18 +903,11 @@ func (f *Firewalld) InPlace(s Spec) (bool, error) {
 		return false, err
 	}
 	ctx := context.Background()
-	c, err := f.connect(ctx)
+	c, zone, policy, err := f.open(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer c.close()
-	zone, policy, err := c.read(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := f.checkOurs(zone, policy); err != nil {
-		return false, err
-	}
 	return f.plan(firewalldDesired(s), zone, policy).empty(), nil
 }
 
@@ -912,18 +915,11 @@ func (f *Firewalld) InPlace(s Spec) (bool, error) {
 // leave the runtime too; with neither present it makes no write. It refuses (ErrNotOurs) to delete an object
 // of our names that the appliance did not create.
 func (f *Firewalld) Remove(ctx context.Context) error {
-	c, err := f.connect(ctx)
+	c, zone, policy, err := f.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
-	zone, policy, err := c.read(ctx)
-	if err != nil {
-		return err
-	}
-	if err := f.checkOurs(zone, policy); err != nil {
-		return err
-	}
 	if zone.permPath == "" && policy.permPath == "" && zone.runtime == nil && policy.runtime == nil {
 		return nil
 	}
