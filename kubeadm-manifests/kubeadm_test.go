@@ -151,7 +151,7 @@ func TestKubeadmInitPhasesInChroot(t *testing.T) {
 		"etc/kubernetes/manifests/kube-apiserver.yaml":          {"- --advertise-address=10.100.0.11", "- --secure-port=6443", "- --service-cluster-ip-range=10.96.0.0/16"},
 		"etc/kubernetes/manifests/etcd.yaml":                    {"- --data-dir=/var/lib/etcd", "- --advertise-client-urls=https://10.100.0.11:2379"},
 		"var/lib/kubelet/kubeadm-flags.env":                     {"--node-ip=10.100.0.11", "--hostname-override=cp1"},
-		"var/lib/kubelet/config.yaml": {"cgroupDriver: systemd\n", "failCgroupV1: false\n", "failSwapOn: false\n",
+		"var/lib/kubelet/config.yaml": {"cgroupDriver: systemd\n", "failCgroupV1: false\n", "failSwapOn: false\n", "serverTLSBootstrap: true\n",
 			"containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n", "clusterDomain: cluster.local\n", "- 10.96.0.10\n"},
 	}
 	for file, wants := range expect {

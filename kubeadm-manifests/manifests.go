@@ -161,6 +161,11 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 			FailSwapOn:               false,
 			// kubelet 1.34 refuses to start on a cgroup v1 host unless told otherwise; the lab host is v1.
 			FailCgroupV1: false,
+			// The kubelet asks for its serving certificate with a CSR (signer
+			// kubernetes.io/kubelet-serving) instead of signing one itself, so clients verify it
+			// against the cluster CA. kubeadm never approves those CSRs (kubernetes #73356): the
+			// appliance does (pkg/csrapprove), for the inventory's nodes only.
+			ServerTLSBootstrap: true,
 		},
 		kubeProxyConfiguration{
 			APIVersion:  kubeProxyAPIVersion,

@@ -111,7 +111,7 @@ func TestGoldenContent(t *testing.T) {
 		"certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n",
 		"ignorePreflightErrors:\n    - swap\n    - systemverification\n",
 		"dnsDomain: cluster.local", "podSubnet: 10.233.0.0/16", "serviceSubnet: 10.96.0.0/16",
-		"failCgroupV1: false", "failSwapOn: false", "cgroupDriver: systemd",
+		"failCgroupV1: false", "failSwapOn: false", "cgroupDriver: systemd", "serverTLSBootstrap: true",
 		"mode: nftables", "clusterCIDR: 10.233.0.0/16", "maxPerCore: 0", "min: 0",
 		"tcpEstablishedTimeout: 0s", "tcpCloseWaitTimeout: 0s",
 	} {

@@ -125,6 +125,7 @@ type kubeletConfiguration struct {
 	ContainerRuntimeEndpoint string `yaml:"containerRuntimeEndpoint"`
 	FailSwapOn               bool   `yaml:"failSwapOn"`
 	FailCgroupV1             bool   `yaml:"failCgroupV1"`
+	ServerTLSBootstrap       bool   `yaml:"serverTLSBootstrap"`
 }
 
 type kubeProxyConfiguration struct {
