@@ -66,6 +66,13 @@ type BootstrapConfiguration struct {
 	Host Host `yaml:"host,omitempty"`
 	// Boot is network boot served by the appliance (DHCP proxy/server, TFTP, iPXE over HTTP): boot.go.
 	Boot Boot `yaml:"boot,omitempty"`
+	// BaseDomain is the DNS domain the cluster's names live under, as in OpenShift's install-config:
+	// the records are api.<clusterName>.<baseDomain> and the others pkg/dnsrecords lists, in the zone
+	// <clusterName>.<baseDomain>. A DNS-1123 subdomain without a trailing dot, e.g. example.com.
+	// Optional: without it the cluster has no DNS records (dns.go).
+	BaseDomain string `yaml:"baseDomain,omitempty"`
+	// DNS says whether and where `appliance serve` answers DNS queries for that zone: dns.go.
+	DNS DNS `yaml:"dns,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.

@@ -57,6 +57,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.nodes()
 	v.host()
 	v.boot()
+	v.dns()
 	v.ports()
 	return v.warns, v.errs
 }
