@@ -63,6 +63,7 @@ func newRootCommand() *cobra.Command {
 		newConfigCommand(g),
 		newStopCommand(),
 		newStatusCommand(g),
+		newDNSCommand(g),
 		newPowerCommand(g),
 		newBundleCommand(g),
 		newFirstbootCommand(),
