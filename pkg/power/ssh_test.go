@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,6 +171,27 @@ func sshChild(t *testing.T, p map[string]string) {
 		}
 	})
 
+	// Without AES hardware (the appliance ISO under QEMU's qemu64 CPU) the client asks for
+	// ChaCha20-Poly1305 first, and OpenSSH's sshd (which offers AES-GCM before it) agrees to it.
+	t.Run("cipher without AES hardware", func(t *testing.T) {
+		for _, tc := range []struct {
+			aesHW bool
+			want  string
+		}{{false, ssh.CipherChaCha20Poly1305}, {true, ssh.SupportedAlgorithms().Ciphers[0]}} {
+			saved := aesHardware
+			aesHardware = tc.aesHW
+			c, err := DialSSH(ctx, base)
+			aesHardware = saved
+			must(t, err)
+			algs := c.c.Conn.(ssh.AlgorithmsConnMetadata).Algorithms()
+			c.Close()
+			if algs.Write.Cipher != tc.want || algs.Read.Cipher != tc.want {
+				t.Errorf("AES hardware %v: negotiated %s (client to server), %s (server to client); want %s",
+					tc.aesHW, algs.Write.Cipher, algs.Read.Cipher, tc.want)
+			}
+		}
+	})
+
 	c, err := DialSSH(ctx, base)
 	must(t, err)
 	defer c.Close()
@@ -284,4 +306,18 @@ func sshChild(t *testing.T, p map[string]string) {
 			t.Fatalf("PowerState with a wrong host key = %q, %v; want unknown, ErrHostKeyMismatch", st, err)
 		}
 	})
+}
+
+func TestSSHCiphers(t *testing.T) {
+	def := ssh.SupportedAlgorithms().Ciphers
+	if got := sshCiphers(true); !slices.Equal(got, def) {
+		t.Errorf("with AES hardware: %v, want x/crypto/ssh's default %v", got, def)
+	}
+	got := sshCiphers(false)
+	if got[0] != ssh.CipherChaCha20Poly1305 {
+		t.Errorf("without AES hardware the first cipher is %s, want %s", got[0], ssh.CipherChaCha20Poly1305)
+	}
+	if a, b := slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(def)); !slices.Equal(a, b) {
+		t.Errorf("without AES hardware: %v, want a reordering of %v", got, def)
+	}
 }
