@@ -58,12 +58,16 @@ const (
 	DefaultAPIPort   uint16 = 6443 // kube-apiserver --secure-port and the VIP's port (kubeadm default)
 )
 
+// DNSPort is the port of the appliance's DNS server for the cluster's zone (RFC 1035 §4.2).
+const DNSPort uint16 = 53
+
 // References cited by the port table.
 const (
 	RefKubeadmPorts = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
 	RefVRRP         = "RFC 5798 §5.1.1.4 (IP protocol 112)"
 	RefSSH          = "RFC 4253 (SSH transport, port 22)"
 	RefAppliance    = "appliance DESIGN.md (HTTPS front: registry, repo, ignition, agent API)"
+	RefDNS          = "RFC 1035 §4.2 (DNS over UDP and TCP, port 53)"
 )
 
 // Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
@@ -120,6 +124,13 @@ func Ports(httpsPort, apiPort uint16) []Port {
 	add([]Role{RoleBootstrap}, Port{Name: "appliance-https", Protocol: ProtoTCP, From: httpsPort, To: httpsPort,
 		Source: SourceNodeNetworks, Description: "appliance HTTPS: OCI registry mirror, package repo, Ignition, agent API",
 		Reference: RefAppliance})
+	// The cluster's DNS zone (pkg/dnsrecords): the datacenter's resolvers, which sit outside the node
+	// networks, query it. Only with dns.listenAddress does anything answer there, authoritatively for
+	// the zone alone (no recursion: no open resolver).
+	for _, proto := range []string{ProtoUDP, ProtoTCP} {
+		add([]Role{RoleBootstrap}, Port{Name: "dns-" + proto, Protocol: proto, From: DNSPort, To: DNSPort, Source: SourceAnywhere,
+			Description: "the cluster's DNS zone, answered authoritatively when dns.listenAddress is set", Reference: RefDNS})
+	}
 	add(bootCP, Port{Name: "vrrp", Protocol: ProtoVRRP, Source: SourceVRRPPeers,
 		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})
 	add(bootCP, Port{Name: "kube-apiserver", Protocol: ProtoTCP, From: apiPort, To: apiPort, Source: SourceAnywhere,

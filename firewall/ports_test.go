@@ -70,6 +70,8 @@ func TestPortsRequired(t *testing.T) {
 		{RoleEtcd, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
 		{RoleWorker, "ssh", ProtoTCP, 22, 22, SourceAnywhere},
 		{RoleBootstrap, "appliance-https", ProtoTCP, 9443, 9443, SourceNodeNetworks},
+		{RoleBootstrap, "dns-udp", ProtoUDP, 53, 53, SourceAnywhere},
+		{RoleBootstrap, "dns-tcp", ProtoTCP, 53, 53, SourceAnywhere},
 		{RoleBootstrap, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
 		{RoleControlPlane, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
 		{RoleBootstrap, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},

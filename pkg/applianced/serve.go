@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
@@ -115,6 +117,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err := checkVIPClaim(ctx, stateDir, log.With("component", "vip")); err != nil {
 		return err
 	}
+	dnsServer, err := serveDNS(cfg, o.ConfigPath, netip.AddrPortFrom(cfg.DNS.ListenAddress, dnsrecords.Port), log.With("component", "dns"))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = dnsServer.Shutdown(context.Background()) }()
 	vctx, cancelVIP := context.WithCancel(ctx)
 	vipDone := make(chan struct{})
 	go func() {
@@ -188,4 +195,27 @@ func Generation(configPath string, cert tls.Certificate, tokens map[string]strin
 		fmt.Fprintf(h, "hostagent %s %d %d\n", hostagent, st.Size(), st.ModTime().UnixNano())
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// serveDNS answers DNS queries for the cluster's zone (pkg/dnsrecords) on addr when the
+// configuration sets dns.listenAddress, until the returned server is shut down; nil (nothing to
+// stop) otherwise. The SOA serial is the configuration file's modification time.
+func serveDNS(cfg *config.BootstrapConfiguration, configPath string, addr netip.AddrPort, log *slog.Logger) (*dnsrecords.Server, error) {
+	if !cfg.DNS.ListenAddress.IsValid() {
+		return nil, nil
+	}
+	serial, err := dnsrecords.FileSerial(configPath)
+	if err != nil {
+		return nil, err
+	}
+	z, err := dnsrecords.New(cfg, dnsrecords.Options{Serial: serial})
+	if err != nil {
+		return nil, err
+	}
+	srv, err := dnsrecords.Start(z, addr, log)
+	if err != nil {
+		return nil, fmt.Errorf("dns.listenAddress: %w: give an address of this host, where nothing else listens on port %d", err, dnsrecords.Port)
+	}
+	log.Info("answering DNS queries for the cluster's zone", "zone", z.Origin, "address", srv.Addr().String())
+	return srv, nil
 }

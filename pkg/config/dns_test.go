@@ -77,6 +77,8 @@ func TestDNSInvalid(t *testing.T) {
 		{"listen not an address", "baseDomain: example.com\ndns:\n  listenAddress: ns1\n", nil, []want{
 			{"dns.listenAddress", "an IP address"}}},
 		{"unknown key", "baseDomain: example.com\ndns:\n  port: 5353\n", nil, []want{{"dns.port", ""}}},
+		{"server.port collides with DNS", "baseDomain: example.com\nserver:\n  port: 53\n", nil, []want{
+			{"server.port", "53 is also the port of dns-tcp (tcp 53) on the appliance host"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

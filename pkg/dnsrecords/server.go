@@ -83,8 +83,12 @@ func listen(addr netip.AddrPort) (net.PacketConn, net.Listener, error) {
 // Addr is the address the server listens on (with the chosen port when Start got port 0).
 func (s *Server) Addr() netip.AddrPort { return s.addr }
 
-// Shutdown stops both listeners and waits, at most until ctx ends, for queries in flight.
+// Shutdown stops both listeners and waits, at most until ctx ends, for queries in flight. A nil
+// Server has nothing to stop.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
 	err := errors.Join(s.udp.ShutdownContext(ctx), s.tcp.ShutdownContext(ctx))
 	for range 2 {
 		select {
