@@ -20,7 +20,8 @@ DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server igniti
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
 	containernetworking-plugins libc-bin debian-archive-keyring gpgv \
 	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs \
-	python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr ipxe
+	python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr ipxe \
+	bind9-utils bind9-dnsutils
 
 .PHONY: help
 help: ## list the targets
