@@ -1,12 +1,14 @@
 package applianced
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -134,7 +136,100 @@ func checkVIPClaim(ctx context.Context, stateDir string, log *slog.Logger) error
 	if _, running := vipcheck.KeepalivedRunning(dir); running {
 		return nil
 	}
+	if age, ok := takePreflightRecord(dir, kc, time.Now()); ok {
+		log.Info("VRRP pre-flight already passed (run by appliance bootstrap ahead of serve)", "ago", age.Round(time.Millisecond))
+		return nil
+	}
 	return preflight(ctx, kc, "", log)
+}
+
+// preflightRecordFile, in statedir.Keepalived, records a VRRP pre-flight that PreflightAhead passed;
+// checkVIPClaim accepts it instead of listening again when it is younger than preflightRecordTTL
+// and was made for the same instances, and removes it (it is good for one claim).
+const (
+	preflightRecordFile = "preflight-passed.json"
+	preflightRecordTTL  = 2 * time.Minute
+)
+
+// preflightRecord is the JSON content of preflightRecordFile: what the pre-flight listened and
+// probed for (vipcheck.FromInstance of every instance, without secrets) and when it passed.
+type preflightRecord struct {
+	Checks []preflightCheck `json:"checks"`
+	Passed time.Time        `json:"passed"`
+}
+
+type preflightCheck struct {
+	Interface      string        `json:"interface"`
+	SourceIP       netip.Addr    `json:"sourceIP"`
+	Peers          []netip.Addr  `json:"peers"`
+	VIPs           []netip.Addr  `json:"vips"`
+	VRID           uint8         `json:"vrid"`
+	AdvertInterval time.Duration `json:"advertInterval"`
+}
+
+func preflightChecks(kc keepalived.Config) []preflightCheck {
+	var out []preflightCheck
+	for _, in := range kc.Instances {
+		o := vipcheck.FromInstance("", in)
+		out = append(out, preflightCheck{Interface: o.Interface, SourceIP: o.SourceIP, Peers: o.Peers, VIPs: o.VIPs,
+			VRID: o.VRID, AdvertInterval: o.AdvertInterval})
+	}
+	return out
+}
+
+// takePreflightRecord removes dir's pre-flight record and reports how old it was, if it matches kc
+// and is at most preflightRecordTTL old. Any other record (stale, other instances, unreadable) is
+// removed too, and the claim is checked again.
+func takePreflightRecord(dir string, kc keepalived.Config, now time.Time) (time.Duration, bool) {
+	path := filepath.Join(dir, preflightRecordFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	_ = os.Remove(path)
+	var r preflightRecord
+	if json.Unmarshal(b, &r) != nil {
+		return 0, false
+	}
+	want, err := json.Marshal(preflightChecks(kc))
+	if err != nil {
+		return 0, false
+	}
+	got, err := json.Marshal(r.Checks)
+	age := now.Sub(r.Passed)
+	if err != nil || !bytes.Equal(got, want) || age < 0 || age > preflightRecordTTL {
+		return 0, false
+	}
+	return age, true
+}
+
+// PreflightAhead runs, in `appliance bootstrap`, the VRRP pre-flight that the serve it is about to
+// start would otherwise run before serving (checkVIPClaim), so that its listening window (3 s, see
+// vipcheck.Options.Window) overlaps the bootstrap's earlier phases instead of adding to the serve
+// phase. kc is the bootstrap host's keepalived configuration as the render phase will write it
+// (plan.ApplianceKeepalived). The same rules apply: nothing is checked after the hand-off or while a
+// keepalived of ours runs. A conflict is returned as checkVIPClaim returns it; a pass is recorded in
+// statedir.Keepalived (0600) for serve, which accepts it for preflightRecordTTL for the same instances.
+func PreflightAhead(ctx context.Context, stateDir string, kc keepalived.Config, log *slog.Logger) error {
+	dir := statedir.Keepalived(stateDir)
+	if _, err := os.Stat(filepath.Join(dir, handedOffName)); err == nil {
+		return nil
+	}
+	if _, running := vipcheck.KeepalivedRunning(dir); running {
+		return nil
+	}
+	if err := preflight(ctx, kc, "", log); err != nil {
+		return err
+	}
+	b, err := json.Marshal(preflightRecord{Checks: preflightChecks(kc), Passed: time.Now()})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	_, err = atomicfile.Write(filepath.Join(dir, preflightRecordFile), b, 0o600)
+	return err
 }
 
 // preflight runs the VRRP pre-flight (pkg/vipcheck) for every instance of kc in the network

@@ -18,6 +18,8 @@ type bundlePhase struct{}
 func (bundlePhase) Name() string { return "bundle" }
 
 func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
+	// The VRRP pre-flight only listens (3 s) while this phase hashes: run it now for the serve phase.
+	startVIPPreflight(ctx, st)
 	b, err := bundle.Open(st.Config.Bundle.Path)
 	if err != nil {
 		return Result{}, fmt.Errorf("bundle.path: %w", err)

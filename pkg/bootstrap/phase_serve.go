@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/applianced"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 )
 
 // servePhase makes sure `appliance serve` runs with the current generation and answers /healthz
@@ -34,6 +36,19 @@ func (servePhase) Run(ctx context.Context, st *State) (Result, error) {
 	}
 	if st.Options.DryRun {
 		return Result{Changed: true, Detail: fmt.Sprintf("would start appliance serve at %s (generation %s)", st.ApplianceURL, gen)}, nil
+	}
+	if st.vipPreflight != nil {
+		// The pre-flight started in the bundle phase; a conflict stops here, before serve starts
+		// (the same refusal serve would make).
+		select {
+		case err := <-st.vipPreflight:
+			st.vipPreflight = nil
+			if err != nil {
+				return Result{}, err
+			}
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
 	}
 	bin := st.Options.ApplianceBinary
 	if bin == "" {
@@ -68,4 +83,28 @@ func healthClient(st *State) *http.Client {
 			DisableKeepAlives: true,
 		},
 	}
+}
+
+// startVIPPreflight starts, in the background, the VRRP pre-flight that the serve phase's server
+// would otherwise run before serving (applianced.PreflightAhead), so that its listening window
+// overlaps the bundle check. It does nothing in a dry run, when the serve phase is skipped, or when
+// the bootstrap host holds no VIP (keepalived off, no VIP). The serve phase waits for its result.
+// If the plan cannot be made here, nothing is started: serve checks the claim itself.
+func startVIPPreflight(ctx context.Context, st *State) {
+	if st.Options.DryRun || slices.Contains(st.Options.SkipPhases, "serve") || st.vipPreflight != nil {
+		return
+	}
+	recorded, err := plan.ReadRecorded(st.StateDir)
+	if err != nil {
+		return
+	}
+	vrrp, _ := plan.VRRPFor(st.Config, st.VRRPAuth, recorded)
+	kc, err := plan.ApplianceKeepalived(st.Config, st.ControlPlane, vrrp)
+	if err != nil || kc == nil {
+		return
+	}
+	log := st.Options.Logger.With("component", "vip")
+	done := make(chan error, 1)
+	st.vipPreflight = done
+	go func() { done <- applianced.PreflightAhead(ctx, st.StateDir, *kc, log) }()
 }

@@ -41,5 +41,9 @@ type State struct {
 	// Served is the /healthz answer of the running server (serve phase).
 	ServePID int
 
+	// vipPreflight receives the result of the VRRP pre-flight started ahead of the serve phase
+	// (startVIPPreflight); nil when none was started.
+	vipPreflight chan error
+
 	unlock func()
 }
