@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -83,8 +84,11 @@ func TestISOJourney(t *testing.T) {
 		NICs: []isovm.NIC{{Tap: "tap0", MAC: isoMACCP}, {Tap: "tap1", MAC: isoMACWL}}}
 	v := isovm.Boot(t, opts)
 	v.WaitConsole(t, regexp.MustCompile(`converge: 4 nodes ready`), 25*time.Minute)
-	took := time.Since(v.Start)
+	took, cpu := time.Since(v.Start), v.CPUTime()
 	t.Logf("ISO power-on → Ready cluster (3 control planes + 1 worker): %.1f s (%s)", took.Seconds(), isovm.Shares(v.Log()))
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("the appliance VM (QEMU, TCG) used %.1f s of host CPU in those %.1f s (%.0f%% of one of the machine's %d cores); load average %s",
+		cpu.Seconds(), took.Seconds(), 100*cpu.Seconds()/took.Seconds(), runtime.NumCPU(), strings.TrimSpace(string(load)))
 	if m := regexp.MustCompile(`\[\d/\d\] [a-z]+: .*`).FindAllString(v.Log(), -1); len(m) > 0 {
 		t.Logf("the VM's bootstrap, from its console:\n%s", strings.Join(m, "\n"))
 	}

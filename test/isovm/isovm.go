@@ -6,6 +6,7 @@ package isovm
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,6 +217,24 @@ func (v *VM) Dead() (string, bool) {
 	default:
 		return "", false
 	}
+}
+
+// CPUTime is the host CPU time QEMU has used so far (user + system, from /proc/PID/stat fields 14
+// and 15 in USER_HZ ticks, 100 per second on Linux/x86): under TCG, what the guest's work costs the
+// host, taken from the same cores the lab's nodes run on. 0 when QEMU has exited.
+func (v *VM) CPUTime() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", v.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) is in parentheses and may hold spaces: count from after it.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * (time.Second / 100)
 }
 
 // Log is the console so far.
