@@ -3,6 +3,7 @@ package dnsrecords
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/miekg/dns"
+
+	"github.com/airgap-appliance/appliance/pkg/config"
 )
 
 // The real peers of this package: BIND's zone checker (named-checkzone, Debian bind9-utils) reads
@@ -199,5 +202,42 @@ func TestServerDig(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestServerDigTruncation: an answer larger than a UDP query allows (fifteen etcd SRV records are
+// about 700 bytes; a query without EDNS allows 512) arrives with the TC bit and no partial record
+// set, and dig, retrying over TCP as RFC 7766 asks, gets all fifteen.
+func TestServerDigTruncation(t *testing.T) {
+	lookPath(t, "dig", "bind9-dnsutils")
+	const cps = 15
+	z, err := New(labConfig(t, func(c *config.BootstrapConfiguration) {
+		cp := c.Nodes[0]
+		c.Nodes = nil
+		for i := range cps {
+			n := cp
+			n.Name, n.MAC = fmt.Sprintf("cp%d", i+1), ""
+			n.Addresses = []netip.Addr{netip.AddrFrom4([4]byte{10, 100, 0, byte(11 + i)}), netip.AddrFrom4([4]byte{10, 200, 0, byte(11 + i)})}
+			n.Power.Address = ""
+			c.Nodes = append(c.Nodes, n)
+		}
+	}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := Start(z, netip.MustParseAddrPort("127.0.0.1:0"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Shutdown(context.Background()) }()
+
+	const q = "_etcd-server-ssl._tcp.lab.example.com"
+	udp := dig(t, srv.Addr(), "+noedns", "+ignore", q, "SRV")
+	if !slices.Contains(udp.flags, "tc") || len(udp.answer) >= cps {
+		t.Errorf("UDP without EDNS: flags %v, %d answers; want tc and fewer than %d", udp.flags, len(udp.answer), cps)
+	}
+	full := dig(t, srv.Addr(), "+noedns", q, "SRV")
+	if slices.Contains(full.flags, "tc") || len(full.answer) != cps || full.status != "NOERROR" {
+		t.Errorf("after dig's retry over TCP: status %s, flags %v, %d answers; want all %d", full.status, full.flags, len(full.answer), cps)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // labConfig is config.Example (three control planes, two workers) with baseDomain example.com and
 // the DNS server on 10.100.0.2, edited by edit, defaulted and validated.
-func labConfig(t *testing.T, edit func(*config.BootstrapConfiguration)) *config.BootstrapConfiguration {
+func labConfig(t testing.TB, edit func(*config.BootstrapConfiguration)) *config.BootstrapConfiguration {
 	t.Helper()
 	c := config.Example()
 	c.BaseDomain = "example.com"
