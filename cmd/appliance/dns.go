@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 
-	"github.com/miekg/dns"
 	"github.com/spf13/cobra"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
@@ -21,14 +19,6 @@ func newDNSCommand(g *globalFlags) *cobra.Command {
 	}
 	cmd.AddCommand(newDNSZoneCommand(g))
 	return cmd
-}
-
-// zoneRecord is one record of `dns zone -o json`.
-type zoneRecord struct {
-	Name string `json:"name"`
-	TTL  uint32 `json:"ttl"`
-	Type string `json:"type"`
-	Data string `json:"data"`
 }
 
 // newDNSZoneCommand is `appliance dns zone --config FILE`: the zone <clusterName>.<baseDomain> as an
@@ -74,18 +64,12 @@ since 1970) unless --serial sets one.`,
 				return err
 			}
 			if g.output == outputJSON {
-				recs := make([]zoneRecord, 0, len(z.RRs))
-				for _, rr := range z.RRs {
-					h := rr.Header()
-					recs = append(recs, zoneRecord{Name: h.Name, TTL: h.Ttl, Type: dns.TypeToString[h.Rrtype],
-						Data: strings.TrimPrefix(rr.String(), h.String())})
-				}
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(struct {
-					Origin  string       `json:"origin"`
-					Records []zoneRecord `json:"records"`
-				}{z.Origin, recs})
+					Origin  string              `json:"origin"`
+					Records []dnsrecords.Record `json:"records"`
+				}{z.Origin, z.Records()})
 			}
 			_, err = z.WriteTo(cmd.OutOrStdout())
 			return err

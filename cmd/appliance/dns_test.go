@@ -92,8 +92,8 @@ func TestDNSZoneJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	var doc struct {
-		Origin  string       `json:"origin"`
-		Records []zoneRecord `json:"records"`
+		Origin  string              `json:"origin"`
+		Records []dnsrecords.Record `json:"records"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -106,7 +106,7 @@ func TestDNSZoneJSON(t *testing.T) {
 	}
 	found := false
 	for _, r := range doc.Records {
-		found = found || r == zoneRecord{Name: "*.apps.lab.example.com.", TTL: 300, Type: "A", Data: "10.100.0.13"}
+		found = found || r == dnsrecords.Record{Name: "*.apps.lab.example.com.", TTL: 300, Type: "A", Data: "10.100.0.13"}
 	}
 	if !found {
 		t.Errorf("no *.apps record for cp3 in %+v", doc.Records)

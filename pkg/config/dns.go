@@ -109,7 +109,7 @@ func (v *validator) dnsNodeNames(zone string) {
 		switch {
 		case n.Name == DNSNameAPI || n.Name == DNSNameAPIInternal || n.Name == DNSNameNameServer:
 			v.errorf(path, "%q is also the DNS name %s.%s of the zone's own records (baseDomain is set): rename the node", n.Name, n.Name, zone)
-		case err == nil && n.Name == fmt.Sprintf("%s%d", DNSNameEtcdPrefix, etcd) && etcd < cps:
+		case err == nil && n.Name == fmt.Sprintf("%s%d", DNSNameEtcdPrefix, etcd) && etcd >= 0 && etcd < cps:
 			v.errorf(path, "%q is also the DNS name %s.%s of control plane number %d's etcd (baseDomain is set): rename the node", n.Name, n.Name, zone, etcd)
 		case n.Name == DNSNameApps || strings.HasSuffix(n.Name, "."+DNSNameApps):
 			v.errorf(path, "%q falls under %s.%s, the ingress wildcard's domain (baseDomain is set): rename the node", n.Name, DNSNameApps, zone)

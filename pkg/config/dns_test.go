@@ -19,6 +19,7 @@ func TestDNSValid(t *testing.T) {
 		"one-label baseDomain":     {extra: "baseDomain: internal\n", wantZone: "lab.internal"},
 		"served":                   {extra: "baseDomain: dc1.example.com\ndns:\n  listenAddress: 10.100.0.2\n", wantZone: "lab.dc1.example.com"},
 		"etcd-N beyond the CPs":    {extra: "baseDomain: example.com\n", edits: []string{"- name: w1", "- name: etcd-3"}, wantZone: "lab.example.com"},
+		"etcd--1":                  {extra: "baseDomain: example.com\n", edits: []string{"- name: w1", "- name: etcd--1"}, wantZone: "lab.example.com"},
 		"a node named like apps-x": {extra: "baseDomain: example.com\n", edits: []string{"- name: w1", "- name: apps-1"}, wantZone: "lab.example.com"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -139,8 +139,13 @@ func TestServerDig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
-		if err := srv.Shutdown(context.Background()); err != nil {
-			t.Errorf("Shutdown: %v", err)
+		for i := range 2 { // a second Shutdown returns the first one's result instead of waiting forever
+			if err := srv.Shutdown(context.Background()); err != nil {
+				t.Errorf("Shutdown #%d: %v", i+1, err)
+			}
+		}
+		if _, _, err := (&dns.Client{Net: "tcp"}).Exchange(new(dns.Msg).SetQuestion("api.lab.example.com.", dns.TypeA), srv.Addr().String()); err == nil {
+			t.Error("the server still answers over TCP after Shutdown")
 		}
 	}()
 	addr := srv.Addr()

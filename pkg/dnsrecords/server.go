@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -28,6 +29,9 @@ type Server struct {
 	udp, tcp *dns.Server
 	addr     netip.AddrPort
 	done     chan error
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // Start listens on addr with UDP and TCP (port 0 picks a free port that both use) and answers from
@@ -83,21 +87,24 @@ func listen(addr netip.AddrPort) (net.PacketConn, net.Listener, error) {
 // Addr is the address the server listens on (with the chosen port when Start got port 0).
 func (s *Server) Addr() netip.AddrPort { return s.addr }
 
-// Shutdown stops both listeners and waits, at most until ctx ends, for queries in flight. A nil
-// Server has nothing to stop.
+// Shutdown stops both listeners and waits, at most until ctx ends, for queries in flight. Later
+// calls return the first one's result; a nil Server has nothing to stop.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s == nil {
 		return nil
 	}
-	err := errors.Join(s.udp.ShutdownContext(ctx), s.tcp.ShutdownContext(ctx))
-	for range 2 {
-		select {
-		case <-s.done:
-		case <-ctx.Done():
-			return errors.Join(err, ctx.Err())
+	s.stopOnce.Do(func() {
+		s.stopErr = errors.Join(s.udp.ShutdownContext(ctx), s.tcp.ShutdownContext(ctx))
+		for range 2 {
+			select {
+			case <-s.done:
+			case <-ctx.Done():
+				s.stopErr = errors.Join(s.stopErr, ctx.Err())
+				return
+			}
 		}
-	}
-	return err
+	})
+	return s.stopErr
 }
 
 // ServeDNS answers one query (dns.Handler).

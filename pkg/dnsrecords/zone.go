@@ -185,6 +185,26 @@ func New(c *config.BootstrapConfiguration, o Options) (*Zone, error) {
 	return z, nil
 }
 
+// Record is one record of the zone for JSON output: owner name, TTL in seconds, type mnemonic (A,
+// SRV, …) and RDATA in presentation format (RFC 1035 §5.1).
+type Record struct {
+	Name string `json:"name"`
+	TTL  uint32 `json:"ttl"`
+	Type string `json:"type"`
+	Data string `json:"data"`
+}
+
+// Records returns the zone's records as Records, in the order of RRs.
+func (z *Zone) Records() []Record {
+	out := make([]Record, 0, len(z.RRs))
+	for _, rr := range z.RRs {
+		h := rr.Header()
+		out = append(out, Record{Name: h.Name, TTL: h.Ttl, Type: dns.TypeToString[h.Rrtype],
+			Data: strings.TrimPrefix(rr.String(), h.String())})
+	}
+	return out
+}
+
 // WriteTo writes the zone as an RFC 1035 master file: a comment naming the zone, then one record
 // per line in miekg/dns's presentation format, with absolute names and explicit TTLs (so the file
 // needs no $ORIGIN or $TTL). The output is deterministic.
