@@ -36,8 +36,8 @@ type ClusterSecrets struct {
 //   - Action: ActionInit for the first control plane in document order, ActionJoinControlPlane for the
 //     others (each After the control plane before it: etcd grows one member at a time), ActionJoin
 //     for workers (After the first control plane);
-//   - ControlPlaneEndpoint VIP:port, the cluster networks, API certificate SANs (the VIP and every
-//     control plane's static addresses);
+//   - ControlPlaneEndpoint VIP:port, the cluster networks, API certificate SANs (the VIP, every
+//     control plane's static addresses, and with baseDomain api.<cluster>.<baseDomain> and api-int.…);
 //   - the bootstrap token for every node, the certificate key for control planes, and the cluster CA
 //     key for the first control plane only;
 //   - PodCIDR: the i-th /24 (IPv4) or /64 (IPv6) of networks.pods for the i-th node of the inventory,
@@ -74,6 +74,10 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 				sans = append(sans, a.String())
 			}
 		}
+	}
+	// With a DNS zone (baseDomain), the API's names from pkg/dnsrecords: api and api-int.
+	if zone := c.DNSZone(); zone != "" {
+		sans = append(sans, "api."+zone, "api-int."+zone)
 	}
 	k.APIServerCertSANs = sans
 	switch idx := slices.IndexFunc(cps, func(cp config.Node) bool { return cp.Name == n.Name }); {

@@ -133,6 +133,16 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 			t.Errorf("%s: SANs %v", n.Name, k.APIServerCertSANs)
 		}
 	}
+	// With a DNS zone the API's DNS names join the SANs (the records pkg/dnsrecords serves).
+	c.BaseDomain = "example.test"
+	nc, err := NodeConfigFor(c, c.Nodes[0], a("10.100.0.2"), ca.CertPEM, VRRP{VirtualRouterID: 7, AuthPass: "pw", AdvertInterval: time.Second}, nil, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zone := c.ClusterName + ".example.test"
+	if sans := nc.Kubernetes.APIServerCertSANs; !slices.Contains(sans, "api."+zone) || !slices.Contains(sans, "api-int."+zone) {
+		t.Errorf("with baseDomain: SANs %v, want api.%s and api-int.%s among them", sans, zone, zone)
+	}
 	if _, err := NodeConfigFor(c, c.Nodes[0], a("10.100.0.2"), ca.CertPEM, VRRP{VirtualRouterID: 7, AuthPass: "pw", AdvertInterval: time.Second}, nil, nil); err == nil {
 		t.Error("kubernetes enabled without cluster secrets: no error")
 	}
