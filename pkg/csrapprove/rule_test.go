@@ -56,7 +56,9 @@ func labInventory() Inventory {
 
 func TestDecide(t *testing.T) {
 	serving := []string{UsageDigitalSignature, UsageKeyEncipherment, UsageServerAuth}
-	node := func(name string) (string, []string) { return "system:node:" + name, []string{"system:nodes", "system:authenticated"} }
+	node := func(name string) (string, []string) {
+		return "system:node:" + name, []string{"system:nodes", "system:authenticated"}
+	}
 	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,30 @@
+package csrapprove
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+)
+
+// FromConfig returns an inventory source for the Approver: the configuration's nodes[] (name and
+// addresses; the configuration gives no further hostnames), each marked Provisioned when the node's
+// record in store (STATE/nodes, pkg/nodestate) carries a boot ID, that is when a hostagent this
+// appliance served has reported from the node's current boot. A node powered anew (the power phase
+// forgets the boot ID) is not provisioned again until its hostagent reports. It reads the store on
+// every call, so nodes provisioned while the approver runs are taken into account; it fails only when
+// a record cannot be read.
+func FromConfig(nodes []config.Node, store *nodestate.Store) func() (Inventory, error) {
+	return func() (Inventory, error) {
+		inv := Inventory{}
+		for _, n := range nodes {
+			st, err := store.Get(n.Name)
+			if err != nil && !errors.Is(err, nodestate.ErrNotFound) {
+				return nil, fmt.Errorf("inventory: %w", err)
+			}
+			inv[n.Name] = Node{Name: n.Name, Addresses: n.Addresses, Provisioned: err == nil && st.BootID != ""}
+		}
+		return inv, nil
+	}
+}
