@@ -30,8 +30,13 @@ func TestFirewalldDesired(t *testing.T) {
 	if got, want := st.zone["ports"], []portProto{{"8443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
 		t.Errorf("zone ports = %v, want %v", got, want)
 	}
-	if got, want := st.policy["ports"], []portProto{{"22", "tcp"}, {"53", "udp"}, {"53", "tcp"}, {"6443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
-		t.Errorf("policy ports = %v, want %v", got, want)
+	if got, want := st.policy["ports"], []portProto{{"22", "tcp"}, {"6443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
+		t.Errorf("policy ports = %v, want %v (no DNS port without Spec.DNS)", got, want)
+	}
+	withDNS := s
+	withDNS.DNS = true
+	if got, want := firewalldDesired(withDNS).policy["ports"], []portProto{{"22", "tcp"}, {"53", "udp"}, {"53", "tcp"}, {"6443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
+		t.Errorf("with Spec.DNS: policy ports = %v, want %v", got, want)
 	}
 	// The rule text must be firewalld's own rendering (rich.py Rich_Rule.__str__), or every Apply would differ.
 	want := []string{

@@ -49,7 +49,7 @@ func expectedRuleLines(s Spec) []*regexp.Regexp {
 	var out []*regexp.Regexp
 	q := regexp.QuoteMeta
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !containsRole(s.Roles, p.Role) {
+		if !containsRole(s.Roles, p.Role) || p.From == DNSPort && !s.DNS {
 			continue
 		}
 		var match string

@@ -125,11 +125,11 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		Source: SourceNodeNetworks, Description: "appliance HTTPS: OCI registry mirror, package repo, Ignition, agent API",
 		Reference: RefAppliance})
 	// The cluster's DNS zone (pkg/dnsrecords): the datacenter's resolvers, which sit outside the node
-	// networks, query it. Only with dns.listenAddress does anything answer there, authoritatively for
-	// the zone alone (no recursion: no open resolver).
+	// networks, query it. Opened only with Spec.DNS (dns.listenAddress set), when serve answers there,
+	// authoritatively for the zone alone (no recursion: no open resolver).
 	for _, proto := range []string{ProtoUDP, ProtoTCP} {
 		add([]Role{RoleBootstrap}, Port{Name: "dns-" + proto, Protocol: proto, From: DNSPort, To: DNSPort, Source: SourceAnywhere,
-			Description: "the cluster's DNS zone, answered authoritatively when dns.listenAddress is set", Reference: RefDNS})
+			Description: "the cluster's DNS zone, answered authoritatively; opened only when dns.listenAddress is set", Reference: RefDNS})
 	}
 	add(bootCP, Port{Name: "vrrp", Protocol: ProtoVRRP, Source: SourceVRRPPeers,
 		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})

@@ -236,7 +236,7 @@ var renderSpecs = []struct {
 		HTTPSPort:    9443, APIPort: 7443}},
 	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
 	{"all-roles", Spec{Roles: Roles(), NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}}},
+		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, DNS: true}},
 }
 
 func TestRenderGolden(t *testing.T) {

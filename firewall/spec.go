@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // ErrInvalidSpec is wrapped by every error Spec.Validate returns.
@@ -25,6 +26,10 @@ type Spec struct {
 	HTTPSPort uint16
 	// APIPort is the kube-apiserver/VIP port; 0 means DefaultAPIPort.
 	APIPort uint16
+	// DNS opens the table's DNS rows (DNSPort, UDP and TCP): only when the host answers the cluster's
+	// zone (the appliance with dns.listenAddress set). Without it nothing listens there, so nothing
+	// is opened.
+	DNS bool `json:",omitempty"`
 }
 
 // Validate returns every problem of s at once (errors.Join), each wrapping ErrInvalidSpec and naming its
@@ -71,7 +76,7 @@ func (s Spec) ports() []Port {
 	seen := map[key]bool{}
 	var out []Port
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !slices.Contains(s.Roles, p.Role) {
+		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS {
 			continue
 		}
 		k := key{p.Protocol, p.From, p.To, p.Source}
@@ -173,4 +178,9 @@ func splitPeers(as []netip.Addr) (v4, v6 []netip.Addr) {
 		return slices.Compact(s)
 	}
 	return sortUniq(v4), sortUniq(v6)
+}
+
+// isDNS reports whether p is one of the table's DNS rows, opened only with Spec.DNS.
+func (p Port) isDNS() bool {
+	return p.From == DNSPort && p.To == DNSPort && strings.HasPrefix(p.Name, "dns-")
 }

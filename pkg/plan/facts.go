@@ -78,7 +78,8 @@ func Roles(n config.Node) []string {
 }
 
 // ApplianceFirewall is the bootstrap host's firewall: the port table's bootstrap role, reachable
-// from NodeNetworks, VRRP accepted from ControlPlaneAddresses.
+// from NodeNetworks, VRRP accepted from ControlPlaneAddresses, the DNS port only with
+// dns.listenAddress.
 func ApplianceFirewall(c *config.BootstrapConfiguration) firewall.Spec {
 	return firewall.Spec{
 		Roles:        []firewall.Role{firewall.RoleBootstrap},
@@ -86,5 +87,6 @@ func ApplianceFirewall(c *config.BootstrapConfiguration) firewall.Spec {
 		VRRPPeers:    ControlPlaneAddresses(c),
 		HTTPSPort:    c.Server.Port,
 		APIPort:      c.APIServer.Port,
+		DNS:          c.DNS.ListenAddress.IsValid(),
 	}
 }

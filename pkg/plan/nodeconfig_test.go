@@ -168,3 +168,15 @@ func TestNthSubnet(t *testing.T) {
 		t.Error("nthSubnet past the end: no error")
 	}
 }
+
+// TestApplianceFirewallDNS: the bootstrap host opens the DNS port only when it answers the zone.
+func TestApplianceFirewallDNS(t *testing.T) {
+	c := &config.BootstrapConfiguration{}
+	if ApplianceFirewall(c).DNS {
+		t.Error("without dns.listenAddress the appliance firewall opens the DNS port")
+	}
+	c.DNS.ListenAddress = netip.MustParseAddr("10.100.0.2")
+	if !ApplianceFirewall(c).DNS {
+		t.Error("with dns.listenAddress the appliance firewall does not open the DNS port")
+	}
+}
