@@ -14,10 +14,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/csrapprove"
 	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
@@ -130,10 +132,28 @@ func Serve(ctx context.Context, o ServeOptions) error {
 			log.Error("API VIP on the bootstrap host", "error", err)
 		}
 	}()
+	stopCSRApprover := startCSRApprover(ctx, cfg, stateDir, store, log.With("component", "csrapprove"))
 	err = srv.Serve(ctx, o.Ready)
 	cancelVIP()
 	<-vipDone
+	stopCSRApprover()
 	return err
+}
+
+// startCSRApprover runs the kubelet serving-certificate approver (pkg/csrapprove) once
+// STATE/kubernetes/admin.conf exists, checking every 5 s, until ctx is done or the returned stop is
+// called (which waits for it). Nothing runs when the configuration has no Kubernetes.
+func startCSRApprover(ctx context.Context, cfg *config.BootstrapConfiguration, stateDir string, store *nodestate.Store, log *slog.Logger) (stop func()) {
+	if !cfg.Kubernetes.IsEnabled() {
+		return func() {}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = csrapprove.RunWhenReady(cctx, statedir.AdminKubeconfig(stateDir), 5*time.Second, csrapprove.FromConfig(cfg.Nodes, store), log)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // sweepNodeRecords removes the temporary files a killed serve left in STATE/nodes (a report
