@@ -130,6 +130,73 @@ func TestKubernetesE2E(t *testing.T) {
 		t.Logf("kubectl get nodes:\n%s", out)
 	})
 
+	t.Run("every node has an approved kubelet serving certificate and none is pending", func(t *testing.T) {
+		// kubelet runs with serverTLSBootstrap; appliance serve approves (pkg/csrapprove) and
+		// kube-controller-manager signs.
+		type csr struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				SignerName string `json:"signerName"`
+				Username   string `json:"username"`
+			} `json:"spec"`
+			Status struct {
+				Certificate string `json:"certificate"`
+				Conditions  []struct {
+					Type    string `json:"type"`
+					Reason  string `json:"reason"`
+					Message string `json:"message"`
+				} `json:"conditions"`
+			} `json:"status"`
+		}
+		var last []csr
+		check := func() error {
+			out, err := k.kube("get", "csr", "-o", "json")
+			if err != nil {
+				return fmt.Errorf("kubectl get csr: %v", err)
+			}
+			var list struct {
+				Items []csr `json:"items"`
+			}
+			if err := json.Unmarshal([]byte(out), &list); err != nil {
+				return fmt.Errorf("kubectl get csr: %v", err)
+			}
+			last = list.Items
+			approved := map[string]bool{}
+			var problems []string
+			for _, c := range list.Items {
+				if c.Spec.SignerName != "kubernetes.io/kubelet-serving" {
+					continue
+				}
+				node := strings.TrimPrefix(c.Spec.Username, "system:node:")
+				switch {
+				case len(c.Status.Conditions) == 0:
+					problems = append(problems, fmt.Sprintf("%s (%s) is pending", c.Metadata.Name, node))
+				case c.Status.Conditions[0].Type == "Approved" && c.Status.Conditions[0].Reason == "AutoApproved" && c.Status.Certificate != "":
+					approved[node] = true
+				case c.Status.Conditions[0].Type == "Approved" && c.Status.Certificate == "":
+					problems = append(problems, fmt.Sprintf("%s (%s) is approved but not signed yet", c.Metadata.Name, node))
+				default:
+					problems = append(problems, fmt.Sprintf("%s (%s): %s/%s %s", c.Metadata.Name, node,
+						c.Status.Conditions[0].Type, c.Status.Conditions[0].Reason, c.Status.Conditions[0].Message))
+				}
+			}
+			for _, n := range k8sNodes {
+				if !approved[n] {
+					problems = append(problems, n+" has no approved, signed kubelet serving CSR")
+				}
+			}
+			if len(problems) > 0 {
+				return fmt.Errorf("%s", strings.Join(problems, "; "))
+			}
+			return nil
+		}
+		if err := waitFor(3*time.Minute, check); err != nil {
+			t.Errorf("kubelet serving CSRs: %v\n%+v", err, last)
+		}
+	})
+
 	t.Run("readyz through the VIP", func(t *testing.T) {
 		out, err := k.kube("get", "--raw", "/readyz")
 		if err != nil || strings.TrimSpace(out) != "ok" {
