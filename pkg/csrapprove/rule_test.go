@@ -64,7 +64,11 @@ func TestDecide(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := csrPEM(t, testKey, nil)
-	tampered := []byte(strings.Replace(string(good), string(good[100:104]), "AAAA", 1))
+	// The same request with one bit of its signature flipped: it parses, its signature fails.
+	block, _ := pem.Decode(good)
+	der := append([]byte{}, block.Bytes...)
+	der[len(der)-1] ^= 1
+	tampered := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 	cases := []struct {
 		name    string
 		req     func() Request
@@ -186,7 +190,7 @@ func TestDecide(t *testing.T) {
 		{"deny: bad signature", func() Request {
 			u, g := node("cp1")
 			return Request{SignerKubeletServing, u, g, serving, tampered}
-		}, Deny, []string{"spec.request"}},
+		}, Deny, []string{"spec.request signature does not verify"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
