@@ -9,50 +9,38 @@ import (
 	"os"
 	"time"
 
-	certificatesv1 "k8s.io/api/certificates/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/workqueue"
+	"github.com/cenkalti/backoff/v5"
 )
 
-// resync is how often the informer hands every CSR to the queue again, so one whose inventory
-// changed (node provisioned later) or whose approval failed is looked at again.
+// resync is how long one watch lasts before the approver lists every CSR again, so one whose
+// inventory changed (node provisioned later) is looked at again.
 const resync = 5 * time.Minute
+
+// callTimeout bounds one list, get or approval call.
+const callTimeout = 30 * time.Second
 
 // Approver applies Decide to the cluster's pending CertificateSigningRequests.
 type Approver struct {
-	client    kubernetes.Interface
+	api       *apiClient
 	inventory func() (Inventory, error)
 	log       *slog.Logger
 }
 
 // New returns an Approver that talks to the API server of kubeconfig (a kubeconfig file, such as
-// the STATE/kubernetes/admin.conf the appliance keeps; its user needs list/watch on CSRs and the
-// "approve" verb on signers/kubernetes.io/kubelet-serving) and asks inventory for the nodes on each
-// decision. log receives one line per decision; nil discards. Errors: the kubeconfig does not load.
+// the STATE/kubernetes/admin.conf the appliance keeps: its current context's server, cluster CA and
+// client certificate or token; its user needs list/watch on CSRs and the "approve" verb on
+// signers/kubernetes.io/kubelet-serving) and asks inventory for the nodes on each decision. log
+// receives one line per decision; nil discards. Errors: the kubeconfig does not load (naming the
+// field at fault).
 func New(kubeconfig string, inventory func() (Inventory, error), log *slog.Logger) (*Approver, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	c, err := loadKubeconfig(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+		return nil, err
 	}
-	rc.UserAgent = "appliance-csrapprove"
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-	}
-	return newApprover(c, inventory, log), nil
-}
-
-func newApprover(c kubernetes.Interface, inventory func() (Inventory, error), log *slog.Logger) *Approver {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Approver{client: c, inventory: inventory, log: log}
+	return &Approver{api: c, inventory: inventory, log: log}, nil
 }
 
 // Result is what happened to one CSR.
@@ -67,17 +55,24 @@ type Result struct {
 
 // Sync lists every CSR once and decides the pending ones. It is idempotent: a decided CSR is left
 // as it is, so a second Sync applies nothing. It returns the results for the CSRs of signer
-// kubelet-serving that were pending, and the first error (listing, the inventory, an approval
-// that failed for another reason than a conflict with someone who decided first).
+// kubelet-serving that were pending, and the errors (listing, the inventory, an approval that
+// failed for another reason than someone deciding first).
 func (a *Approver) Sync(ctx context.Context) ([]Result, error) {
-	list, err := a.client.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	out, _, err := a.sync(ctx)
+	return out, err
+}
+
+func (a *Approver) sync(ctx context.Context) ([]Result, string, error) {
+	lctx, cancel := context.WithTimeout(ctx, callTimeout)
+	list, rv, err := a.api.list(lctx)
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("list certificate signing requests: %w", err)
+		return nil, "", fmt.Errorf("list certificate signing requests: %w", err)
 	}
 	var out []Result
 	var errs []error
-	for i := range list.Items {
-		r, err := a.handle(ctx, &list.Items[i])
+	for _, o := range list {
+		r, err := a.handle(ctx, o)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -86,57 +81,40 @@ func (a *Approver) Sync(ctx context.Context) ([]Result, error) {
 			out = append(out, r)
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, rv, errors.Join(errs...)
 }
 
-// Run watches CSRs (a client-go informer) and decides each pending one as it appears, retrying
-// failures with backoff, until ctx is done; then it returns nil. Errors: the first list does not
-// complete before ctx is done.
+// Run decides every pending CSR (Sync), then watches CSRs and decides each pending one as it
+// appears; every resync (5 min) it lists again. A failed call is retried after an exponential
+// backoff (up to 30 s) with a fresh list. It returns nil when ctx is done.
 func (a *Approver) Run(ctx context.Context) error {
-	f := informers.NewSharedInformerFactory(a.client, resync)
-	inf := f.Certificates().V1().CertificateSigningRequests()
-	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	defer q.ShutDown()
-	enqueue := func(obj any) {
-		if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok && csr.Spec.SignerName == SignerKubeletServing && !decided(csr) {
-			q.Add(csr.Name)
-		}
-	}
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
-	}); err != nil {
-		return err
-	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return fmt.Errorf("list certificate signing requests: %w", context.Cause(ctx))
-	}
-	a.log.Info("watching certificate signing requests", "signer", SignerKubeletServing)
-	go func() {
-		<-ctx.Done()
-		q.ShutDown()
-	}()
-	lister := inf.Lister()
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = time.Second, 30*time.Second
+	a.log.Info("watching certificate signing requests", "signer", SignerKubeletServing, "server", a.api.server)
 	for {
-		name, quit := q.Get()
-		if quit {
+		_, rv, err := a.sync(ctx)
+		if err == nil {
+			_, err = a.api.watch(ctx, rv, resync, func(o *csrObject) error {
+				_, err := a.handle(ctx, o)
+				return err
+			})
+		}
+		if ctx.Err() != nil {
 			return nil
 		}
-		csr, err := lister.Get(name)
-		if apierrors.IsNotFound(err) {
-			q.Forget(name)
-		} else if err != nil {
-			a.log.Warn("read certificate signing request from the cache", "csr", name, "error", err)
-			q.AddRateLimited(name)
-		} else if _, err := a.handle(ctx, csr); err != nil && ctx.Err() == nil {
-			a.log.Warn("decide certificate signing request (will retry)", "csr", name, "error", err)
-			q.AddRateLimited(name)
-		} else {
-			q.Forget(name)
+		if err == nil {
+			b.Reset()
+			continue
 		}
-		q.Done(name)
+		wait := b.NextBackOff()
+		if !errors.Is(err, errGone) {
+			a.log.Warn("kubelet serving CSR approver (will list again)", "error", err, "retryIn", wait.Round(time.Millisecond).String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -181,79 +159,73 @@ func RunWhenReady(ctx context.Context, kubeconfig string, poll time.Duration, in
 
 // decided reports whether the CSR carries an Approved, Denied or Failed condition (certificates/v1:
 // once set, none of them can be removed).
-func decided(csr *certificatesv1.CertificateSigningRequest) bool {
-	for _, c := range csr.Status.Conditions {
+func decided(o *csrObject) bool {
+	for _, c := range o.Status.Conditions {
 		switch c.Type {
-		case certificatesv1.CertificateApproved, certificatesv1.CertificateDenied, certificatesv1.CertificateFailed:
+		case "Approved", "Denied", "Failed":
 			return true
 		}
 	}
 	return false
 }
 
-func request(csr *certificatesv1.CertificateSigningRequest) Request {
-	usages := make([]string, len(csr.Spec.Usages))
-	for i, u := range csr.Spec.Usages {
-		usages[i] = string(u)
-	}
-	return Request{SignerName: csr.Spec.SignerName, Username: csr.Spec.Username, Groups: csr.Spec.Groups,
-		Usages: usages, PEM: csr.Spec.Request}
+func request(o *csrObject) Request {
+	return Request{SignerName: o.Spec.SignerName, Username: o.Spec.Username, Groups: o.Spec.Groups,
+		Usages: o.Spec.Usages, PEM: o.Spec.Request}
 }
 
 // handle decides one CSR and records the decision through the approval subresource. A conflict
 // (409: the CSR changed since it was read) is resolved by reading it again: if someone decided it
 // meanwhile, that stands and handle returns it as not applied, without error.
-func (a *Approver) handle(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) (Result, error) {
+func (a *Approver) handle(ctx context.Context, o *csrObject) (Result, error) {
 	for attempt := 0; ; attempt++ {
-		if csr.Spec.SignerName != SignerKubeletServing {
-			return Result{Name: csr.Name}, nil
+		name := o.Metadata.Name
+		if o.Spec.SignerName != SignerKubeletServing {
+			return Result{Name: name}, nil
 		}
-		if decided(csr) {
-			return Result{Name: csr.Name, Decision: Decision{Verdict: Ignore, Message: "already decided"}}, nil
+		if decided(o) {
+			return Result{Name: name, Decision: Decision{Verdict: Ignore, Message: "already decided"}}, nil
 		}
 		inv, err := a.inventory()
 		if err != nil {
-			return Result{Name: csr.Name}, err
+			return Result{Name: name}, err
 		}
-		d := Decide(inv, request(csr))
+		d := Decide(inv, request(o))
 		if d.Verdict == Ignore {
-			return Result{Name: csr.Name, Decision: d}, nil
+			return Result{Name: name, Decision: d}, nil
 		}
-		cond := certificatesv1.CertificateSigningRequestCondition{
-			Type:           certificatesv1.CertificateApproved,
-			Status:         corev1.ConditionTrue,
-			Reason:         d.Reason(),
-			Message:        d.Message,
-			LastUpdateTime: metav1.Now(),
-		}
+		cond := condition{Type: "Approved", Status: "True", Reason: d.Reason(), Message: d.Message,
+			LastUpdateTime: time.Now().UTC().Format(time.RFC3339)}
 		if d.Verdict == Deny {
-			cond.Type = certificatesv1.CertificateDenied
+			cond.Type = "Denied"
 		}
-		upd := csr.DeepCopy()
-		upd.Status.Conditions = append(upd.Status.Conditions, cond)
-		_, err = a.client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, upd, metav1.UpdateOptions{})
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err = a.api.updateApproval(cctx, o, cond)
+		cancel()
 		switch {
 		case err == nil:
-			a.logDecision(csr, d)
-			return Result{Name: csr.Name, Decision: d, Applied: true}, nil
-		case apierrors.IsNotFound(err):
-			return Result{Name: csr.Name, Decision: d}, nil
-		case apierrors.IsConflict(err) && attempt < 3:
-			fresh, gerr := a.client.CertificatesV1().CertificateSigningRequests().Get(ctx, csr.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(gerr) {
-				return Result{Name: csr.Name, Decision: d}, nil
+			a.logDecision(o, d)
+			return Result{Name: name, Decision: d, Applied: true}, nil
+		case errors.Is(err, errNotFound):
+			return Result{Name: name, Decision: d}, nil
+		case errors.Is(err, errConflict) && attempt < 3:
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			fresh, gerr := a.api.get(cctx, name)
+			cancel()
+			if errors.Is(gerr, errNotFound) {
+				return Result{Name: name, Decision: d}, nil
 			} else if gerr != nil {
-				return Result{Name: csr.Name, Decision: d}, fmt.Errorf("read certificate signing request %s after a conflict: %w", csr.Name, gerr)
+				return Result{Name: name, Decision: d}, fmt.Errorf("read certificate signing request %s after a conflict: %w", name, gerr)
 			}
-			csr = fresh
+			o = fresh
 		default:
-			return Result{Name: csr.Name, Decision: d}, fmt.Errorf("%s certificate signing request %s: %w", d.Verdict, csr.Name, err)
+			return Result{Name: name, Decision: d}, fmt.Errorf("%s certificate signing request %s: %w", d.Verdict, name, err)
 		}
 	}
 }
 
-func (a *Approver) logDecision(csr *certificatesv1.CertificateSigningRequest, d Decision) {
-	attrs := []any{"csr", csr.Name, "node", d.Node, "requestor", csr.Spec.Username, "reason", d.Reason(), "message", d.Message}
+func (a *Approver) logDecision(o *csrObject, d Decision) {
+	attrs := []any{"csr", o.Metadata.Name, "node", d.Node, "requestor", o.Spec.Username, "reason", d.Reason(), "message", d.Message}
 	if d.Verdict == Approve {
 		a.log.Info("approved kubelet serving certificate request", attrs...)
 	} else {

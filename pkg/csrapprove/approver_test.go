@@ -36,7 +36,7 @@ func createCSR(t *testing.T, c kubernetes.Interface, name, signer string, usages
 	return got
 }
 
-func condition(csr *certificatesv1.CertificateSigningRequest, typ certificatesv1.RequestConditionType) *certificatesv1.CertificateSigningRequestCondition {
+func findCondition(csr *certificatesv1.CertificateSigningRequest, typ certificatesv1.RequestConditionType) *certificatesv1.CertificateSigningRequestCondition {
 	for i := range csr.Status.Conditions {
 		if csr.Status.Conditions[i].Type == typ {
 			return &csr.Status.Conditions[i]
@@ -92,7 +92,12 @@ func TestApproverAgainstAPIServer(t *testing.T) {
 		[]string{UsageDigitalSignature, "client auth"}, csrPEM(t, testKey, func(r *x509.CertificateRequest) { r.DNSNames, r.IPAddresses = nil, nil }))
 
 	var logs syncBuffer
-	a := newApprover(admin, inventory, slog.New(slog.NewTextHandler(&logs, nil)))
+	adminConf := filepath.Join(t.TempDir(), "admin.conf")
+	c.writeKubeconfig(t, adminConf)
+	a, err := New(adminConf, inventory, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	results, err := a.Sync(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -163,8 +168,12 @@ func TestApproverAgainstAPIServer(t *testing.T) {
 	}
 
 	// A 409: the approver holds a copy read before someone else denied the CSR.
-	stale := createCSR(t, cp1, "cp1-raced", SignerKubeletServing, servingUsages, csrPEM(t, testKey, nil))
-	other := stale.DeepCopy()
+	created := createCSR(t, cp1, "cp1-raced", SignerKubeletServing, servingUsages, csrPEM(t, testKey, nil))
+	stale, err := a.api.get(ctx, "cp1-raced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := created.DeepCopy()
 	other.Status.Conditions = append(other.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
 		Type: certificatesv1.CertificateDenied, Status: "True", Reason: "ByHand", Message: "an operator denied it first"})
 	if _, err := admin.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, "cp1-raced", other, metav1.UpdateOptions{}); err != nil {
@@ -181,8 +190,10 @@ func TestApproverAgainstAPIServer(t *testing.T) {
 		t.Errorf("cp1-raced conditions %+v, want only the operator's denial", got.Status.Conditions)
 	}
 
-	// The loop: RunWhenReady waits for the kubeconfig, then watches; a CSR created afterwards is
-	// decided. The deadline only bounds a hang.
+	// The loop: RunWhenReady waits for the kubeconfig, then lists (deciding cp1-before) and watches
+	// from that list: cp1-watched, created only after cp1-before was decided, reaches it through
+	// the watch (the next list comes after 5 minutes).
+	createCSR(t, cp1, "cp1-before", SignerKubeletServing, servingUsages, csrPEM(t, testKey, nil))
 	kubeconfig := filepath.Join(t.TempDir(), "admin.conf")
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -196,29 +207,45 @@ func TestApproverAgainstAPIServer(t *testing.T) {
 		}
 	}()
 	c.writeKubeconfig(t, kubeconfig)
-	w, err := admin.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "cp1-watched").String()})
+	waitApproved(t, admin, "cp1-before", nil, &logs)
+	waitApproved(t, admin, "cp1-watched", func() {
+		createCSR(t, cp1, "cp1-watched", SignerKubeletServing, servingUsages, csrPEM(t, testKey, nil))
+	}, &logs)
+	if !strings.Contains(logs.String(), "csr=cp1-watched") {
+		t.Errorf("no log line for cp1-watched:\n%s", logs.String())
+	}
+}
+
+// waitApproved watches CSR name (after running create, when given) until it has a condition, and
+// fails unless that is Approved/AutoApproved. The 2-minute deadline only bounds a hang.
+func waitApproved(t *testing.T, admin kubernetes.Interface, name string, create func(), logs *syncBuffer) {
+	t.Helper()
+	w, err := admin.CertificatesV1().CertificateSigningRequests().Watch(context.Background(),
+		metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	createCSR(t, cp1, "cp1-watched", SignerKubeletServing, servingUsages, csrPEM(t, testKey, nil))
+	if create != nil {
+		create()
+	}
 	hang := time.After(2 * time.Minute)
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				t.Fatal("watch closed")
+				t.Fatalf("watch of %s closed", name)
 			}
 			csr, isCSR := ev.Object.(*certificatesv1.CertificateSigningRequest)
 			if !isCSR || len(csr.Status.Conditions) == 0 {
 				continue
 			}
-			if cond := condition(csr, certificatesv1.CertificateApproved); cond == nil || cond.Reason != ReasonApproved {
-				t.Fatalf("cp1-watched decided %+v, want Approved/AutoApproved", csr.Status.Conditions)
+			if cond := findCondition(csr, certificatesv1.CertificateApproved); cond == nil || cond.Reason != ReasonApproved {
+				t.Fatalf("%s decided %+v, want Approved/AutoApproved", name, csr.Status.Conditions)
 			}
 			return
 		case <-hang:
-			t.Fatalf("the running approver did not decide cp1-watched; log:\n%s", logs.String())
+			t.Fatalf("the running approver did not decide %s; log:\n%s", name, logs.String())
 		}
 	}
 }

@@ -10,10 +10,10 @@
 // impersonate its kubelet. Requests for other signers are left alone (kube-controller-manager
 // approves the kubelets' client certificates itself).
 //
-// The loop (Approver) watches CSRs through the Kubernetes API with client-go and records each
+// The loop (Approver) watches CSRs through the Kubernetes API (plain REST, see kubeapi.go) and records each
 // verdict through the /approval subresource with the condition kube-controller-manager's own
 // approver uses: Approved or Denied, reason AutoApproved or AutoDenied, and a message saying why.
-// client-go is imported by this package only.
+// It needs only a kubeconfig with a client certificate or token.
 package csrapprove
 
 import (
