@@ -91,25 +91,35 @@ func (a *Approver) Run(ctx context.Context) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = time.Second, 30*time.Second
 	a.log.Info("watching certificate signing requests", "signer", SignerKubeletServing, "server", a.api.server)
+	var lastErr string
 	for {
 		_, rv, err := a.sync(ctx)
 		if err == nil {
-			_, err = a.api.watch(ctx, rv, resync, func(o *csrObject) error {
+			// The server ends the watch after resync; the client-side bound covers a connection
+			// that died without a word (the VIP moved).
+			wctx, cancel := context.WithTimeout(ctx, resync+time.Minute)
+			_, err = a.api.watch(wctx, rv, resync, func(o *csrObject) error {
 				_, err := a.handle(ctx, o)
 				return err
 			})
+			cancel()
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err == nil {
 			b.Reset()
+			lastErr = ""
 			continue
 		}
 		wait := b.NextBackOff()
-		if !errors.Is(err, errGone) {
-			a.log.Warn("kubelet serving CSR approver (will list again)", "error", err, "retryIn", wait.Round(time.Millisecond).String())
+		// The same failure again (the API is not up yet, the VIP is moving) is logged once at Warn.
+		level := slog.LevelWarn
+		if errors.Is(err, errGone) || err.Error() == lastErr {
+			level = slog.LevelDebug
 		}
+		lastErr = err.Error()
+		a.log.Log(ctx, level, "kubelet serving CSR approver (will list again)", "error", err, "retryIn", wait.Round(time.Millisecond).String())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -119,16 +129,15 @@ func (a *Approver) Run(ctx context.Context) error {
 }
 
 // RunWhenReady waits until the kubeconfig file exists (checking every poll), then runs an Approver
-// on it until ctx is done. A kubeconfig that does not load is logged and tried again after poll.
-// Returns nil when ctx is done. client-go's own log lines (watch errors and retries) go through klog
-// to stderr: klog's logger is process-wide and may not be replaced while clients run.
+// on it until ctx is done. A kubeconfig that does not load is logged (once per distinct error) and
+// tried again after poll. Returns nil when ctx is done.
 func RunWhenReady(ctx context.Context, kubeconfig string, poll time.Duration, inventory func() (Inventory, error), log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
-	waiting := false
+	waiting, lastErr := false, ""
 	for {
 		_, err := os.Stat(kubeconfig)
 		switch {
@@ -147,7 +156,10 @@ func RunWhenReady(ctx context.Context, kubeconfig string, poll time.Duration, in
 					return nil
 				}
 			}
-			log.Warn("kubelet serving CSR approver", "kubeconfig", kubeconfig, "error", err)
+			if err.Error() != lastErr { // logged once per distinct failure, not every poll
+				log.Warn("kubelet serving CSR approver", "kubeconfig", kubeconfig, "error", err)
+				lastErr = err.Error()
+			}
 		}
 		select {
 		case <-ctx.Done():
