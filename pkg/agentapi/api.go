@@ -159,6 +159,12 @@ type Report struct {
 	Status string    `json:"status"` // running, done, failed
 	Detail string    `json:"detail,omitempty"`
 	Time   time.Time `json:"time"`
+	// AgentVersion is the reporting hostagent's version (pkg/version.String, e.g. "v0.2.0+1a2b3c4d5e6f")
+	// and AgentSHA256 the lowercase hex SHA-256 of its executable: the appliance records a change
+	// of either as the node's "upgraded" history entry (pkg/nodestate). Empty from hostagents that
+	// predate them.
+	AgentVersion string `json:"agentVersion,omitempty"`
+	AgentSHA256  string `json:"agentSHA256,omitempty"`
 }
 
 // Node lifecycle states as the appliance tracks them (`appliance status`).
@@ -181,4 +187,8 @@ type NodeStatus struct {
 	BootID  string    `json:"bootID,omitempty"`
 	// Steps is the last report per hostagent step.
 	Steps map[string]Report `json:"steps,omitempty"`
+	// AgentVersion and AgentSHA256 are the hostagent build the node last reported (Report's); empty
+	// until a hostagent that reports them has.
+	AgentVersion string `json:"agentVersion,omitempty"`
+	AgentSHA256  string `json:"agentSHA256,omitempty"`
 }

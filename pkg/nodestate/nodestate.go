@@ -5,6 +5,7 @@
 //
 //	<node>/status.json   0600  agentapi.NodeStatus: state, reason, boot ID, last report per step
 //	<node>/events.jsonl  0600  one Event per line, appended for every recorded change
+//	<node>/history.jsonl 0600  one LifecycleEntry per line: the node's day-2 history (lifecycle.go)
 //
 // status.json is replaced atomically (pkg/atomicfile), so a reader never sees a torn file.
 //
@@ -19,6 +20,13 @@
 // failed with "<step>: <detail>" as the reason. A retry of the failed step (running) keeps the
 // failure; its success clears it. A report with a new BootID starts the step list anew (the node
 // rebooted).
+//
+// The history is what an operator reads of a node's life (`appliance status NODE`): added to the
+// configuration, first ready, ready again after a reboot, hostagent upgraded, removed. Record derives
+// ready, rebooted and upgraded from reports; the bootstrap's render phase records added and removed
+// (SyncMembership); other commands call RecordLifecycle. It is append-only (one fsynced write per
+// line; a torn last line is ignored on read and cut before the next append) and capped at
+// HistoryCap entries per node.
 package nodestate
 
 import (
@@ -27,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -207,6 +216,7 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		return st, false, err
 	}
 	defer unlock()
+	before := st
 	st.Node = node
 	if r.BootID != st.BootID {
 		// A new boot: nothing the previous boot reached still holds (a rebooted node is not ready
@@ -217,16 +227,29 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		}
 		st.BootID, st.Steps = r.BootID, nil
 	}
-	if last, ok := st.Steps[r.Step]; ok && last.Status == r.Status && last.Detail == r.Detail {
+	newBuild := (r.AgentVersion != "" || r.AgentSHA256 != "") && (r.AgentVersion != st.AgentVersion || r.AgentSHA256 != st.AgentSHA256)
+	if last, ok := st.Steps[r.Step]; ok && last.Status == r.Status && last.Detail == r.Detail && !newBuild {
 		return st, false, nil
 	}
 	prev := st.Steps[r.Step]
 	if st.Steps == nil {
 		st.Steps = map[string]agentapi.Report{}
+	} else {
+		st.Steps = maps.Clone(st.Steps) // before keeps the old map
 	}
-	st.Steps[r.Step] = r
+	step := r
+	step.AgentVersion, step.AgentSHA256 = "", "" // once per node below, not once per step
+	st.Steps[r.Step] = step
 	st.State, st.Reason = derive(st, plan, prev, r)
+	if newBuild {
+		st.AgentVersion, st.AgentSHA256 = r.AgentVersion, r.AgentSHA256
+	}
 	st.Updated = s.now()
+	// The history first: if a crash follows, the agent resends the report (not acknowledged) and
+	// lifecycleFromReport finds its entries already there.
+	if err := s.lifecycleFromReport(node, before, st, r); err != nil {
+		return st, false, err
+	}
 	ev := Event{Time: st.Updated, Reported: r.Time, Node: node, BootID: r.BootID, Step: r.Step, Status: r.Status,
 		Detail: r.Detail, State: st.State, Reason: st.Reason}
 	return st, true, s.commit(st, ev)
