@@ -2,8 +2,11 @@ package hostagent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -18,6 +21,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
+	"github.com/airgap-appliance/appliance/pkg/version"
 )
 
 // Paths on the node, each prefixed with Options.Root.
@@ -67,6 +71,8 @@ type Agent struct {
 	log    *slog.Logger
 	bootID string
 	rep    *reporter
+	// build is this hostagent's version and executable SHA-256, sent with every report.
+	build agentBuild
 
 	mu     sync.Mutex
 	client *Client
@@ -115,8 +121,43 @@ func New(opts Options) (*Agent, error) {
 		boot = strings.TrimSpace(string(b))
 	}
 	a := &Agent{opts: opts, log: opts.Log.With("node", c.Node), bootID: boot, last: map[string]agentapi.Report{}}
+	a.build = currentBuild()
+	if a.build.err != nil {
+		a.log.Warn("cannot hash the hostagent executable; reports carry its version only", "error", a.build.err)
+	}
 	return a, nil
 }
+
+// agentBuild identifies the running hostagent in its reports (agentapi.Report.AgentVersion,
+// AgentSHA256).
+type agentBuild struct {
+	version, sha256 string
+	err             error // why sha256 is empty
+}
+
+// currentBuild is this process's version (pkg/version.String) and the SHA-256 of its executable
+// (os.Executable), hashed once per process.
+var currentBuild = sync.OnceValue(func() agentBuild {
+	b := agentBuild{version: version.String()}
+	exe, err := os.Executable()
+	if err != nil {
+		b.err = err
+		return b
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		b.err = err
+		return b
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		b.err = fmt.Errorf("hash %s: %w", exe, err)
+		return b
+	}
+	b.sha256 = hex.EncodeToString(h.Sum(nil))
+	return b
+})
 
 func (a *Agent) path(p string) string { return filepath.Join(a.opts.Root, p) }
 
@@ -304,6 +345,7 @@ func changed(detail string) bool { return !strings.HasPrefix(detail, "unchanged"
 
 func (a *Agent) send(r agentapi.Report) {
 	r.BootID, r.Time = a.bootID, time.Now().UTC()
+	r.AgentVersion, r.AgentSHA256 = a.build.version, a.build.sha256
 	a.last[r.Step] = r
 	a.rep.enqueue(r)
 }

@@ -2,6 +2,8 @@ package hostagent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/pkg/version"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -224,6 +227,21 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 		t.Errorf("firewall report detail %q does not name the nftables backend", st.Steps[agentapi.StepFirewall].Detail)
 	}
 
+	// Every report carries this hostagent's version and executable hash; the appliance keeps them
+	// and records the first ready in the node's history.
+	exe, _ := os.Executable()
+	bin, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bin)
+	if st, _ := app.store.Get("w1"); st.AgentVersion != version.String() || st.AgentSHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("recorded hostagent build %q %q, want %q %q", st.AgentVersion, st.AgentSHA256, version.String(), hex.EncodeToString(sum[:]))
+	}
+	if h, err := app.store.History("w1"); err != nil || len(h) != 1 || h[0].Kind != nodestate.Ready || h[0].BootID != "boot-1" {
+		t.Errorf("history after the first ready: %+v %v", h, err)
+	}
+
 	// Restart with the appliance down, and a firewall the agent must restore from its cache.
 	ag.stop()
 	app.stop()
@@ -245,6 +263,9 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 	evs, _ = app.store.Events("w1")
 	if got := strings.Join(steps(evs, "boot-2"), " "); got != want {
 		t.Errorf("reports after the appliance came back:\n got %s\nwant %s", got, want)
+	}
+	if h, err := app.store.History("w1"); err != nil || len(h) != 2 || h[1].Kind != nodestate.Rebooted || h[1].BootID != "boot-2" {
+		t.Errorf("history after the reboot: %+v %v", h, err)
 	}
 	if st, _ := app.store.Get("w1"); !strings.Contains(st.Steps["config"].Detail, "cached") {
 		t.Errorf("config step detail %q does not say the cached config was used", st.Steps["config"].Detail)

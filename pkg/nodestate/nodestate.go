@@ -315,14 +315,15 @@ func failReason(r agentapi.Report) string {
 	return r.Step + ": " + r.Detail
 }
 
-// commit writes status.json atomically (0600) and appends ev to events.jsonl.
+// commit appends ev to events.jsonl, then writes status.json atomically (0600): in that order, a
+// reader that sees a status finds the event that led to it (status first left a window in which
+// the status said ready and the events did not yet; TestAgentWorkerAgainstAppliance read in it).
+// A crash between the two leaves an event whose status was not written; the agent resends the
+// unacknowledged report and it is recorded again.
 func (s *Store) commit(st agentapi.NodeStatus, ev Event) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode status of node %s: %w", st.Node, err)
-	}
-	if _, err := atomicfile.Write(filepath.Join(s.dir, st.Node, StatusFile), append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write status of node %s: %w", st.Node, err)
 	}
 	line, err := json.Marshal(ev)
 	if err != nil {
@@ -336,7 +337,13 @@ func (s *Store) commit(st agentapi.NodeStatus, ev Event) error {
 		_ = f.Close()
 		return fmt.Errorf("append event of node %s: %w", st.Node, err)
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("append event of node %s: %w", st.Node, err)
+	}
+	if _, err := atomicfile.Write(filepath.Join(s.dir, st.Node, StatusFile), append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write status of node %s: %w", st.Node, err)
+	}
+	return nil
 }
 
 // Events returns the node's events, oldest first.
