@@ -53,7 +53,7 @@ func TestPreflightRecord(t *testing.T) {
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			state := writeKeepalivedState(t, kc)
+			state := writeState(t, kc)
 			path := filepath.Join(statedir.Keepalived(state), preflightRecordFile)
 			tc.record(t, path)
 			err := checkVIPClaim(ctx, state, log)
@@ -70,7 +70,7 @@ func TestPreflightRecord(t *testing.T) {
 	}
 
 	t.Run("a failed pre-flight records nothing", func(t *testing.T) {
-		state := writeKeepalivedState(t, kc)
+		state := writeState(t, kc)
 		if err := PreflightAhead(ctx, state, kc, log); err == nil {
 			t.Fatal("PreflightAhead on an interface that does not exist returned nil")
 		}
@@ -92,21 +92,4 @@ func writeRecord(t *testing.T, path string, kc keepalived.Config, passed time.Ti
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// writeKeepalivedState is a state directory holding only the render phase's keepalived.json.
-func writeKeepalivedState(t *testing.T, kc keepalived.Config) string {
-	t.Helper()
-	state := t.TempDir()
-	b, err := json.Marshal(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(statedir.Appliance(state), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(statedir.Appliance(state), statedir.KeepalivedFile), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return state
 }
