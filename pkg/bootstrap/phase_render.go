@@ -19,6 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/ignition"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
@@ -39,9 +40,17 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{}, errors.New("no hostagent binary to serve: build it (`make build`) or pass --hostagent-binary")
 	}
+	membership, err := recordMembership(st)
+	if err != nil {
+		return Result{}, err
+	}
 	if st.CA == nil {
 		// Dry run on a fresh state: the pki phase would create the CA first.
-		return Result{Changed: true, Detail: fmt.Sprintf("would write the artefacts of %d nodes once the CA exists", len(st.Config.Nodes))}, nil
+		detail := fmt.Sprintf("would write the artefacts of %d nodes once the CA exists", len(st.Config.Nodes))
+		if membership != "" {
+			detail += "; " + membership
+		}
+		return Result{Changed: true, Detail: detail}, nil
 	}
 	agentSum, err := fileSHA256(st.Options.HostagentBinary)
 	if err != nil {
@@ -104,7 +113,36 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if len(notes) > 0 {
 		detail += "; " + strings.Join(notes, "; ")
 	}
-	return Result{Changed: len(written) > 0 || len(removed) > 0, Detail: detail}, nil
+	if membership != "" {
+		detail += "; " + membership
+	}
+	return Result{Changed: len(written) > 0 || len(removed) > 0 || membership != "", Detail: detail}, nil
+}
+
+// recordMembership writes the run's node list into the nodes' day-2 history (nodestate.SyncMembership):
+// "added" for a node the history does not have yet, "removed" for a recorded node the configuration
+// no longer lists; each once, so a rerun records nothing. It returns what it recorded for the
+// phase's detail ("" for nothing). A dry run records nothing.
+func recordMembership(st *State) (string, error) {
+	if st.Options.DryRun {
+		return "", nil
+	}
+	names := make([]string, 0, len(st.Config.Nodes))
+	for _, n := range st.Config.Nodes {
+		names = append(names, n.Name)
+	}
+	added, removed, err := nodestate.Open(statedir.Nodes(st.StateDir)).SyncMembership(names, "bootstrap run with "+st.Options.ConfigPath)
+	if err != nil {
+		return "", fmt.Errorf("record the nodes' history: %w", err)
+	}
+	var parts []string
+	if len(added) > 0 {
+		parts = append(parts, "history: added "+strings.Join(added, ", "))
+	}
+	if len(removed) > 0 {
+		parts = append(parts, "history: removed from the configuration "+strings.Join(removed, ", "))
+	}
+	return strings.Join(parts, "; "), nil
 }
 
 // writeRendered makes STATE/rendered and STATE/appliance hold exactly files (paths as Plan.Files
