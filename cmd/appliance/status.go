@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -31,18 +32,27 @@ type statusRow struct {
 	Steps map[string]agentapi.Report `json:"steps,omitempty"`
 	// Firewall is the node's firewall backend ("nftables", "firewalld") from its firewall step's report.
 	Firewall string `json:"firewall,omitempty"`
+	// AgentVersion and AgentSHA256 are the hostagent build the node last reported.
+	AgentVersion string `json:"agentVersion,omitempty"`
+	AgentSHA256  string `json:"agentSHA256,omitempty"`
+	// History is the node's day-2 history, oldest first (pkg/nodestate: added, ready, rebooted,
+	// upgraded, removed), with --history or when nodes are named; never null then.
+	History []nodestate.LifecycleEntry `json:"history,omitempty"`
 }
 
-// newStatusCommand is `appliance status --config FILE`: every configured node's state from
-// STATE/nodes (pkg/nodestate), read from disk, so it works whether or not the server runs. Nodes
-// without a record are pending.
+// newStatusCommand is `appliance status --config FILE [--history] [NODE...]`: every configured node's
+// state from STATE/nodes (pkg/nodestate), read from disk, so it works whether or not the server
+// runs. Nodes without a record are pending. With --history, or for the nodes named (which may
+// include nodes removed from the configuration that still have a record), each node's day-2 history
+// follows the table, one line an entry: "2026-11-24 22:41:07  added (bootstrap run with …)".
 func newStatusCommand(g *globalFlags) *cobra.Command {
 	var configPath, stateDir string
+	var withHistory bool
 	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show every node's state: NODE ROLES STATE FIREWALL UPDATED REASON (JSON array with --output json)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "status [NODE...]",
+		Short: "Show every node's state: NODE ROLES STATE FIREWALL UPDATED REASON (JSON array with --output json); --history or NODE adds each node's day-2 history",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, _, err := config.Load(configPath, config.ValidateOptions{})
 			if err != nil {
 				return fmt.Errorf("%s is not valid:\n%w", configPath, err)
@@ -59,22 +69,61 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 				return fmt.Errorf("state directory %s is not a directory: name the right one (stateDir, --state-dir)", dir)
 			}
 			store := nodestate.Open(statedir.Nodes(dir))
-			var rows []statusRow
+			type entry struct {
+				name  string
+				roles []string
+			}
+			var nodes []entry
 			for _, n := range cfg.Nodes {
 				roles := make([]string, 0, len(n.Roles))
 				for _, r := range n.Roles {
 					roles = append(roles, string(r))
 				}
-				st, err := store.Get(n.Name)
+				nodes = append(nodes, entry{n.Name, roles})
+			}
+			if len(args) > 0 {
+				withHistory = true
+				var named []entry
+				for _, a := range args {
+					i := slices.IndexFunc(nodes, func(e entry) bool { return e.name == a })
+					switch {
+					case i >= 0:
+						named = append(named, nodes[i])
+					case recorded(store, a):
+						named = append(named, entry{a, []string{}}) // removed from the configuration
+					default:
+						var names []string
+						for _, e := range nodes {
+							names = append(names, e.name)
+						}
+						return fmt.Errorf("node %q is not in the configuration (nodes[].name) and has no record in %s: name one of %s",
+							a, store.Dir(), strings.Join(names, ", "))
+					}
+				}
+				nodes = named
+			}
+			var rows []statusRow
+			for _, n := range nodes {
+				st, err := store.Get(n.name)
 				if err != nil && !errors.Is(err, nodestate.ErrNotFound) {
 					return err
 				}
 				if errors.Is(err, nodestate.ErrNotFound) {
 					st = agentapi.NodeStatus{State: agentapi.StatePending}
 				}
-				rows = append(rows, statusRow{Node: n.Name, Roles: roles, State: st.State, Updated: st.Updated,
+				row := statusRow{Node: n.name, Roles: n.roles, State: st.State, Updated: st.Updated,
 					Reason: st.Reason, BootID: st.BootID, Steps: st.Steps,
-					Firewall: firewall.BackendOfDetail(st.Steps[agentapi.StepFirewall].Detail)})
+					Firewall:     firewall.BackendOfDetail(st.Steps[agentapi.StepFirewall].Detail),
+					AgentVersion: st.AgentVersion, AgentSHA256: st.AgentSHA256}
+				if withHistory {
+					if row.History, err = store.History(n.name); err != nil {
+						return err
+					}
+					if row.History == nil {
+						row.History = []nodestate.LifecycleEntry{}
+					}
+				}
+				rows = append(rows, row)
 			}
 			out := cmd.OutOrStdout()
 			if g.output == "json" {
@@ -100,14 +149,41 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 				if fw == "" {
 					fw = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, strings.Join(r.Roles, ","), r.State, fw, updated, oneLine(reason))
+				roles := strings.Join(r.Roles, ",")
+				if roles == "" {
+					roles = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, roles, r.State, fw, updated, oneLine(reason))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil || !withHistory {
+				return err
+			}
+			for _, r := range rows {
+				fmt.Fprintf(out, "\n%s history:\n", r.Node)
+				if len(r.History) == 0 {
+					fmt.Fprintln(out, "  (none recorded yet)")
+				}
+				for _, e := range r.History {
+					fmt.Fprintln(out, "  "+e.Line(time.Local))
+				}
+			}
+			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&withHistory, "history", false, "after the table, print each node's day-2 history (added, ready, rebooted, upgraded, removed) and include it in JSON")
 	cmd.Flags().StringVarP(&configPath, "config", "c", "bootstrap.yaml", "BootstrapConfiguration file (for the node list and stateDir)")
 	cmd.Flags().StringVarP(&stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	return cmd
+}
+
+// recorded reports whether the store holds a status or a history for node (a node removed from the
+// configuration keeps both).
+func recorded(store *nodestate.Store, node string) bool {
+	if _, err := store.Get(node); err == nil {
+		return true
+	}
+	h, err := store.History(node)
+	return err == nil && len(h) > 0
 }
 
 // oneLine keeps a table row on one line.
