@@ -300,3 +300,31 @@ func TestHistoryConcurrentWriters(t *testing.T) {
 		t.Fatalf("%d entries past the cap, want %d", len(h), HistoryCap)
 	}
 }
+
+// TestCorruptHistoryDoesNotHoldUpState: a history with a corrupt line (not a torn last one) makes
+// Record return an error naming it, but the node's state is committed all the same, so the agent's
+// resend is a no-op instead of failing forever.
+func TestCorruptHistoryDoesNotHoldUpState(t *testing.T) {
+	s := Open(t.TempDir())
+	if _, _, err := s.Record("n", nil, rep("b", "config", "done", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir(), "n", HistoryFile), []byte("{garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"firewall", "containerd"} {
+		if _, _, err := s.Record("n", nil, rep("b", step, "done", "")); err != nil {
+			t.Fatal(err) // no lifecycle change: the history is not read
+		}
+	}
+	st, changed, err := s.Record("n", nil, rep("b", "ready", "done", ""))
+	if err == nil || !strings.Contains(err.Error(), "history not") || !strings.Contains(err.Error(), "line 1 is corrupt") || !changed {
+		t.Errorf("ready with a corrupt history: changed=%v err=%v", changed, err)
+	}
+	if got, _ := s.Get("n"); got.State != agentapi.StateReady || st.State != agentapi.StateReady {
+		t.Errorf("state %q, want ready committed", got.State)
+	}
+	if _, changed, err := s.Record("n", nil, rep("b", "ready", "done", "")); err != nil || changed {
+		t.Errorf("resend: changed=%v err=%v, want a no-op", changed, err)
+	}
+}

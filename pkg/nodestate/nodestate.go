@@ -44,6 +44,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
@@ -200,7 +201,9 @@ func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
 // status and whether anything was written: a report equal to the step's last one (same BootID,
 // status and detail; the time is ignored) is a no-op, so agents may resend freely.
 //
-// Errors: unknown step or status, or empty BootID (ErrInvalidReport); file system errors.
+// Errors: unknown step or status, empty BootID, an agentVersion over 128 characters or with spaces
+// or control characters, an agentSHA256 that is not 64 lowercase hex digits (ErrInvalidReport); file
+// system errors; a history error after the state was committed (changed is then true).
 func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.NodeStatus, bool, error) {
 	if err := checkNode(node); err != nil {
 		return agentapi.NodeStatus{}, false, err
@@ -246,13 +249,18 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 	}
 	st.Updated = s.now()
 	// The history first: if a crash follows, the agent resends the report (not acknowledged) and
-	// lifecycleFromReport finds its entries already there.
-	if err := s.lifecycleFromReport(node, before, st, r); err != nil {
-		return st, false, err
-	}
+	// lifecycleFromReport finds its entries already there. A history that cannot be read or written
+	// does not hold up the node's state: the state is committed and the history's error returned.
+	herr := s.lifecycleFromReport(node, before, st, r)
 	ev := Event{Time: st.Updated, Reported: r.Time, Node: node, BootID: r.BootID, Step: r.Step, Status: r.Status,
 		Detail: r.Detail, State: st.State, Reason: st.Reason}
-	return st, true, s.commit(st, ev)
+	if err := s.commit(st, ev); err != nil {
+		return st, false, err
+	}
+	if herr != nil {
+		return st, true, fmt.Errorf("node %s: state recorded, history not: %w", node, herr)
+	}
+	return st, true, nil
 }
 
 func validReport(r agentapi.Report) error {
@@ -266,10 +274,31 @@ func validReport(r agentapi.Report) error {
 	if r.Status != agentapi.StatusRunning && r.Status != agentapi.StatusDone && r.Status != agentapi.StatusFailed {
 		errs = append(errs, fmt.Sprintf("status %q is unknown (want running, done or failed)", r.Status))
 	}
+	if len(r.AgentVersion) > maxAgentVersion || strings.IndexFunc(r.AgentVersion, func(c rune) bool { return !unicode.IsPrint(c) || c == ' ' }) >= 0 {
+		errs = append(errs, fmt.Sprintf("agentVersion %.40q is not a version (at most %d printable characters, no spaces)", r.AgentVersion, maxAgentVersion))
+	}
+	if r.AgentSHA256 != "" && !isSHA256Hex(r.AgentSHA256) {
+		errs = append(errs, fmt.Sprintf("agentSHA256 %.70q is not 64 lowercase hex digits", r.AgentSHA256))
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalidReport, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// maxAgentVersion bounds agentapi.Report.AgentVersion (pkg/version strings are far shorter).
+const maxAgentVersion = 128
+
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // derive computes the state after report r (prev is the step's previous report).

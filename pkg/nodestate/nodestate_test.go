@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,6 +193,9 @@ func TestRecordRejects(t *testing.T) {
 		{"n1", rep("b", "config", "ok", ""), ErrInvalidReport},
 		{"../x", rep("b", "config", "done", ""), ErrInvalidState},
 		{".hidden", rep("b", "config", "done", ""), ErrInvalidState},
+		{"n1", agentapi.Report{BootID: "b", Step: "config", Status: "done", AgentSHA256: "ABCD"}, ErrInvalidReport},
+		{"n1", agentapi.Report{BootID: "b", Step: "config", Status: "done", AgentVersion: "v1\n"}, ErrInvalidReport},
+		{"n1", agentapi.Report{BootID: "b", Step: "config", Status: "done", AgentVersion: strings.Repeat("v", 129)}, ErrInvalidReport},
 	} {
 		if _, _, err := s.Record(tc.node, nil, tc.r); !errors.Is(err, tc.err) {
 			t.Errorf("Record(%q, %+v) = %v, want %v", tc.node, tc.r, err, tc.err)
