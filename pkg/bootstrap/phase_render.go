@@ -122,7 +122,8 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 // recordMembership writes the run's node list into the nodes' day-2 history (nodestate.SyncMembership):
 // "added" for a node the history does not have yet, "removed" for a recorded node the configuration
 // no longer lists; each once, so a rerun records nothing. It returns what it recorded for the
-// phase's detail ("" for nothing). A dry run records nothing.
+// phase's detail ("" for nothing). A dry run records nothing, and neither does a run that skips
+// render (--skip-phases render): the next run that renders records it.
 func recordMembership(st *State) (string, error) {
 	if st.Options.DryRun {
 		return "", nil
@@ -131,7 +132,11 @@ func recordMembership(st *State) (string, error) {
 	for _, n := range st.Config.Nodes {
 		names = append(names, n.Name)
 	}
-	added, removed, err := nodestate.Open(statedir.Nodes(st.StateDir)).SyncMembership(names, "bootstrap run with "+st.Options.ConfigPath)
+	cfgPath := st.Options.ConfigPath
+	if abs, err := filepath.Abs(cfgPath); err == nil {
+		cfgPath = abs
+	}
+	added, removed, err := nodestate.Open(statedir.Nodes(st.StateDir)).SyncMembership(names, "bootstrap run with "+cfgPath)
 	if err != nil {
 		return "", fmt.Errorf("record the nodes' history: %w", err)
 	}
