@@ -160,7 +160,12 @@ func (s *Store) recordLifecycle(node string, kind LifecycleKind, detail string) 
 // the same nodes records nothing.
 func (s *Store) SyncMembership(nodes []string, detail string) (added, removed []string, err error) {
 	for _, n := range nodes {
-		ok, err := s.recordLifecycle(n, Added, detail)
+		d := detail
+		if h, err := s.History(n); err == nil && len(h) == 0 && s.hasRecord(n) {
+			// A node this appliance recorded before it kept histories: added earlier than now.
+			d = "recorded before histories were kept; " + detail
+		}
+		ok, err := s.recordLifecycle(n, Added, d)
 		if err != nil {
 			return added, removed, err
 		}

@@ -161,6 +161,14 @@ func TestSyncMembership(t *testing.T) {
 	check([]string{"a"}, "", "b,c")
 	check([]string{"a"}, "", "")
 	check([]string{"a", "b"}, "b", "")
+	// d has a status from before histories existed: its "added" says so.
+	if _, err := s.Set("d", agentapi.StateReady, ""); err != nil {
+		t.Fatal(err)
+	}
+	check([]string{"a", "b", "d"}, "d", "")
+	if h := history(t, s, "d"); kinds(h) != "added" || h[0].Detail != "recorded before histories were kept; bootstrap run with bootstrap.yaml" {
+		t.Errorf("history of d: %+v", h)
+	}
 	if h := history(t, s, "b"); kinds(h) != "added removed added" || h[1].Detail != "removed from the configuration; bootstrap run with bootstrap.yaml" {
 		t.Errorf("history of b: %+v", h)
 	}
