@@ -116,6 +116,16 @@ alive() {
 }
 pid_of() { cat "$1"; }
 
+# running PID: the process exists and has not exited (not a zombie). Unlike alive, it does not read
+# /proc/PID/cmdline, which reads empty while the process is in execve: `nsenter … setsid ipmi_sim`
+# execs twice under the PID just started, and alive saw that window as "exited" (the
+# TestNodesConverge flake "w1: ipmi_sim exited").
+running() {
+	local st
+	st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+	[[ -n $st && ${st%% *} != Z ]]
+}
+
 # wait_gone PID SECONDS: wait until PID has exited; 1 if it still runs after SECONDS.
 wait_gone() {
 	local pid=$1 deadline=$((SECONDS + $2))
@@ -460,7 +470,7 @@ bmc_up() {
 	# Ready once the LAN port is bound (bounded wait).
 	local deadline=$((SECONDS + 10))
 	until ip netns exec "$(bmc_ns "$node")" ss -Hlun "sport = :623" | grep -q .; do
-		alive "$d/ipmi_sim.pid" ipmi_sim || die "$node: ipmi_sim exited; see $d/ipmi_sim.log"
+		running "$(<"$d/ipmi_sim.pid")" || die "$node: ipmi_sim exited; see $d/ipmi_sim.log:$(echo; tail -n 20 "$d/ipmi_sim.log")"
 		((SECONDS < deadline)) || die "$node: ipmi_sim did not bind $(bmc_ip "$node"):623; see $d/ipmi_sim.log"
 		sleep 0.1
 	done
