@@ -314,7 +314,7 @@ ct_wait_ready() {
 	local node=$1 d state deadline=$((SECONDS + READY_TIMEOUT))
 	d=$(nodedir "$node")
 	while ((SECONDS < deadline)); do
-		alive "$d/supervisor.pid" "_run $node" || die "$node: systemd-nspawn exited; see $d/console.log"
+		running "$(<"$d/supervisor.pid")" || die "$node: systemd-nspawn exited; see $d/console.log"
 		state=$(ssh_node "$node" systemctl is-system-running 2>/dev/null || true)
 		case $state in
 		running | degraded)
