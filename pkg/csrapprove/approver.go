@@ -90,7 +90,7 @@ func (a *Approver) sync(ctx context.Context) ([]Result, string, error) {
 func (a *Approver) Run(ctx context.Context) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = time.Second, 30*time.Second
-	a.log.Info("watching certificate signing requests", "signer", SignerKubeletServing, "server", a.api.server)
+	a.log.Info("watching certificate signing requests", "signer", SignerKubeletServing, "server", a.api.Server())
 	var lastErr string
 	for {
 		_, rv, err := a.sync(ctx)

@@ -1,20 +1,29 @@
-package csrapprove
+package kubeapi
 
 import (
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
 // TestLoadKubeconfig: the kubeconfig shapes kubeadm and the appliance write load (inline data,
 // files relative to the kubeconfig, a token), and every refusal names the field to fix without
 // printing key material.
 func TestLoadKubeconfig(t *testing.T) {
-	ca := newCA(t)
-	crt, key := ca.issue(t, pkix.Name{CommonName: "kubernetes-admin", Organization: []string{"kubeadm:cluster-admins"}}, nil, 0)
+	ca, _, err := pki.EnsureCA(t.TempDir(), "kubeapi-test-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := pki.IssueClientCert(ca, "kubernetes-admin", []string{"kubeadm:cluster-admins"}, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key := cc.CertPEM, cc.KeyPEM
 	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 	doc := func(cluster, user string) string {
 		return "apiVersion: v1\nkind: Config\ncurrent-context: admin@lab\n" +
@@ -22,11 +31,11 @@ func TestLoadKubeconfig(t *testing.T) {
 			"clusters:\n- name: lab\n  cluster:\n" + cluster + "users:\n- name: admin\n  user:\n" + user
 	}
 	server := "    server: https://10.100.0.100:6443\n"
-	inlineCA := "    certificate-authority-data: " + b64(ca.certPEM) + "\n"
+	inlineCA := "    certificate-authority-data: " + b64(ca.CertPEM) + "\n"
 	inlineUser := "    client-certificate-data: " + b64(crt) + "\n    client-key-data: " + b64(key) + "\n"
 
 	dir := t.TempDir()
-	write(t, dir, "ca.crt", ca.certPEM)
+	write(t, dir, "ca.crt", ca.CertPEM)
 	write(t, dir, "admin.crt", crt)
 	write(t, dir, "admin.key", key)
 	write(t, dir, "token", []byte("abc.def\n"))
@@ -42,7 +51,7 @@ func TestLoadKubeconfig(t *testing.T) {
 	for _, tc := range ok {
 		t.Run(tc.name, func(t *testing.T) {
 			p := write(t, dir, "kc", []byte(doc(tc.cluster, tc.user)))
-			c, err := loadKubeconfig(p)
+			c, err := Load(p)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +71,7 @@ func TestLoadKubeconfig(t *testing.T) {
 		{"CA not base64", doc(server+"    certificate-authority-data: '%%%'\n", inlineUser), "clusters[0].cluster.certificate-authority-data: is not base64"},
 		{"CA not PEM", doc(server+"    certificate-authority-data: "+b64([]byte("hello"))+"\n", inlineUser), "certificate-authority-data: holds no PEM certificate"},
 		{"CA file missing", doc(server+"    certificate-authority: missing.crt\n", inlineUser), "clusters[0].cluster.certificate-authority: open " + filepath.Join(dir, "missing.crt")},
-		{"key does not match", doc(server+inlineCA, "    client-certificate-data: "+b64(crt)+"\n    client-key-data: "+b64(ca.certPEM)+"\n"), "users[0].user.client-certificate-data: and client-key-data are not a PEM certificate and its key"},
+		{"key does not match", doc(server+inlineCA, "    client-certificate-data: "+b64(crt)+"\n    client-key-data: "+b64(ca.CertPEM)+"\n"), "users[0].user.client-certificate-data: and client-key-data are not a PEM certificate and its key"},
 		{"no credentials", doc(server+inlineCA, "    username: bob\n"), "users[0].user: has no client certificate or token"},
 		{"exec", doc(server+inlineCA, "    exec: {command: x}\n"), "users[0].user: exec and auth-provider credentials are not supported"},
 		{"missing cluster", strings.Replace(doc(server+inlineCA, inlineUser), "- name: lab\n", "- name: lab2\n", 1), `contexts[1].context.cluster: "lab" is not one of clusters[].name`},
@@ -72,7 +81,7 @@ func TestLoadKubeconfig(t *testing.T) {
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
 			p := write(t, dir, "kc", []byte(tc.text))
-			_, err := loadKubeconfig(p)
+			_, err := Load(p)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
 			}
@@ -84,7 +93,16 @@ func TestLoadKubeconfig(t *testing.T) {
 			}
 		})
 	}
-	if _, err := loadKubeconfig(filepath.Join(dir, "absent")); !os.IsNotExist(err) {
+	if _, err := Load(filepath.Join(dir, "absent")); !os.IsNotExist(err) {
 		t.Errorf("absent kubeconfig: %v, want a not-exist error", err)
 	}
+}
+
+func write(t *testing.T, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
