@@ -40,9 +40,17 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{}, errors.New("no hostagent binary to serve: build it (`make build`) or pass --hostagent-binary")
 	}
+	pruned, err := pruneForgotten(ctx, st)
+	if err != nil {
+		return Result{}, err
+	}
 	membership, err := recordMembership(st)
 	if err != nil {
 		return Result{}, err
+	}
+	if pruned != "" {
+		membership = strings.TrimPrefix(pruned+"; "+membership, "; ")
+		membership = strings.TrimSuffix(membership, "; ")
 	}
 	if st.CA == nil {
 		// Dry run on a fresh state: the pki phase would create the CA first.

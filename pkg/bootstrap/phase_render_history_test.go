@@ -5,8 +5,10 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -65,16 +67,22 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 		}
 		return path
 	}
-	run := func(path string, dryRun bool) string {
+	var prune PruneFunc
+	try := func(path string, dryRun bool) (string, error) {
 		t.Helper()
 		var progress strings.Builder
 		// The hostagent binary is only read once the CA exists; render needs the option set.
 		_, err := runPhases(context.Background(), Options{ConfigPath: path, HostagentBinary: "/nonexistent/hostagent",
-			Progress: &progress, DryRun: dryRun}, []Phase{loadPhase{}, renderPhase{}})
+			Progress: &progress, DryRun: dryRun, Prune: prune}, []Phase{loadPhase{}, renderPhase{}})
+		return progress.String(), err
+	}
+	run := func(path string, dryRun bool) string {
+		t.Helper()
+		out, err := try(path, dryRun)
 		if err != nil {
-			t.Fatalf("run: %v\n%s", err, progress.String())
+			t.Fatalf("run: %v\n%s", err, out)
 		}
-		return progress.String()
+		return out
 	}
 	store := nodestate.Open(statedir.Nodes(cfg.StateDir))
 	kinds := func(node string) string {
@@ -112,9 +120,39 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 	dropped := *cfg
 	dropped.Nodes = cfg.Nodes[:len(cfg.Nodes)-1]
 	path = write(&dropped)
-	if out := run(path, false); !strings.Contains(out, "history: removed from the configuration "+last) {
-		t.Errorf("render's detail does not name the removed node:\n%s", out)
+	// Without --prune the run refuses to forget a member, before anything is recorded.
+	for _, dry := range []bool{true, false} {
+		_, err := try(path, dry)
+		want := "node " + last + " is in the cluster but not in nodes[]: run `appliance node remove " + last + "` or pass --prune"
+		if !errors.Is(err, ErrForgotten) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("dry run %v without --prune: %v, want ErrForgotten with %q", dry, err, want)
+		}
+		if kinds(last) != "added" {
+			t.Fatalf("a refused run recorded history: %q", kinds(last))
+		}
 	}
+	// A failing removal fails the run and records nothing.
+	prune = func(context.Context, *State, string) error { return errors.New("drain timed out") }
+	if _, err := try(path, false); err == nil || !strings.Contains(err.Error(), "--prune: remove "+last+": drain timed out") || kinds(last) != "added" {
+		t.Fatalf("failed prune: %v, history %q", err, kinds(last))
+	}
+	// With --prune the removal runs for exactly the forgotten node (a dry run only says so).
+	var pruned []string
+	prune = func(_ context.Context, st *State, node string) error {
+		if st.Config == nil || st.StateDir != cfg.StateDir {
+			t.Errorf("prune got state %+v", st)
+		}
+		pruned = append(pruned, node)
+		return nil
+	}
+	if out := run(path, true); !strings.Contains(out, "would remove "+last+" (--prune)") || len(pruned) != 0 {
+		t.Fatalf("dry run with --prune: pruned %v\n%s", pruned, out)
+	}
+	out = run(path, false)
+	if !strings.Contains(out, "removed "+last+" (--prune)") || !strings.Contains(out, "history: removed from the configuration "+last) || !slices.Equal(pruned, []string{last}) {
+		t.Errorf("run with --prune: pruned %v\n%s", pruned, out)
+	}
+	prune = nil // removed now: later runs need no --prune
 	if out := run(path, false); strings.Contains(out, "history:") {
 		t.Errorf("a rerun without the node recorded history again:\n%s", out)
 	}
@@ -124,5 +162,19 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 	h, _ := store.History(last)
 	if want := "removed from the configuration; bootstrap run with " + path; h[1].Detail != want {
 		t.Errorf("removed detail %q, want %q", h[1].Detail, want)
+	}
+
+	// A node `appliance node remove` took out (it records "removed") may leave nodes[] without --prune.
+	if len(cfg.Nodes) >= 3 {
+		other := cfg.Nodes[len(cfg.Nodes)-2].Name
+		if err := store.RecordLifecycle(other, nodestate.Removed, "appliance node remove"); err != nil {
+			t.Fatal(err)
+		}
+		fewer := *cfg
+		fewer.Nodes = cfg.Nodes[:len(cfg.Nodes)-2]
+		run(write(&fewer), false)
+		if kinds(other) != "added removed" {
+			t.Errorf("history of %s: %q", other, kinds(other))
+		}
 	}
 }

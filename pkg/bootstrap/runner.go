@@ -43,6 +43,9 @@ type Options struct {
 	// changing nothing: no file, no firewall rule, no process, no node (kubeadm's `--dry-run`, k0sctl's
 	// DryRun). The journal is not written.
 	DryRun bool
+	// Prune removes the nodes the state knows as cluster members but the configuration no longer
+	// lists (--prune); nil refuses such a run with ErrForgotten before anything changes.
+	Prune PruneFunc
 }
 
 // Phases returns the bootstrap phases in order.

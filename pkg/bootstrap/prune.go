@@ -1,0 +1,103 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// PruneFunc removes a node that the state directory knows as a cluster member but the
+// configuration no longer lists (`appliance bootstrap --prune`; cmd/appliance wires it to
+// pkg/noderemove, the same removal as `appliance node remove`). It runs under the state
+// directory's lock, which the run already holds.
+type PruneFunc func(ctx context.Context, st *State, node string) error
+
+// ErrForgotten is returned when the configuration dropped a node that is still in the cluster.
+var ErrForgotten = errors.New("a node is in the cluster but not in nodes[]")
+
+// LockStateDir takes the state directory's lock (the one a bootstrap run holds) for another
+// command that changes the cluster (`appliance node remove`); the returned function releases it.
+// Errors: ErrLocked when a bootstrap run or another such command holds it.
+func LockStateDir(stateDir string) (func(), error) { return lockStateDir(stateDir) }
+
+// ForgottenNodes lists, sorted, the nodes the state directory knows as members (a status or a
+// history whose last membership entry is not "removed") that nodes []string does not list.
+func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
+	store := nodestate.Open(statedir.Nodes(stateDir))
+	ents, err := os.ReadDir(store.Dir())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("list node records: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		n := e.Name()
+		if !e.IsDir() || slices.Contains(nodes, n) {
+			continue
+		}
+		hist, err := store.History(n)
+		if err != nil {
+			return nil, err
+		}
+		member := false
+		for i := len(hist) - 1; i >= 0; i-- {
+			if k := hist[i].Kind; k == nodestate.Added || k == nodestate.Removed {
+				member = k == nodestate.Added
+				break
+			}
+			if i == 0 {
+				member = true // reports but no membership entry: joined before histories were kept
+			}
+		}
+		if len(hist) == 0 {
+			_, statErr := os.Stat(filepath.Join(store.Dir(), n, nodestate.StatusFile))
+			member = statErr == nil
+		}
+		if member {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// pruneForgotten refuses a run whose configuration dropped a node that is still in the cluster
+// (ErrForgotten, naming it and the two ways on), or with Options.Prune removes each such node
+// first. It runs before the render phase records the membership, so a refused run changes nothing.
+// A dry run removes nothing: it says what --prune would remove.
+func pruneForgotten(ctx context.Context, st *State) (string, error) {
+	names := make([]string, 0, len(st.Config.Nodes))
+	for _, n := range st.Config.Nodes {
+		names = append(names, n.Name)
+	}
+	gone, err := ForgottenNodes(st.StateDir, names)
+	if err != nil || len(gone) == 0 {
+		return "", err
+	}
+	if st.Options.Prune == nil {
+		var hints []string
+		for _, n := range gone {
+			hints = append(hints, fmt.Sprintf("node %s is in the cluster but not in nodes[]: run `appliance node remove %s` or pass --prune", n, n))
+		}
+		return "", fmt.Errorf("%w: %s (or put it back in nodes[] of %s)", ErrForgotten, strings.Join(hints, "; "), st.Options.ConfigPath)
+	}
+	if st.Options.DryRun {
+		return "would remove " + strings.Join(gone, ", ") + " (--prune)", nil
+	}
+	for _, n := range gone {
+		if err := st.Options.Prune(ctx, st, n); err != nil {
+			return "", fmt.Errorf("--prune: remove %s: %w", n, err)
+		}
+	}
+	return "removed " + strings.Join(gone, ", ") + " (--prune)", nil
+}
