@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/noderemove"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -22,7 +24,7 @@ type bootstrapFlags struct {
 	config, stateDir, hostagent string
 	skip                        []string
 	convergeTimeout             time.Duration
-	dryRun                      bool
+	dryRun, prune               bool
 }
 
 func newBootstrapCommand(g *globalFlags) *cobra.Command {
@@ -44,6 +46,7 @@ The HTTPS services keep running after this command returns.`,
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
 	cmd.Flags().DurationVar(&f.convergeTimeout, "converge-timeout", bootstrap.DefaultConvergeTimeout, "how long the converge phase waits for every node to be ready")
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "run every phase's check and print what it would change; change nothing")
+	cmd.Flags().BoolVar(&f.prune, "prune", false, "remove from the cluster the nodes it has that nodes[] no longer lists (as appliance node remove does); without it such a run is refused")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
@@ -70,7 +73,21 @@ func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 	if jsonOut {
 		progress = cmd.OutOrStdout()
 	}
+	var prune bootstrap.PruneFunc
+	if f.prune {
+		prune = func(ctx context.Context, st *bootstrap.State, node string) error {
+			cfgPath := st.Options.ConfigPath
+			if abs, err := filepath.Abs(cfgPath); err == nil {
+				cfgPath = abs
+			}
+			o := nodeRemoveOptions(st.Config, cfgPath, st.StateDir, node, g, cmd, st.Options.DryRun, noderemove.DefaultDrainTimeout)
+			o.Reason = "appliance bootstrap --prune with " + cfgPath
+			_, err := noderemove.Remove(ctx, o)
+			return err
+		}
+	}
 	sum, err := bootstrap.Run(ctx, bootstrap.Options{
+		Prune:           prune,
 		ConfigPath:      f.config,
 		StateDir:        f.stateDir,
 		SkipPhases:      f.skip,

@@ -65,6 +65,7 @@ func newRootCommand() *cobra.Command {
 		newStatusCommand(g),
 		newDNSCommand(g),
 		newPowerCommand(g),
+		newNodeCommand(g),
 		newBundleCommand(g),
 		newFirstbootCommand(),
 		newVersionCommand(g),

@@ -118,6 +118,17 @@ func Remove(ctx context.Context, o Options) (*Result, error) {
 	res.ControlPlane = inConfig && n.HasRole(config.RoleControlPlane) ||
 		!inConfig && hasRendered && slices.Contains(rendered.Roles, string(config.RoleControlPlane))
 
+	if res.ControlPlane {
+		if err := lastControlPlane(o); err != nil {
+			return res, err
+		}
+	}
+	if inConfig {
+		// The key or password files its power section names must be readable before anything changes.
+		if _, err := o.PowerTarget(n); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrRefused, err)
+		}
+	}
 	kc, err := kubeapi.Load(statedir.AdminKubeconfig(o.StateDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return res, fmt.Errorf("%w: no admin kubeconfig at %s: the cluster was never bootstrapped from this state directory (stateDir, --state-dir)",
@@ -135,22 +146,17 @@ func Remove(ctx context.Context, o Options) (*Result, error) {
 		return res, err
 	}
 	isMember := slices.ContainsFunc(members, func(m Member) bool { return m.Node == o.Node })
-	res.ControlPlane = res.ControlPlane || isMember
+	if isMember && !res.ControlPlane {
+		res.ControlPlane = true
+		if err := lastControlPlane(o); err != nil {
+			return res, err
+		}
+	}
 
 	// check: refusals before anything changes.
 	var ssh *power.SSHClient
 	canSSH := inConfig && n.Power.Kind == config.PowerSSH
 	if res.ControlPlane {
-		others := 0
-		for _, c := range o.Config.ControlPlaneNodes() {
-			if c.Name != o.Node {
-				others++
-			}
-		}
-		if others == 0 {
-			return res, fmt.Errorf("%w: %s is the last control plane in nodes[] of %s: removing it would destroy the cluster; add another control plane first",
-				ErrRefused, o.Node, o.ConfigPath)
-		}
 		if err := CheckQuorum(members, o.Node); err != nil {
 			return res, err
 		}
@@ -277,6 +283,18 @@ func Remove(ctx context.Context, o Options) (*Result, error) {
 		step("power", ch, d)
 	}
 	return res, nil
+}
+
+// lastControlPlane refuses removing the only control plane nodes[] lists (or any, when o.Node is
+// not listed and none is).
+func lastControlPlane(o Options) error {
+	for _, c := range o.Config.ControlPlaneNodes() {
+		if c.Name != o.Node {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s is the last control plane in nodes[] of %s: removing it would destroy the cluster; add another control plane first",
+		ErrRefused, o.Node, o.ConfigPath)
 }
 
 // reset stops hostagent (so it does not join the node again), runs `kubeadm reset -f` and disables

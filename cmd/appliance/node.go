@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/noderemove"
+)
+
+func newNodeCommand(g *globalFlags) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Day-2 node operations: remove",
+	}
+	cmd.AddCommand(newNodeRemoveCommand(g))
+	return cmd
+}
+
+type nodeRemoveFlags struct {
+	config, stateDir string
+	yes, dryRun      bool
+	drainTimeout     time.Duration
+}
+
+func newNodeRemoveCommand(g *globalFlags) *cobra.Command {
+	f := &nodeRemoveFlags{}
+	cmd := &cobra.Command{
+		Use:   "remove NODE --config FILE --yes",
+		Short: "Take a node out of the cluster: drain, kubeadm reset (removes its etcd member), delete the Node, power it off through its BMC",
+		Long: `remove takes NODE out of the Kubernetes cluster, in steps that each check first, so a removal
+that was killed finishes when run again:
+
+  check   NODE is in nodes[] (or known to the state directory); a control plane is refused when it
+          is the last one, when etcd would lose quorum without it (counted from the etcd static
+          pods' readiness), or when the appliance cannot reach it over SSH
+  drain   cordon, then evict its pods (DaemonSet and static pods stay), bounded by --drain-timeout
+  reset   over SSH: stop hostagent, kubeadm reset -f (on a control plane it removes the etcd
+          member), disable kubelet; a worker that does not answer is skipped
+  delete  delete the Node object
+  record  "removed" in the node's day-2 history (appliance status NODE)
+  power   ipmi/redfish nodes: power off through the BMC
+
+Then delete NODE from nodes[] and run appliance bootstrap: the other nodes' VRRP peers, firewalls
+and pod routes are re-rendered from nodes[] and their hostagents apply them at their next resync.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runNodeRemove(ctx, cmd, g, f, args[0])
+		},
+	}
+	cmd.Flags().StringVarP(&f.config, "config", "c", "", "BootstrapConfiguration file (required)")
+	cmd.Flags().StringVarP(&f.stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
+	cmd.Flags().BoolVar(&f.yes, "yes", false, "do it: the removal drains the node and wipes its Kubernetes state")
+	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "run the checks and print what the removal would do; change nothing")
+	cmd.Flags().DurationVar(&f.drainTimeout, "drain-timeout", noderemove.DefaultDrainTimeout, "how long the drain waits for evicted pods to leave")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func runNodeRemove(ctx context.Context, cmd *cobra.Command, g *globalFlags, f *nodeRemoveFlags, name string) error {
+	if !f.yes && !f.dryRun {
+		return fmt.Errorf("removing %s drains it, runs kubeadm reset on it and deletes it from the cluster: pass --yes to do it, or --dry-run to see what it would do", name)
+	}
+	if f.drainTimeout <= 0 {
+		return fmt.Errorf("--drain-timeout %s: give a positive duration such as 2m", f.drainTimeout)
+	}
+	cfg, warnings, err := config.Load(f.config, config.ValidateOptions{})
+	for _, w := range warnings {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s\n", w)
+	}
+	if err != nil {
+		return fmt.Errorf("%s is not valid:\n%w", f.config, err)
+	}
+	dir := cfg.StateDir
+	if f.stateDir != "" {
+		dir = f.stateDir
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
+	}
+	if !f.dryRun {
+		unlock, err := bootstrap.LockStateDir(dir)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	cfgPath := f.config
+	if abs, err := filepath.Abs(cfgPath); err == nil {
+		cfgPath = abs
+	}
+	res, err := noderemove.Remove(ctx, nodeRemoveOptions(cfg, cfgPath, dir, name, g, cmd, f.dryRun, f.drainTimeout))
+	if g.output == outputJSON && res != nil {
+		if jerr := json.NewEncoder(cmd.OutOrStdout()).Encode(res); jerr != nil && err == nil {
+			err = jerr
+		}
+	}
+	if err != nil {
+		if errors.Is(err, noderemove.ErrRefused) {
+			return fmt.Errorf("%w (nothing was changed)", err)
+		}
+		return fmt.Errorf("%w (run the same command again to finish the removal)", err)
+	}
+	if g.output != outputJSON {
+		if f.dryRun {
+			fmt.Fprintln(cmd.ErrOrStderr(), "dry run: nothing was changed")
+		} else {
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s removed from the cluster; now delete it from nodes[] in %s and run appliance bootstrap, which updates the other nodes' VRRP peers, firewalls and pod routes\n", name, cfgPath)
+		}
+	}
+	return nil
+}
+
+// nodeRemoveOptions builds the removal's options; `appliance bootstrap --prune` uses them too.
+func nodeRemoveOptions(cfg *config.BootstrapConfiguration, cfgPath, stateDir, name string, g *globalFlags, cmd *cobra.Command, dryRun bool, drain time.Duration) noderemove.Options {
+	return noderemove.Options{
+		Config: cfg, ConfigPath: cfgPath, StateDir: stateDir, Node: name, DryRun: dryRun, DrainTimeout: drain,
+		Reason: "appliance node remove with " + cfgPath, PowerTarget: bootstrap.PowerTarget,
+		Log: g.logger(cmd.ErrOrStderr()),
+		Progress: func(step, detail string) {
+			if g.output != outputJSON {
+				fmt.Fprintf(cmd.ErrOrStderr(), "[%s] %s: %s\n", name, step, detail)
+			}
+		},
+	}
+}
