@@ -313,7 +313,7 @@ func TestRoutePods(t *testing.T) {
 		{Node: "n4", Prefix: netip.MustParsePrefix("fd00:244:0:4::/64"), Via: netip.MustParseAddr("fd00:2::14")},
 	}
 	run := func(rs []agentapi.PodRoute) (int, error) {
-		return inNetNS(t, ns.Path(), func() (int, error) { return routePods(rs) })
+		return inNetNS(t, ns.Path(), func() (int, error) { return routePods(rs, netip.Prefix{}) })
 	}
 	n, err := run(routes)
 	if err != nil || n != 3 {
@@ -347,6 +347,26 @@ func TestRoutePods(t *testing.T) {
 	// No routes: nothing to do.
 	if n, err := run(nil); err != nil || n != 0 {
 		t.Errorf("no routes: %d, %v", n, err)
+	}
+
+	// A node removed from the inventory (n3): with the cluster's pod subnet its route goes; the
+	// others, routes outside the subnet (n4's IPv6 range, the link's own) and the kernel's stay.
+	ns.MustRun("ip", "route", "add", "198.18.0.0/24", "via", "192.0.2.50")
+	pods := netip.MustParsePrefix("10.244.0.0/16")
+	prune := func(rs []agentapi.PodRoute) (int, error) {
+		return inNetNS(t, ns.Path(), func() (int, error) { return routePods(rs, pods) })
+	}
+	if n, err := prune([]agentapi.PodRoute{moved[0], moved[2]}); err != nil || n != 1 {
+		t.Errorf("after removing n3: %d changed, %v; want 1", n, err)
+	}
+	v4, v6 = ns.MustRun("ip", "-4", "route", "show"), ns.MustRun("ip", "-6", "route", "show")
+	if strings.Contains(v4, "10.244.3.0/24") || !strings.Contains(v4, "10.244.2.0/24 via 192.0.2.12") ||
+		!strings.Contains(v4, "198.18.0.0/24 via 192.0.2.50") || !strings.Contains(v4, "192.0.2.0/24 dev wl0") ||
+		!strings.Contains(v6, "fd00:244:0:4::/64 via fd00:2::14") {
+		t.Errorf("routes after removing n3:\n%s%s", v4, v6)
+	}
+	if n, err := prune([]agentapi.PodRoute{moved[0], moved[2]}); err != nil || n != 0 {
+		t.Errorf("second prune: %d changed, %v; want 0", n, err)
 	}
 
 	// An unreachable gateway is an error naming the route and the node.

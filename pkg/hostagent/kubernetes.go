@@ -14,8 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/dbus"
@@ -287,7 +289,7 @@ func (a *Agent) stepCNI(_ context.Context) (string, error) {
 	} else if c {
 		did = append(did, "wrote "+CNIConfigPath)
 	}
-	n, err := routePods(k.PodRoutes)
+	n, err := routePods(k.PodRoutes, k.PodSubnet)
 	if err != nil {
 		return "", err
 	}
@@ -301,8 +303,10 @@ func (a *Agent) stepCNI(_ context.Context) (string, error) {
 	return strings.Join(did, ", ") + ": " + detail, nil
 }
 
-// routePods makes each route present (RouteReplace) and returns how many it changed.
-func routePods(routes []agentapi.PodRoute) (int, error) {
+// routePods makes each route present (RouteReplace) and, when podSubnet is set (the cluster's
+// networks.pods), removes the routes via a gateway into podSubnet that routes no longer lists: the
+// pod range of a node removed from the inventory. It returns how many routes it changed.
+func routePods(routes []agentapi.PodRoute, podSubnet netip.Prefix) (int, error) {
 	h, err := netlink.NewHandle()
 	if err != nil {
 		return 0, err
@@ -321,6 +325,32 @@ func routePods(routes []agentapi.PodRoute) (int, error) {
 		}
 		if err := h.RouteReplace(&netlink.Route{Dst: dst, Gw: gw}); err != nil {
 			return changed, fmt.Errorf("route %s (node %s) via %s: %w", r.Prefix, r.Node, r.Via, err)
+		}
+		changed++
+	}
+	if !podSubnet.IsValid() {
+		return changed, nil
+	}
+	all, err := h.RouteList(nil, netlink.FAMILY_ALL)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return changed, fmt.Errorf("list routes: %w", err)
+	}
+	for _, rt := range all {
+		if rt.Dst == nil || rt.Gw == nil || rt.Table != syscall.RT_TABLE_MAIN {
+			continue
+		}
+		ones, _ := rt.Dst.Mask.Size()
+		addr, ok := netip.AddrFromSlice(rt.Dst.IP)
+		if !ok {
+			continue
+		}
+		dst := netip.PrefixFrom(addr.Unmap(), ones)
+		if dst.Bits() < podSubnet.Bits() || !podSubnet.Contains(dst.Addr()) ||
+			slices.ContainsFunc(routes, func(r agentapi.PodRoute) bool { return r.Prefix == dst }) {
+			continue
+		}
+		if err := h.RouteDel(&rt); err != nil {
+			return changed, fmt.Errorf("remove the route to %s (a node no longer in the inventory): %w", dst, err)
 		}
 		changed++
 	}
