@@ -1,0 +1,323 @@
+package noderemove
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/kubeapi"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// startAPIServer runs a real etcd and kube-apiserver (the Kubernetes fixture) on 127.0.0.1 until the
+// test ends (killed by PID), writes an admin kubeconfig like kubeadm's admin.conf to
+// STATE/kubernetes/admin.conf and returns a client from it once /readyz answers ok. No
+// controller-manager or kubelet runs: the test plays their part where it needs one (status writes).
+func startAPIServer(t *testing.T, stateDir string) *kubeapi.Client {
+	t.Helper()
+	etcdBin := labns.KubernetesBin(t, "etcd")
+	apiBin := labns.KubernetesBin(t, "kube-apiserver")
+	dir := t.TempDir()
+	now := time.Now()
+	ca, _, err := pki.EnsureCA(filepath.Join(dir, "ca"), "noderemove-test-ca", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pki.EnsureServingCert(filepath.Join(dir, "serving"), ca, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	saKey, err := pki.IssueClientCert(ca, "service-accounts", nil, time.Hour, now) // only its key is used
+	if err != nil {
+		t.Fatal(err)
+	}
+	saFile := filepath.Join(dir, "sa.key")
+	if err := os.WriteFile(saFile, saKey.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(saKey.CertPEM)
+	saCert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saPub, err := x509.MarshalPKIXPublicKey(saCert.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saPubFile := filepath.Join(dir, "sa.pub")
+	if err := os.WriteFile(saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	clientURL, peerURL, apiPort := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port()), port()
+	exited := make(chan string, 2)
+	run := func(name string, argv ...string) {
+		log, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Stdout, cmd.Stderr = log, log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			err := cmd.Wait()
+			exited <- fmt.Sprintf("%s exited: %v", name, err)
+			close(done)
+		}()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-done
+			log.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(log.Name())
+				if len(b) > 3000 {
+					b = b[len(b)-3000:]
+				}
+				t.Logf("%s log (tail):\n%s", name, b)
+			}
+		})
+	}
+	run("etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
+		"--unsafe-no-fsync", "--log-level=warn")
+	run("kube-apiserver", apiBin, "--etcd-servers="+clientURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
+		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
+		"--tls-cert-file="+filepath.Join(dir, "serving", "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving", "serving.key"),
+		"--client-ca-file="+filepath.Join(dir, "ca", "ca.crt"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+saPubFile, "--service-account-signing-key-file="+saFile,
+		"--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC", "--endpoint-reconciler-type=none",
+		"--disable-admission-plugins=ServiceAccount")
+	admin, err := pki.IssueClientCert(ca, "kubernetes-admin", []string{"system:masters"}, time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\ncurrent-context: admin@test\n"+
+		"clusters:\n- name: test\n  cluster:\n    server: https://127.0.0.1:%d\n    certificate-authority-data: %s\n"+
+		"users:\n- name: admin\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n"+
+		"contexts:\n- name: admin@test\n  context: {cluster: test, user: admin}\n", apiPort, b64(ca.CertPEM), b64(admin.CertPEM), b64(admin.KeyPEM))
+	path := statedir.AdminKubeconfig(stateDir)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubeapi.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The deadline only bounds a hang; nothing is asserted about time.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for {
+		b, err := c.Do(ctx, http.MethodGet, "/readyz", nil)
+		if err == nil && string(b) == "ok" {
+			return c
+		}
+		select {
+		case msg := <-exited:
+			t.Fatal(msg)
+		case <-ctx.Done():
+			t.Fatalf("kube-apiserver not ready: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func mustDo(t *testing.T, c *kubeapi.Client, method, path string, obj any) []byte {
+	t.Helper()
+	var body []byte
+	if obj != nil {
+		var err error
+		if body, err = json.Marshal(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := c.Do(context.Background(), method, path, body)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return b
+}
+
+// createPod creates a pod bound to node (and with ready, marks it Ready through the status
+// subresource, as its kubelet would).
+func createPod(t *testing.T, c *kubeapi.Client, ns, name, node string, meta map[string]any, ready bool) {
+	t.Helper()
+	m := map[string]any{"name": name, "namespace": ns}
+	for k, v := range meta {
+		m[k] = v
+	}
+	mustDo(t, c, http.MethodPost, "/api/v1/namespaces/"+ns+"/pods", map[string]any{
+		"apiVersion": "v1", "kind": "Pod", "metadata": m,
+		"spec": map[string]any{"nodeName": node, "containers": []any{map[string]any{"name": "c", "image": "registry.k8s.io/pause:3.10"}}},
+	})
+	if !ready {
+		return
+	}
+	var p map[string]any
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/"+ns+"/pods/"+name, nil), &p); err != nil {
+		t.Fatal(err)
+	}
+	p["status"] = map[string]any{"phase": "Running", "conditions": []any{map[string]any{"type": "Ready", "status": "True"}}}
+	mustDo(t, c, http.MethodPut, "/api/v1/namespaces/"+ns+"/pods/"+name+"/status", p)
+}
+
+// TestRemoveAgainstAPIServer runs removals against a real kube-apiserver: a control plane whose
+// removal would lose etcd quorum is refused with the numbers and nothing changes; a control plane
+// the appliance cannot reach over SSH is refused; a worker is drained (its own pod evicted, the
+// DaemonSet and static pods left), its Node deleted and its removal recorded, its unreachable host
+// skipped; a rerun changes nothing; a dry run only says what it would do.
+func TestRemoveAgainstAPIServer(t *testing.T) {
+	stateDir := t.TempDir()
+	c := startAPIServer(t, stateDir)
+	ctx := context.Background()
+
+	// The configuration: five SSH nodes whose sshd is a closed port on 127.0.0.1.
+	dir := t.TempDir()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "id_ed25519")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sshPub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	cfg := config.Example()
+	cfg.StateDir = stateDir
+	for i := range cfg.Nodes {
+		cfg.Nodes[i].Power = config.Power{Kind: config.PowerSSH, Address: closed, Username: "root", PrivateKeyFile: keyFile,
+			HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))}
+	}
+	opts := func(node string) Options {
+		return Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: node, PowerTarget: bootstrap.PowerTarget,
+			DrainTimeout: time.Minute}
+	}
+
+	for _, n := range []string{"cp1", "cp2", "cp3", "w1", "w2"} {
+		mustDo(t, c, http.MethodPost, "/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": n}})
+	}
+	etcd := map[string]any{"labels": map[string]string{"component": "etcd", "tier": "control-plane"},
+		"annotations": map[string]string{"kubernetes.io/config.mirror": "x"}}
+	createPod(t, c, "kube-system", "etcd-cp1", "cp1", etcd, true)
+	createPod(t, c, "kube-system", "etcd-cp2", "cp2", etcd, true)
+	createPod(t, c, "kube-system", "etcd-cp3", "cp3", etcd, false) // unhealthy
+	createPod(t, c, "default", "app", "w1", nil, true)
+	createPod(t, c, "kube-system", "proxy", "w1", map[string]any{"ownerReferences": []any{map[string]any{
+		"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "kube-proxy", "uid": "0d0b8c3e-0000-4000-8000-000000000001"}}}, true)
+	createPod(t, c, "kube-system", "static-w1", "w1", map[string]any{"annotations": map[string]string{"kubernetes.io/config.mirror": "x"}}, true)
+
+	// Quorum: cp3 is unhealthy, so cp2 must stay.
+	_, err = Remove(ctx, opts("cp2"))
+	want := "refused: 3 etcd members, 1 unhealthy (cp3): removing cp2 leaves 1 healthy of the 2 needed; fix cp3 first"
+	if !errors.Is(err, ErrRefused) || err == nil || err.Error() != want {
+		t.Fatalf("remove cp2: %v\nwant %s", err, want)
+	}
+	var cp2 node
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/nodes/cp2", nil), &cp2); err != nil || cp2.Spec.Unschedulable {
+		t.Errorf("a refused removal changed cp2: unschedulable %v (%v)", cp2.Spec.Unschedulable, err)
+	}
+	// cp3 may go as far as quorum is concerned, but only kubeadm reset on it removes its member.
+	if _, err := Remove(ctx, opts("cp3")); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "cp3 runs an etcd member, which only `kubeadm reset` on it removes here, and it does not answer over SSH") {
+		t.Errorf("remove unreachable cp3: %v", err)
+	}
+
+	// A dry run of w1 says what it would do and changes nothing.
+	res, err := Remove(ctx, Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: "w1", PowerTarget: bootstrap.PowerTarget, DryRun: true})
+	if err != nil || len(res.Steps) != 2 || res.Steps[1].Detail != "would cordon and drain (1 pods to evict), kubeadm reset over SSH, delete the Node, record it removed" {
+		t.Fatalf("dry run: %+v %v", res, err)
+	}
+
+	res, err = Remove(ctx, opts("w1"))
+	if err != nil {
+		t.Fatalf("remove w1: %v", err)
+	}
+	got := map[string]Step{}
+	for _, s := range res.Steps {
+		got[s.Name] = s
+	}
+	if d := got["drain"].Detail; d != "cordoned, 1 pods evicted (DaemonSet and static pods stay)" {
+		t.Errorf("drain: %q", d)
+	}
+	if d := got["reset"].Detail; !strings.HasPrefix(d, "skipped: it does not answer over SSH") {
+		t.Errorf("reset: %q", d)
+	}
+	if s := got["delete"]; !s.Changed || s.Detail != "deleted the Node" || !got["record"].Changed {
+		t.Errorf("delete/record: %+v %+v", s, got["record"])
+	}
+	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/nodes/w1", nil); !errors.Is(err, kubeapi.ErrNotFound) {
+		t.Errorf("Node w1 after the removal: %v", err)
+	}
+	var app, proxy pod
+	_ = json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/default/pods/app", nil), &app)
+	_ = json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/kube-system/pods/proxy", nil), &proxy)
+	if app.Metadata.DeletionTimestamp == nil || proxy.Metadata.DeletionTimestamp != nil {
+		t.Errorf("evictions: app deleting %v (want true), DaemonSet pod deleting %v (want false)",
+			app.Metadata.DeletionTimestamp != nil, proxy.Metadata.DeletionTimestamp != nil)
+	}
+	h, err := nodestate.Open(statedir.Nodes(stateDir)).History("w1")
+	if err != nil || len(h) != 1 || h[0].Kind != nodestate.Removed || h[0].Detail != "appliance node remove" {
+		t.Errorf("history of w1: %+v %v", h, err)
+	}
+
+	// A rerun finds everything done.
+	res, err = Remove(ctx, opts("w1"))
+	if err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	for _, s := range res.Steps {
+		if s.Changed {
+			t.Errorf("rerun changed %s: %s", s.Name, s.Detail)
+		}
+	}
+}
