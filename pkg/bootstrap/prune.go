@@ -71,25 +71,33 @@ func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
 	return out, nil
 }
 
-// pruneForgotten refuses a run whose configuration dropped a node that is still in the cluster
-// (ErrForgotten, naming it and the two ways on), or with Options.Prune removes each such node
-// first. It runs before the render phase records the membership, so a refused run changes nothing.
-// A dry run removes nothing: it says what --prune would remove.
-func pruneForgotten(ctx context.Context, st *State) (string, error) {
+// checkForgotten returns the nodes the configuration dropped while they are still in the cluster;
+// without Options.Prune it refuses them (ErrForgotten, naming each and the two ways on). The runner
+// calls it right after the load phase, so a refused run changes nothing at all.
+func checkForgotten(st *State) ([]string, error) {
 	names := make([]string, 0, len(st.Config.Nodes))
 	for _, n := range st.Config.Nodes {
 		names = append(names, n.Name)
 	}
 	gone, err := ForgottenNodes(st.StateDir, names)
+	if err != nil || len(gone) == 0 || st.Options.Prune != nil {
+		return gone, err
+	}
+	var hints []string
+	for _, n := range gone {
+		hints = append(hints, fmt.Sprintf("node %s is in the cluster but not in nodes[]: run `appliance node remove %s` or pass --prune", n, n))
+	}
+	return nil, fmt.Errorf("%w: %s (or put it back in nodes[] of %s)", ErrForgotten, strings.Join(hints, "; "), st.Options.ConfigPath)
+}
+
+// pruneForgotten refuses a run whose configuration dropped a node that is still in the cluster
+// (ErrForgotten, naming it and the two ways on), or with Options.Prune removes each such node
+// first. It runs before the render phase records the membership, so a refused run changes nothing.
+// A dry run removes nothing: it says what --prune would remove.
+func pruneForgotten(ctx context.Context, st *State) (string, error) {
+	gone, err := checkForgotten(st)
 	if err != nil || len(gone) == 0 {
 		return "", err
-	}
-	if st.Options.Prune == nil {
-		var hints []string
-		for _, n := range gone {
-			hints = append(hints, fmt.Sprintf("node %s is in the cluster but not in nodes[]: run `appliance node remove %s` or pass --prune", n, n))
-		}
-		return "", fmt.Errorf("%w: %s (or put it back in nodes[] of %s)", ErrForgotten, strings.Join(hints, "; "), st.Options.ConfigPath)
 	}
 	if st.Options.DryRun {
 		return "would remove " + strings.Join(gone, ", ") + " (--prune)", nil

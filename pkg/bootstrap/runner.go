@@ -189,6 +189,9 @@ func runPhases(ctx context.Context, o Options, phases []Phase) (*Summary, error)
 	if err := openStateDir(st); err != nil {
 		return sum, err
 	}
+	if _, err := checkForgotten(st); err != nil {
+		return sum, err
+	}
 	if !o.DryRun {
 		var err error
 		if journal, err = OpenJournal(st.StateDir); err != nil {
