@@ -40,19 +40,27 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{}, errors.New("no hostagent binary to serve: build it (`make build`) or pass --hostagent-binary")
 	}
-	pruned, err := pruneForgotten(ctx, st)
-	if err != nil {
-		return Result{}, err
-	}
-	membership, err := recordMembership(st)
-	if err != nil {
-		return Result{}, err
-	}
-	if pruned != "" {
-		membership = strings.TrimPrefix(pruned+"; "+membership, "; ")
-		membership = strings.TrimSuffix(membership, "; ")
+	// --prune's removals, then the membership history: after the plan's checks (below) when there
+	// is a plan, so a refused plan removes and records nothing.
+	members := func() (string, error) {
+		pruned, err := pruneForgotten(ctx, st)
+		if err != nil {
+			return "", err
+		}
+		membership, err := recordMembership(st)
+		if err != nil {
+			return "", err
+		}
+		if pruned != "" {
+			membership = strings.TrimSuffix(pruned+"; "+membership, "; ")
+		}
+		return membership, nil
 	}
 	if st.CA == nil {
+		membership, err := members()
+		if err != nil {
+			return Result{}, err
+		}
 		// Dry run on a fresh state: the pki phase would create the CA first.
 		detail := fmt.Sprintf("would write the artefacts of %d nodes once the CA exists", len(st.Config.Nodes))
 		if membership != "" {
@@ -84,6 +92,13 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, RecordedVRRP: recorded, Cluster: cluster,
 		Registries: st.Images.Registries, HostagentSHA256: agentSum, Snippets: snippets,
 	})
+	if err != nil {
+		return Result{}, err
+	}
+	if err := podRangesKept(st.StateDir, p); err != nil {
+		return Result{}, err
+	}
+	membership, err := members()
 	if err != nil {
 		return Result{}, err
 	}

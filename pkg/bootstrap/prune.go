@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,7 +12,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -111,4 +114,32 @@ func pruneForgotten(ctx context.Context, st *State) (string, error) {
 		}
 	}
 	return "removed " + strings.Join(gone, ", ") + " (--prune)", nil
+}
+
+// podRangesKept refuses a plan that gives a node a pod range other than the one its rendered node
+// config holds (STATE/rendered/<node>/nodeconfig.json): pkg/plan numbers the ranges by position in
+// nodes[], so dropping or moving a node before others would renumber them under their running pods.
+func podRangesKept(stateDir string, p *plan.Plan) error {
+	var moved []string
+	for _, n := range p.Nodes {
+		if n.NodeConfig.Kubernetes == nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(stateDir, n.Name), statedir.NodeConfigFile))
+		if err != nil {
+			continue // a new node
+		}
+		var old agentapi.NodeConfig
+		if json.Unmarshal(b, &old) != nil || old.Kubernetes == nil || !old.Kubernetes.PodCIDR.IsValid() {
+			continue
+		}
+		if now := n.NodeConfig.Kubernetes.PodCIDR; now != old.Kubernetes.PodCIDR {
+			moved = append(moved, fmt.Sprintf("%s from %s to %s", n.Name, old.Kubernetes.PodCIDR, now))
+		}
+	}
+	if len(moved) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the pod ranges of running nodes would change (%s): they are numbered by position in nodes[]; keep every node at its position (remove only the last nodes, add new ones at the end)",
+		strings.Join(moved, "; "))
 }
