@@ -203,7 +203,8 @@ func createPod(t *testing.T, c *kubeapi.Client, ns, name, node string, meta map[
 // removal would lose etcd quorum is refused with the numbers and nothing changes; a control plane
 // the appliance cannot reach over SSH is refused; a worker is drained (its own pod evicted, the
 // DaemonSet and static pods left), its Node deleted and its removal recorded, its unreachable host
-// skipped; a rerun changes nothing; a dry run only says what it would do.
+// skipped; a rerun changes nothing; a dry run only says what it would do; a PodDisruptionBudget
+// that allows no eviction fails the drain at its timeout, naming the pod, with nothing recorded.
 func TestRemoveAgainstAPIServer(t *testing.T) {
 	stateDir := t.TempDir()
 	c := startAPIServer(t, stateDir)
@@ -308,6 +309,28 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	h, err := nodestate.Open(statedir.Nodes(stateDir)).History("w1")
 	if err != nil || len(h) != 1 || h[0].Kind != nodestate.Removed || h[0].Detail != "appliance node remove" {
 		t.Errorf("history of w1: %+v %v", h, err)
+	}
+
+	// A PodDisruptionBudget that allows no disruption (no controller computes it here: 0 allowed)
+	// makes the eviction answer 429; the drain gives up at its timeout naming the pod, and the
+	// node is left cordoned and in the cluster, not recorded removed.
+	createPod(t, c, "default", "guarded", "w2", map[string]any{"labels": map[string]string{"app": "guarded"}}, true)
+	mustDo(t, c, http.MethodPost, "/apis/policy/v1/namespaces/default/poddisruptionbudgets", map[string]any{
+		"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": map[string]any{"name": "guarded"},
+		"spec": map[string]any{"minAvailable": 1, "selector": map[string]any{"matchLabels": map[string]string{"app": "guarded"}}},
+	})
+	o := opts("w2")
+	o.DrainTimeout = 3 * time.Second
+	_, err = Remove(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "drain w2: 1 pods still on it after 3s: default/guarded (its PodDisruptionBudget allows no eviction now)") {
+		t.Errorf("remove w2 under a PodDisruptionBudget: %v", err)
+	}
+	var w2 node
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/nodes/w2", nil), &w2); err != nil || !w2.Spec.Unschedulable {
+		t.Errorf("w2 after the failed drain: unschedulable %v (%v), want cordoned", w2.Spec.Unschedulable, err)
+	}
+	if h, _ := nodestate.Open(statedir.Nodes(stateDir)).History("w2"); len(h) != 0 {
+		t.Errorf("a failed removal recorded history: %+v", h)
 	}
 
 	// A rerun finds everything done.
