@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -30,11 +31,35 @@ type kubeconfig struct {
 	Users          []kubeconfigUser    `yaml:"users"`
 }
 
+// base64Data is a kubeconfig *-data field: bytes written as one standard base64 string, as
+// client-go's clientcmd (encoding/json's []byte) writes and reads them. go.yaml.in/yaml writes a
+// plain []byte as a sequence of integers, which kubectl refuses ("cannot unmarshal array into Go
+// struct field ... of type []uint8" / "!!seq into string").
+type base64Data []byte
+
+// MarshalYAML writes the bytes as a base64 string.
+func (b base64Data) MarshalYAML() (any, error) { return base64.StdEncoding.EncodeToString(b), nil }
+
+// UnmarshalYAML reads a base64 string; anything else (e.g. the integer sequence older appliances
+// wrote) is an error, so the file counts as invalid and is written again.
+func (b *base64Data) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	d, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return err
+	}
+	*b = d
+	return nil
+}
+
 type kubeconfigCluster struct {
 	Name    string `yaml:"name"`
 	Cluster struct {
-		Server                   string `yaml:"server"`
-		CertificateAuthorityData []byte `yaml:"certificate-authority-data"`
+		Server                   string     `yaml:"server"`
+		CertificateAuthorityData base64Data `yaml:"certificate-authority-data"`
 	} `yaml:"cluster"`
 }
 
@@ -49,8 +74,8 @@ type kubeconfigContext struct {
 type kubeconfigUser struct {
 	Name string `yaml:"name"`
 	User struct {
-		ClientCertificateData []byte `yaml:"client-certificate-data"`
-		ClientKeyData         []byte `yaml:"client-key-data"`
+		ClientCertificateData base64Data `yaml:"client-certificate-data"`
+		ClientKeyData         base64Data `yaml:"client-key-data"`
 	} `yaml:"user"`
 }
 

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -72,6 +74,35 @@ func TestEnsureAdminKubeconfig(t *testing.T) {
 	}
 	if !adminKubeconfigValid(first, "https://10.10.0.100:6443", ca, now) {
 		t.Errorf("written file is not valid by its own check:\n%s", first)
+	}
+	// The *-data fields are base64 strings, as clientcmd writes them (a plain []byte would be written
+	// as a YAML sequence of integers, which kubectl happens to accept but other kubeconfig readers,
+	// such as pkg/csrapprove's, refuse), and kubectl itself reads them.
+	var raw struct {
+		Clusters []struct {
+			Cluster map[string]any `yaml:"cluster"`
+		} `yaml:"clusters"`
+		Users []struct {
+			User map[string]any `yaml:"user"`
+		} `yaml:"users"`
+	}
+	if err := yaml.Unmarshal(first, &raw); err != nil || len(raw.Clusters) != 1 || len(raw.Users) != 1 {
+		t.Fatalf("written kubeconfig does not parse as one cluster and one user: %v", err)
+	}
+	for field, v := range map[string]any{"certificate-authority-data": raw.Clusters[0].Cluster["certificate-authority-data"],
+		"client-certificate-data": raw.Users[0].User["client-certificate-data"], "client-key-data": raw.Users[0].User["client-key-data"]} {
+		if _, ok := v.(string); !ok {
+			t.Errorf("%s is a YAML %T, want a base64 string", field, v)
+		}
+	}
+	kubectl := labns.KubernetesBin(t, "kubectl")
+	out, err := exec.Command(kubectl, "--kubeconfig", path, "config", "view", "--raw", "-o",
+		"jsonpath={.clusters[0].cluster.certificate-authority-data} {.users[0].user.client-certificate-data}").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl config view: %v\n%s", err, out)
+	}
+	if f := strings.Fields(string(out)); len(f) != 2 || f[0] != base64.StdEncoding.EncodeToString(ca.CertPEM) {
+		t.Errorf("kubectl reads certificate-authority-data %q, want the cluster CA's PEM in base64", out)
 	}
 
 	// Reused: same server, CA, valid certificate.
