@@ -262,6 +262,118 @@ func TestKubernetesE2E(t *testing.T) {
 			t.Fatalf("readyz after the rerun: %v %q", err, out)
 		}
 	})
+
+	// Last: it changes the cluster.
+	t.Run("removing the worker w1: refused without it, then appliance node remove and a rerun", func(t *testing.T) { k.removeWorker(t) })
+}
+
+// removeWorker proves issue 15's node removal on w1: a configuration without w1 is refused until
+// w1 is removed; `appliance node remove w1` drains it, runs kubeadm reset on it and deletes its
+// Node; the rerun with the smaller configuration makes the other nodes drop the route to w1's pod
+// range; `appliance status` shows w1 removed; the API still answers through the VIP.
+func (k *k8sLab) removeWorker(t *testing.T) {
+	appliance := filepath.Join(binDir, "appliance")
+	// w1's pod range, from a peer's rendered node config (the route every other node holds).
+	var nc agentapi.NodeConfig
+	b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, "cp1"), statedir.NodeConfigFile))
+	if err != nil || json.Unmarshal(b, &nc) != nil || nc.Kubernetes == nil {
+		t.Fatalf("cp1's rendered node config: %v", err)
+	}
+	prefix := ""
+	for _, r := range nc.Kubernetes.PodRoutes {
+		if r.Node == "w1" {
+			prefix = r.Prefix.String()
+		}
+	}
+	if prefix == "" {
+		t.Fatalf("cp1 has no pod route to w1: %+v", nc.Kubernetes.PodRoutes)
+	}
+	for _, n := range []string{"cp1", "cp2", "cp3"} {
+		if out := k.ssh(t, n, "ip route show "+prefix); !strings.Contains(out, prefix) {
+			t.Fatalf("%s has no route to w1's pod range %s before the removal: %q", n, prefix, out)
+		}
+	}
+
+	// The configuration without w1 (the last node of nodes[]).
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(text), "\n- name: w1\n")
+	if i < 0 {
+		t.Fatalf("no w1 in %s", k.config)
+	}
+	rest := string(text)[i+1:]
+	end := len(rest)
+	if j := strings.Index(rest[1:], "\n- name: "); j >= 0 {
+		end = j + 2
+	} else if j := strings.Index(rest, "\n\n"); j >= 0 {
+		end = j + 1
+	}
+	without := filepath.Join(filepath.Dir(k.config), "bootstrap-without-w1.yaml")
+	mustWrite(t, without, string(text)[:i+1]+rest[end:])
+
+	out, err := k.exec("boot", appliance, "bootstrap", "--config", without, "-o", "json").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "node w1 is in the cluster but not in nodes[]: run `appliance node remove w1` or pass --prune") {
+		t.Fatalf("bootstrap without w1 was not refused: %v\n%s", err, out)
+	}
+	if out, err := k.kube("get", "node", "w1", "-o", "name"); err != nil || strings.TrimSpace(out) != "node/w1" {
+		t.Fatalf("the refused run changed w1: %v %q", err, out)
+	}
+
+	out, err = k.exec("boot", appliance, "node", "remove", "w1", "--config", k.config, "--yes").CombinedOutput()
+	t.Logf("appliance node remove w1:\n%s", out)
+	if err != nil {
+		t.Fatalf("appliance node remove w1: %v", err)
+	}
+	if out, err := k.kube("get", "node", "w1", "-o", "name", "--ignore-not-found"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("Node w1 after the removal: %v %q", err, out)
+	}
+	if out := k.ssh(t, "w1", "systemctl is-active kubelet hostagent; pgrep -x kubelet || echo no-kubelet; ls /etc/kubernetes/kubelet.conf 2>&1; true"); !strings.Contains(out, "no-kubelet") ||
+		strings.Contains(out, "\nactive") || strings.HasPrefix(out, "active") || !strings.Contains(out, "No such file") {
+		t.Errorf("w1 after kubeadm reset (want kubelet and hostagent inactive, no kubelet.conf):\n%s", out)
+	}
+
+	r, err := k.exec("boot", appliance, "bootstrap", "--config", without, "-o", "json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("bootstrap without w1 after its removal: %v\n%s", err, r)
+	}
+	// Every other hostagent fetches its new config at its next resync and drops the route.
+	if err := waitFor(3*time.Minute, func() error {
+		for _, n := range []string{"cp1", "cp2", "cp3"} {
+			if out, err := k.run(n, "ip", "route", "show", prefix); err != nil || strings.TrimSpace(out) != "" {
+				return fmt.Errorf("%s still routes w1's pod range: %q %v", n, out, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	st, err := k.exec("boot", appliance, "status", "w1", "--config", without, "-o", "json").Output()
+	var rows []struct {
+		Node    string                     `json:"node"`
+		History []nodestate.LifecycleEntry `json:"history"`
+	}
+	if err != nil || json.Unmarshal(st, &rows) != nil || len(rows) != 1 {
+		t.Fatalf("appliance status w1: %v %s", err, st)
+	}
+	last := ""
+	for _, e := range rows[0].History {
+		if e.Kind == nodestate.Added || e.Kind == nodestate.Removed {
+			last = string(e.Kind) + " (" + e.Detail + ")"
+		}
+	}
+	if !strings.HasPrefix(last, "removed (appliance node remove") {
+		t.Errorf("w1's last membership entry: %q, want removed by appliance node remove\n%s", last, st)
+	}
+
+	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Errorf("readyz through the VIP after the removal: %v %q", err, out)
+	}
+	if out, err := k.kube("get", "nodes", "-o", "name"); err != nil || strings.Join(strings.Fields(out), " ") != "node/cp1 node/cp2 node/cp3" {
+		t.Errorf("nodes after the removal: %v %q", err, out)
+	}
 }
 
 // timeline prints the racked → Ready timeline: each phase's duration and share, and per node the
