@@ -20,6 +20,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -321,10 +322,33 @@ func (k *k8sLab) removeWorker(t *testing.T) {
 		t.Fatalf("the refused run changed w1: %v %q", err, out)
 	}
 
+	// A pod of a Deployment pinned to w1 (the pause image the appliance serves): the drain evicts it.
+	if out, err := k.kube("create", "deployment", "on-w1", "--image", plan.PauseImage); err != nil {
+		t.Fatalf("kubectl create deployment: %v %s", err, out)
+	}
+	if out, err := k.kube("patch", "deployment", "on-w1", "-p", `{"spec":{"template":{"spec":{"nodeSelector":{"kubernetes.io/hostname":"w1"}}}}}`); err != nil {
+		t.Fatalf("kubectl patch deployment: %v %s", err, out)
+	}
+	if err := waitFor(2*time.Minute, func() error {
+		out, err := k.kube("get", "pods", "-l", "app=on-w1", "--field-selector", "spec.nodeName=w1,status.phase=Running", "-o", "name")
+		if err != nil || strings.Count(out, "pod/") != 1 {
+			return fmt.Errorf("want one running pod of on-w1 on w1: %v %q", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
 	out, err = k.exec("boot", appliance, "node", "remove", "w1", "--config", k.config, "--yes").CombinedOutput()
 	t.Logf("appliance node remove w1:\n%s", out)
 	if err != nil {
 		t.Fatalf("appliance node remove w1: %v", err)
+	}
+	if !strings.Contains(string(out), "drain: cordoned, 1 pods evicted") {
+		t.Errorf("the drain did not evict the pod of on-w1")
+	}
+	if out, err := k.kube("get", "pods", "-A", "--field-selector", "spec.nodeName=w1", "-o", "name"); err != nil || strings.Contains(out, "on-w1") {
+		t.Errorf("pods still bound to w1 after the removal: %v %q", err, out)
 	}
 	if out, err := k.kube("get", "node", "w1", "-o", "name", "--ignore-not-found"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("Node w1 after the removal: %v %q", err, out)
