@@ -30,6 +30,7 @@ func newNodeCommand(g *globalFlags) *cobra.Command {
 type nodeRemoveFlags struct {
 	config, stateDir string
 	yes, dryRun      bool
+	force            bool
 	drainTimeout     time.Duration
 }
 
@@ -44,7 +45,8 @@ that was killed finishes when run again:
   check   NODE is in nodes[] (or known to the state directory); a control plane is refused when it
           is the last one, when etcd would lose quorum without it (counted from the etcd static
           pods' readiness), or when the appliance cannot reach it over SSH
-  drain   cordon, then evict its pods (DaemonSet and static pods stay), bounded by --drain-timeout
+  drain   cordon, then evict its pods (DaemonSet and static pods stay), bounded by --drain-timeout;
+          pods no controller owns refuse the removal unless --force (as kubectl drain)
   reset   over SSH: stop hostagent, kubeadm reset -f (on a control plane it removes the etcd
           member), disable kubelet; a worker that does not answer is skipped
   delete  delete the Node object
@@ -64,6 +66,7 @@ and pod routes are re-rendered from nodes[] and their hostagents apply them at t
 	cmd.Flags().StringVarP(&f.stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	cmd.Flags().BoolVar(&f.yes, "yes", false, "do it: the removal drains the node and wipes its Kubernetes state")
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "run the checks and print what the removal would do; change nothing")
+	cmd.Flags().BoolVar(&f.force, "force", false, "also evict pods no controller owns (they are deleted for good); without it such pods refuse the removal")
 	cmd.Flags().DurationVar(&f.drainTimeout, "drain-timeout", noderemove.DefaultDrainTimeout, "how long the drain waits for evicted pods to leave")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
@@ -101,7 +104,9 @@ func runNodeRemove(ctx context.Context, cmd *cobra.Command, g *globalFlags, f *n
 	if abs, err := filepath.Abs(cfgPath); err == nil {
 		cfgPath = abs
 	}
-	res, err := noderemove.Remove(ctx, nodeRemoveOptions(cfg, cfgPath, dir, name, g, cmd, f.dryRun, f.drainTimeout))
+	o := nodeRemoveOptions(cfg, cfgPath, dir, name, g, cmd, f.dryRun, f.drainTimeout)
+	o.Force = f.force
+	res, err := noderemove.Remove(ctx, o)
 	if g.output == outputJSON && res != nil {
 		if jerr := json.NewEncoder(cmd.OutOrStdout()).Encode(res); jerr != nil && err == nil {
 			err = jerr

@@ -25,7 +25,8 @@ type pod struct {
 		Annotations       map[string]string `json:"annotations"`
 		DeletionTimestamp *time.Time        `json:"deletionTimestamp"`
 		OwnerReferences   []struct {
-			Kind string `json:"kind"`
+			Kind       string `json:"kind"`
+			Controller *bool  `json:"controller"`
 		} `json:"ownerReferences"`
 	} `json:"metadata"`
 	Spec struct {
@@ -65,6 +66,17 @@ func (p pod) evictable() bool {
 		}
 	}
 	return p.Status.Phase != "Succeeded" && p.Status.Phase != "Failed"
+}
+
+// managed reports whether a controller (ReplicaSet, StatefulSet, Job…) owns the pod and recreates
+// it elsewhere once evicted; an unmanaged pod is gone for good (`kubectl drain` wants --force).
+func (p pod) managed() bool {
+	for _, o := range p.Metadata.OwnerReferences {
+		if o.Controller != nil && *o.Controller {
+			return true
+		}
+	}
+	return false
 }
 
 // node is the part of a core/v1 Node the removal reads.

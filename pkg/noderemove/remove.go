@@ -6,7 +6,8 @@
 //	         etcd keeps quorum without it (CheckQuorum), and the appliance can reach it over SSH
 //	         (kubeadm reset removes its etcd member; nothing else here can). Refusals change nothing.
 //	drain    cordon the Node and evict its pods through the Kubernetes API (policy/v1 Evictions;
-//	         DaemonSet and static pods stay), bounded wait.
+//	         DaemonSet and static pods stay), bounded wait. Pods no controller owns are refused in
+//	         check unless Options.Force (as `kubectl drain` without --force).
 //	reset    over SSH (power.kind ssh), when it answers: stop hostagent (so it does not join again),
 //	         `kubeadm reset -f` (on a control plane its remove-etcd-member phase removes the node's
 //	         etcd member, kubeadm cmd/kubeadm/app/cmd/phases/reset/removeetcdmember.go), disable
@@ -61,6 +62,9 @@ type Options struct {
 	DryRun bool
 	// DrainTimeout bounds the drain (0: DefaultDrainTimeout).
 	DrainTimeout time.Duration
+	// Force evicts pods no controller owns (they are not recreated anywhere); without it a node
+	// running such pods is refused, as `kubectl drain` refuses them without --force.
+	Force bool
 	// Reason goes into the history's "removed" entry ("appliance node remove", "bootstrap --prune with F").
 	Reason string
 	// PowerTarget converts a node of Config to its power target (bootstrap.PowerTarget: it reads
@@ -179,6 +183,22 @@ func Remove(ctx context.Context, o Options) (*Result, error) {
 				return res, fmt.Errorf("%w: %s runs an etcd member, which only `kubeadm reset` on it removes here, and %s; put it back in nodes[] with its ssh power section (or bring it back) and rerun, or remove the member by hand (etcdctl member remove) and delete the Node",
 					ErrRefused, o.Node, why)
 			}
+		}
+	}
+	if nodeExists && !o.Force {
+		pods, err := k.evictablePods(ctx, o.Node)
+		if err != nil {
+			return res, err
+		}
+		var bare []string
+		for _, p := range pods {
+			if !p.managed() && p.Metadata.DeletionTimestamp == nil {
+				bare = append(bare, p.key())
+			}
+		}
+		if len(bare) > 0 {
+			return res, fmt.Errorf("%w: %s runs %d pods no controller owns, which an eviction deletes for good: %s; move or delete them, or remove it with appliance node remove %s --force",
+				ErrRefused, o.Node, len(bare), strings.Join(bare, ", "), o.Node)
 		}
 	}
 	detail := "worker"

@@ -274,12 +274,23 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	}
 
 	// A dry run of w1 says what it would do and changes nothing.
-	res, err := Remove(ctx, Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: "w1", PowerTarget: bootstrap.PowerTarget, DryRun: true})
+	res, err := Remove(ctx, Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: "w1", PowerTarget: bootstrap.PowerTarget, DryRun: true, Force: true})
 	if err != nil || len(res.Steps) != 2 || res.Steps[1].Detail != "would cordon and drain (1 pods to evict), kubeadm reset over SSH, delete the Node, record it removed" {
 		t.Fatalf("dry run: %+v %v", res, err)
 	}
 
-	res, err = Remove(ctx, opts("w1"))
+	// "app" has no controller: an eviction would delete it for good, so without Force it is refused.
+	if _, err := Remove(ctx, opts("w1")); !errors.Is(err, ErrRefused) || err.Error() !=
+		"refused: w1 runs 1 pods no controller owns, which an eviction deletes for good: default/app; move or delete them, or remove it with appliance node remove w1 --force" {
+		t.Errorf("remove w1 with a bare pod: %v", err)
+	}
+	var w1 node
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/nodes/w1", nil), &w1); err != nil || w1.Spec.Unschedulable {
+		t.Errorf("the refused removal cordoned w1 (%v)", err)
+	}
+	o := opts("w1")
+	o.Force = true
+	res, err = Remove(ctx, o)
 	if err != nil {
 		t.Fatalf("remove w1: %v", err)
 	}
@@ -319,8 +330,8 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 		"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": map[string]any{"name": "guarded"},
 		"spec": map[string]any{"minAvailable": 1, "selector": map[string]any{"matchLabels": map[string]string{"app": "guarded"}}},
 	})
-	o := opts("w2")
-	o.DrainTimeout = 3 * time.Second
+	o = opts("w2")
+	o.DrainTimeout, o.Force = 3*time.Second, true
 	_, err = Remove(ctx, o)
 	if err == nil || !strings.Contains(err.Error(), "drain w2: 1 pods still on it after 3s: default/guarded (its PodDisruptionBudget allows no eviction now)") {
 		t.Errorf("remove w2 under a PodDisruptionBudget: %v", err)
@@ -334,7 +345,9 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	}
 
 	// A rerun finds everything done.
-	res, err = Remove(ctx, opts("w1"))
+	o = opts("w1")
+	o.Force = true
+	res, err = Remove(ctx, o)
 	if err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
