@@ -117,6 +117,10 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 		t.Errorf("a second run recorded history: %s\n%s", kinds(first), out)
 	}
 
+	// The last node joins (its hostagent reports it ready): from now on it is in the cluster.
+	if err := store.RecordLifecycle(last, nodestate.Ready, "kubeadm join done"); err != nil {
+		t.Fatal(err)
+	}
 	dropped := *cfg
 	dropped.Nodes = cfg.Nodes[:len(cfg.Nodes)-1]
 	path = write(&dropped)
@@ -127,13 +131,13 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 		if !errors.Is(err, ErrForgotten) || !strings.Contains(err.Error(), want) {
 			t.Fatalf("dry run %v without --prune: %v, want ErrForgotten with %q", dry, err, want)
 		}
-		if kinds(last) != "added" {
+		if kinds(last) != "added ready" {
 			t.Fatalf("a refused run recorded history: %q", kinds(last))
 		}
 	}
 	// A failing removal fails the run and records nothing.
 	prune = func(context.Context, *State, string) error { return errors.New("drain timed out") }
-	if _, err := try(path, false); err == nil || !strings.Contains(err.Error(), "--prune: remove "+last+": drain timed out") || kinds(last) != "added" {
+	if _, err := try(path, false); err == nil || !strings.Contains(err.Error(), "--prune: remove "+last+": drain timed out") || kinds(last) != "added ready" {
 		t.Fatalf("failed prune: %v, history %q", err, kinds(last))
 	}
 	// With --prune the removal runs for exactly the forgotten node (a dry run only says so).
@@ -156,12 +160,12 @@ func TestRenderRecordsNodeHistory(t *testing.T) {
 	if out := run(path, false); strings.Contains(out, "history:") {
 		t.Errorf("a rerun without the node recorded history again:\n%s", out)
 	}
-	if kinds(last) != "added removed" || kinds(first) != "added" {
+	if kinds(last) != "added ready removed" || kinds(first) != "added" {
 		t.Fatalf("histories: %s: %q, %s: %q", last, kinds(last), first, kinds(first))
 	}
 	h, _ := store.History(last)
-	if want := "removed from the configuration; bootstrap run with " + path; h[1].Detail != want {
-		t.Errorf("removed detail %q, want %q", h[1].Detail, want)
+	if want := "removed from the configuration; bootstrap run with " + path; h[2].Detail != want {
+		t.Errorf("removed detail %q, want %q", h[2].Detail, want)
 	}
 
 	// A node `appliance node remove` took out (it records "removed") may leave nodes[] without --prune.

@@ -32,8 +32,8 @@ var ErrForgotten = errors.New("a node is in the cluster but not in nodes[]")
 // Errors: ErrLocked when a bootstrap run or another such command holds it.
 func LockStateDir(stateDir string) (func(), error) { return lockStateDir(stateDir) }
 
-// ForgottenNodes lists, sorted, the nodes the state directory knows as members (a status or a
-// history whose last membership entry is not "removed") that nodes []string does not list.
+// ForgottenNodes lists, sorted, the nodes the state directory knows as cluster members (memberOf
+// their history; without a history, a node with a status) that nodes []string does not list.
 func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
 	store := nodestate.Open(statedir.Nodes(stateDir))
 	ents, err := os.ReadDir(store.Dir())
@@ -52,16 +52,7 @@ func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		member := false
-		for i := len(hist) - 1; i >= 0; i-- {
-			if k := hist[i].Kind; k == nodestate.Added || k == nodestate.Removed {
-				member = k == nodestate.Added
-				break
-			}
-			if i == 0 {
-				member = true // reports but no membership entry: joined before histories were kept
-			}
-		}
+		member := memberOf(hist)
 		if len(hist) == 0 {
 			_, statErr := os.Stat(filepath.Join(store.Dir(), n, nodestate.StatusFile))
 			member = statErr == nil
@@ -72,6 +63,27 @@ func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// memberOf reads a node's history (oldest first): it is in the cluster when, since it was last
+// added, it became ready at least once (Ready, Rebooted or Upgraded, which hostagent reports only
+// from a configured node) and it was not removed since. A node that was listed but never joined
+// (powered on and failed, say with a wrong BMC password) is not: dropping it from nodes[] needs no
+// removal. A history with reports but no membership entry (the node joined before histories were
+// kept) counts as in the cluster.
+func memberOf(hist []nodestate.LifecycleEntry) bool {
+	joined := false
+	for i := len(hist) - 1; i >= 0; i-- {
+		switch hist[i].Kind {
+		case nodestate.Removed:
+			return false
+		case nodestate.Added:
+			return joined
+		case nodestate.Ready, nodestate.Rebooted, nodestate.Upgraded:
+			joined = true
+		}
+	}
+	return len(hist) > 0
 }
 
 // checkForgotten returns the nodes the configuration dropped while they are still in the cluster;
