@@ -262,6 +262,10 @@ func TestKubernetesE2E(t *testing.T) {
 			t.Fatalf("readyz after the rerun: %v %q", err, out)
 		}
 	})
+
+	// Day 2 (issue 15), in this order, one call per line below: nodes added and removed, then the
+	// appliance upgraded, then the hand-off, which switches the bootstrap host off and so comes last.
+	// DAY2-CALLS
 }
 
 // timeline prints the racked → Ready timeline: each phase's duration and share, and per node the
