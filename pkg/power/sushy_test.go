@@ -123,7 +123,7 @@ func startSushy(t *testing.T) (port int, caPEM []byte, user, password string) {
 
 // TestRedfishSushyTools drives sushy-tools, a real Redfish implementation without a SessionService:
 // the session login fails, the controller falls back to HTTP basic auth (as OpenStack's client does)
-// and reads and sets the power; a wrong password is still ErrAuth.
+// and reads and sets the power (on, then off); a wrong password is still ErrAuth.
 func TestRedfishSushyTools(t *testing.T) {
 	port, ca, user, password := startSushy(t)
 	ctx := t.Context()
@@ -147,6 +147,19 @@ func TestRedfishSushyTools(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("after power on: %v, %v", st, err)
+		}
+	}
+
+	if err := c.PowerOff(ctx); err != nil {
+		t.Fatalf("power off: %v", err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		st, err := c.PowerState(ctx)
+		if err == nil && st == StateOff {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after power off: %v, %v", st, err)
 		}
 	}
 
