@@ -112,4 +112,3 @@ func WriteExecutableImage(layoutDir, ref, binPath string) (ExecutableImage, erro
 	}
 	return out, nil
 }
-
