@@ -1,9 +1,15 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 )
 
 // BootDHCP is how the appliance takes part in DHCP for network boot (pkg/netboot).
@@ -23,9 +29,17 @@ const (
 // DefaultBootHTTPPort is boot.httpPort when unset: the plain-HTTP port of the boot artefacts.
 const DefaultBootHTTPPort uint16 = 8080
 
+// Default paths of the node image's kernel and initramfs inside the bundle (boot.kernel, boot.initrd).
+const (
+	DefaultBootKernel = "netboot/vmlinuz"
+	DefaultBootInitrd = "netboot/initrd.img"
+)
+
 // Boot configures network boot served by the appliance (pkg/netboot): DHCP (proxy or server), TFTP
 // for Debian's iPXE binaries and, over plain HTTP on HTTPPort, each machine's iPXE script, kernel and
-// initrd. Only machines with nodes[].mac get answers.
+// initrd. Only network-bootable machines (Node.NetworkBootable: nodes[].mac set, power.kind ipmi or
+// redfish, power.bootDevice pxe) get answers; a pre-installed node that tries the network first on a
+// reboot is left to boot its disk. With dhcp: off nothing of it runs.
 type Boot struct {
 	// DHCP: proxy, server or off. Default (see SetDefaults): proxy when some node can boot from the
 	// network (nodes[].mac set, power.kind ipmi or redfish, power.bootDevice pxe), otherwise off, so
@@ -46,7 +60,22 @@ type Boot struct {
 	// HTTPPort is the TCP port of the plain-HTTP server for the boot artefacts (iPXE in Debian 12
 	// has no HTTPS). Default DefaultBootHTTPPort; never server.port or apiServer.port.
 	HTTPPort uint16 `yaml:"httpPort,omitempty" strictyaml:"nonzero"`
+	// Kernel is the file served as the machines' kernel (/boot/vmlinuz on HTTPPort): an absolute
+	// path on the appliance. Default with dhcp proxy or server: bundle.path/DefaultBootKernel, the
+	// node image's kernel in the bundle.
+	Kernel string `yaml:"kernel,omitempty"`
+	// Initrd is the file served as the machines' initramfs (/boot/initrd). Default with dhcp proxy or
+	// server: bundle.path/DefaultBootInitrd.
+	Initrd string `yaml:"initrd,omitempty"`
+	// KernelArgs are extra kernel command-line arguments, one per element (e.g. console=ttyS0). The
+	// appliance adds appliance.url, appliance.ca_pin and appliance.node itself. The boot path is
+	// plain HTTP, so it carries public data only: an argument whose key reads like a secret (token,
+	// passw, secret, private, credential) is refused.
+	KernelArgs []string `yaml:"kernelArgs,omitempty"`
 }
+
+// Enabled reports whether the appliance serves network boot (boot.dhcp proxy or server).
+func (b Boot) Enabled() bool { return b.DHCP == BootDHCPProxy || b.DHCP == BootDHCPServer }
 
 // BootRange is an inclusive range of IPv4 addresses.
 type BootRange struct {
@@ -78,7 +107,21 @@ func setBootDefaults(c *BootstrapConfiguration) {
 	if b.HTTPPort == 0 && b.DHCP != BootDHCPOff {
 		b.HTTPPort = DefaultBootHTTPPort
 	}
+	if b.Enabled() && c.Bundle.Path != "" {
+		if b.Kernel == "" {
+			b.Kernel = filepath.Join(c.Bundle.Path, DefaultBootKernel)
+		}
+		if b.Initrd == "" {
+			b.Initrd = filepath.Join(c.Bundle.Path, DefaultBootInitrd)
+		}
+	}
 }
+
+// secretArgRE matches kernel-argument keys that would carry a secret (pkg/netboot refuses the same).
+var secretArgRE = regexp.MustCompile(`(?i)(token|passw|secret|private|credential)`)
+
+// applianceArgs are the kernel arguments the appliance sets itself on the network-boot path.
+var applianceArgs = []string{"appliance.url", "appliance.ca_pin", "appliance.node"}
 
 // ifaceNameRE: a Linux interface name (IFNAMSIZ 16 with the NUL; no '/', ':' or white space).
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
@@ -112,12 +155,15 @@ func (v *validator) boot() {
 			if (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE && n.MAC == "" {
 				v.warnf(fmt.Sprintf("nodes[%d].mac", i), "is empty: node %q boots from the network (power.bootDevice pxe) but boot.dhcp answers only MACs of the inventory; give its boot NIC's MAC", n.Name)
 			}
-			if n.MAC != "" {
+			if n.NetworkBootable() {
 				bootable++
 			}
 		}
 		if bootable == 0 {
 			v.warnf("boot.dhcp", "is %s but no node has a mac: no machine will get a boot answer; set nodes[].mac or boot.dhcp: off", b.DHCP)
+		}
+		if b.Enabled() {
+			v.bootFiles()
 		}
 	}
 	if b.DHCP == BootDHCPServer {
@@ -129,6 +175,43 @@ func (v *validator) boot() {
 	}
 	if b.Router.IsValid() {
 		v.errorf("boot.router", "is only used with boot.dhcp: server (it is %s): remove it, or set boot.dhcp: server", b.DHCP)
+	}
+}
+
+// bootFiles checks boot.kernel, boot.initrd (absolute; with CheckFiles readable regular files) and
+// boot.kernelArgs, for dhcp proxy or server.
+func (v *validator) bootFiles() {
+	b := v.c.Boot
+	for _, f := range []struct{ path, name, def string }{
+		{"boot.kernel", b.Kernel, DefaultBootKernel}, {"boot.initrd", b.Initrd, DefaultBootInitrd},
+	} {
+		switch {
+		case f.name == "":
+			v.errorf(f.path, "is required with boot.dhcp: %s: the node image file the machines boot (default bundle.path/%s)", b.DHCP, f.def)
+		case !filepath.IsAbs(f.name):
+			v.errorf(f.path, "%q is not an absolute path: give the file's full path on the appliance", f.name)
+		case !v.opts.CheckFiles:
+		case v.c.Bundle.Path != "" && f.name == filepath.Join(v.c.Bundle.Path, f.def):
+			if _, err := os.Stat(f.name); errors.Is(err, fs.ErrNotExist) {
+				v.errorf(f.path, "%s does not exist: the bundle carries no node image for network boot; give the file in %s, or set boot.dhcp: off", f.name, f.path)
+				continue
+			}
+			v.file(f.path, f.name, false)
+		default:
+			v.file(f.path, f.name, false)
+		}
+	}
+	for i, a := range b.KernelArgs {
+		path := fmt.Sprintf("boot.kernelArgs[%d]", i)
+		k, _, _ := strings.Cut(a, "=")
+		switch {
+		case a == "" || strings.ContainsAny(a, " \t\n\r\"'"):
+			v.errorf(path, "%q is not one kernel argument: give one argument per element, without white space or quotes", a)
+		case secretArgRE.MatchString(k):
+			v.errorf(path, "%q looks like a secret: the network-boot path is plain HTTP and carries public data only (a booted machine enrols for its credentials); remove it", k)
+		case slices.Contains(applianceArgs, k):
+			v.errorf(path, "%s is set by the appliance itself: remove it", k)
+		}
 	}
 }
 

@@ -3,6 +3,8 @@ package config
 import (
 	"errors"
 	"os"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -68,7 +70,7 @@ func TestBootDefaults(t *testing.T) {
 			}
 			before := c.Boot
 			SetDefaults(c)
-			if c.Boot != before {
+			if !reflect.DeepEqual(c.Boot, before) {
 				t.Errorf("SetDefaults not idempotent: %+v then %+v", before, c.Boot)
 			}
 		})
@@ -133,6 +135,14 @@ func TestBootInvalid(t *testing.T) {
 		{"interface too long", "boot:\n  dhcp: proxy\n  interface: abcdefghijklmnop\n", w1MAC, []want{
 			{"boot.interface", "is not a network interface name"}}},
 		{"unknown key", "boot:\n  dhcp: proxy\n  nextServer: 10.100.0.1\n", w1MAC, []want{{"boot.nextServer", ""}}},
+		{"relative kernel", "boot:\n  dhcp: proxy\n  kernel: vmlinuz\n", w1MAC, []want{
+			{"boot.kernel", `"vmlinuz" is not an absolute path`}}},
+		{"kernel arguments", "boot:\n  dhcp: proxy\n  kernelArgs: [console=ttyS0, \"a b\", ignition.token=x, Private_Key=y, appliance.url=http://x, \"\"]\n", w1MAC, []want{
+			{"boot.kernelArgs[1]", `"a b" is not one kernel argument`},
+			{"boot.kernelArgs[2]", `"ignition.token" looks like a secret: the network-boot path is plain HTTP`},
+			{"boot.kernelArgs[3]", `"Private_Key" looks like a secret`},
+			{"boot.kernelArgs[4]", "appliance.url is set by the appliance itself: remove it"},
+			{"boot.kernelArgs[5]", `"" is not one kernel argument`}}},
 		{"a MAC in two nodes", "", append(append([]string{}, w1MAC...),
 			"  addresses: [10.100.0.13, 10.200.0.13]\n", "  addresses: [10.100.0.13, 10.200.0.13]\n  mac: \"52:54:00:00:00:21\"\n"), []want{
 			{"nodes[3].mac", "is also nodes[2].mac: MAC addresses must be unique"}}},
@@ -149,6 +159,46 @@ func TestBootInvalid(t *testing.T) {
 				t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
 			}
 		})
+	}
+}
+
+// TestBootFiles: with dhcp proxy or server, boot.kernel and boot.initrd default to the node image in
+// the bundle; with CheckFiles a missing default says the bundle has no node image, a missing
+// explicit file names its field; an existing file passes. With dhcp off nothing is defaulted.
+func TestBootFiles(t *testing.T) {
+	c, _, errs := labWith(t, "", w1MAC...)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if c.Boot.Kernel != "/var/cache/appliance/bundle/netboot/vmlinuz" || c.Boot.Initrd != "/var/cache/appliance/bundle/netboot/initrd.img" {
+		t.Errorf("defaults kernel %q initrd %q, want the bundle's netboot/vmlinuz and netboot/initrd.img", c.Boot.Kernel, c.Boot.Initrd)
+	}
+	if off, _, _ := labWith(t, ""); off.Boot.Kernel != "" || off.Boot.Initrd != "" {
+		t.Errorf("dhcp off: kernel %q initrd %q defaulted", off.Boot.Kernel, off.Boot.Initrd)
+	}
+
+	bundleDir := t.TempDir()
+	kernel := filepath.Join(t.TempDir(), "vmlinuz")
+	if err := os.WriteFile(kernel, []byte("kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Bundle.Path = bundleDir
+	c.Boot.Kernel, c.Boot.Initrd = "", filepath.Join(bundleDir, "absent.img")
+	SetDefaults(c)
+	var v validator
+	v.c, v.opts = c, ValidateOptions{CheckFiles: true}
+	v.bootFiles()
+	requireErr(t, v.errs, "boot.kernel", filepath.Join(bundleDir, DefaultBootKernel)+" does not exist: the bundle carries no node image for network boot; give the file in boot.kernel, or set boot.dhcp: off", 0)
+	requireErr(t, v.errs, "boot.initrd", filepath.Join(bundleDir, "absent.img")+" does not exist: create it or fix the path", 0)
+	if len(v.errs) != 2 {
+		t.Errorf("errors %v, want boot.kernel and boot.initrd", v.errs)
+	}
+
+	c.Boot.Kernel, c.Boot.Initrd = kernel, kernel
+	v = validator{c: c, opts: ValidateOptions{CheckFiles: true}}
+	v.bootFiles()
+	if len(v.errs) > 0 {
+		t.Errorf("existing files refused: %v", v.errs)
 	}
 }
 
