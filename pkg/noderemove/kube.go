@@ -53,20 +53,31 @@ func (p pod) ready() bool {
 	return false
 }
 
-// evictable is what `kubectl drain --ignore-daemonsets` evicts: not a static (mirror) pod, not
-// owned by a DaemonSet (its controller would recreate it on the node at once, and it tolerates
-// unschedulable), not finished.
+// evictable is what `kubectl drain --ignore-daemonsets` evicts: neither a pod that stays nor a
+// finished one.
 func (p pod) evictable() bool {
+	return !p.stays() && !p.finished()
+}
+
+// stays reports the pods a drain leaves on the node: static (mirror) pods, and pods a DaemonSet
+// owns (its controller would recreate them on the node at once, and they tolerate unschedulable).
+func (p pod) stays() bool {
 	if _, mirror := p.Metadata.Annotations["kubernetes.io/config.mirror"]; mirror {
-		return false
+		return true
 	}
 	for _, o := range p.Metadata.OwnerReferences {
 		if o.Kind == "DaemonSet" {
-			return false
+			return true
 		}
 	}
-	return p.Status.Phase != "Succeeded" && p.Status.Phase != "Failed"
+	return false
 }
+
+// finished reports a pod in a terminal phase. Since Kubernetes 1.27 the kubelet also moves a pod
+// that is being deleted (an evicted one) to Succeeded or Failed before it deletes the object
+// (kubelet getPhase with podIsTerminal), so a finished pod with a deletionTimestamp is still on
+// the node.
+func (p pod) finished() bool { return p.Status.Phase == "Succeeded" || p.Status.Phase == "Failed" }
 
 // managed reports whether a controller (ReplicaSet, StatefulSet, Job…) owns the pod and recreates
 // it elsewhere once evicted; an unmanaged pod is gone for good (`kubectl drain` wants --force).
@@ -165,11 +176,11 @@ func (k kube) cordon(ctx context.Context, name string) error {
 	return err
 }
 
-// evictable lists the pods on the node a drain evicts.
+// evictablePods lists the pods on the node a drain evicts.
 func (k kube) evictablePods(ctx context.Context, name string) ([]pod, error) {
-	pods, err := k.listPods(ctx, "", url.Values{"fieldSelector": {"spec.nodeName=" + name}})
+	pods, err := k.podsOn(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("list the pods on %s: %w", name, err)
+		return nil, err
 	}
 	var out []pod
 	for _, p := range pods {
@@ -178,6 +189,15 @@ func (k kube) evictablePods(ctx context.Context, name string) ([]pod, error) {
 		}
 	}
 	return out, nil
+}
+
+// podsOn lists every pod bound to the node.
+func (k kube) podsOn(ctx context.Context, name string) ([]pod, error) {
+	pods, err := k.listPods(ctx, "", url.Values{"fieldSelector": {"spec.nodeName=" + name}})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods on %s: %w", name, err)
+	}
+	return pods, nil
 }
 
 // evict asks for the pod's eviction (policy/v1 Eviction, the API `kubectl drain` uses: it honours
@@ -197,37 +217,46 @@ func (k kube) evict(ctx context.Context, p pod) error {
 }
 
 // drain evicts every evictable pod on the node and waits until they are gone, re-asking evictions a
-// PodDisruptionBudget refused, until timeout. On a node that is not Ready a pod being deleted counts
-// as gone: its kubelet cannot confirm, and deleting the Node removes it. It returns how many pods it
-// evicted; on timeout an error naming the pods left.
-func (k kube) drain(ctx context.Context, name string, timeout time.Duration) (int, error) {
+// PodDisruptionBudget refused, until timeout. A pod is gone when its object is deleted (as `kubectl
+// drain` waits, by name): a pod being deleted is still on the node whatever its phase, since the
+// kubelet moves an evicted pod to Succeeded or Failed before it deletes the object. On a node that
+// is not Ready a pod being deleted counts as gone: its kubelet cannot confirm, and deleting the Node
+// removes it. It returns the pods it evicted (namespace/name, sorted, each once); on timeout an
+// error naming the pods left.
+func (k kube) drain(ctx context.Context, name string, timeout time.Duration) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	evicted := map[string]bool{}
 	for {
 		n, found, err := k.getNode(ctx, name)
 		if err != nil {
-			return len(evicted), err
+			return sortedKeys(evicted), err
 		}
 		if !found {
-			return len(evicted), nil
+			return sortedKeys(evicted), nil
 		}
-		pods, err := k.evictablePods(ctx, name)
+		pods, err := k.podsOn(ctx, name)
 		if err != nil {
-			return len(evicted), err
+			return sortedKeys(evicted), err
 		}
 		var left []string
 		for _, p := range pods {
+			if p.stays() {
+				continue
+			}
 			if p.Metadata.DeletionTimestamp != nil {
 				if !n.ready() {
 					continue
 				}
-				left = append(left, p.key())
+				left = append(left, p.key()+" (being deleted)")
+				continue
+			}
+			if p.finished() {
 				continue
 			}
 			if err := k.evict(ctx, p); err != nil {
 				if !errors.Is(err, kubeapi.ErrTooManyRequests) || ctx.Err() != nil {
-					return len(evicted), fmt.Errorf("evict %s: %w", p.key(), err)
+					return sortedKeys(evicted), fmt.Errorf("evict %s: %w", p.key(), err)
 				}
 				left = append(left, p.key()+" (its PodDisruptionBudget allows no eviction now)")
 				continue
@@ -236,16 +265,25 @@ func (k kube) drain(ctx context.Context, name string, timeout time.Duration) (in
 			left = append(left, p.key())
 		}
 		if len(left) == 0 {
-			return len(evicted), nil
+			return sortedKeys(evicted), nil
 		}
 		select {
 		case <-ctx.Done():
 			sort.Strings(left)
-			return len(evicted), fmt.Errorf("drain %s: %d pods still on it after %s: %s; rerun when they can move (more capacity, a looser PodDisruptionBudget)",
+			return sortedKeys(evicted), fmt.Errorf("drain %s: %d pods still on it after %s: %s; rerun when they can move (more capacity, a looser PodDisruptionBudget)",
 				name, len(left), timeout, strings.Join(left, ", "))
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // deleteNode deletes the Node object; none is no error. It reports whether it deleted one.

@@ -246,7 +246,11 @@ func Remove(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return res, err
 		}
-		step("drain", changed || evicted > 0, fmt.Sprintf("cordoned, %d pods evicted (DaemonSet and static pods stay)", evicted))
+		d := fmt.Sprintf("cordoned, %d pods evicted", len(evicted))
+		if len(evicted) > 0 {
+			d += ": " + strings.Join(evicted, ", ")
+		}
+		step("drain", changed || len(evicted) > 0, d+" (DaemonSet and static pods stay)")
 	} else {
 		step("drain", false, "no Node object: nothing to drain")
 	}

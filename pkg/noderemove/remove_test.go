@@ -298,7 +298,7 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	for _, s := range res.Steps {
 		got[s.Name] = s
 	}
-	if d := got["drain"].Detail; d != "cordoned, 1 pods evicted (DaemonSet and static pods stay)" {
+	if d := got["drain"].Detail; d != "cordoned, 1 pods evicted: default/app (DaemonSet and static pods stay)" {
 		t.Errorf("drain: %q", d)
 	}
 	if d := got["reset"].Detail; !strings.HasPrefix(d, "skipped: it does not answer over SSH") {
@@ -355,5 +355,72 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 		if s.Changed {
 			t.Errorf("rerun changed %s: %s", s.Name, s.Detail)
 		}
+	}
+}
+
+// TestDrainWaitsForEvictedPodsToBeDeleted: on a Ready node the drain returns only once the pods it
+// evicted are deleted, whatever their phase. Since Kubernetes 1.27 the kubelet moves a pod being
+// deleted to Succeeded or Failed before it deletes the object; a drain that skipped finished pods
+// returned while the evicted pod was still bound to the node (the e2e's on-w1 pod in CI run 15).
+// Real kube-apiserver; no kubelet runs here, so the test plays its two writes (the terminal phase,
+// then the final delete).
+func TestDrainWaitsForEvictedPodsToBeDeleted(t *testing.T) {
+	stateDir := t.TempDir()
+	c := startAPIServer(t, stateDir)
+	ctx := context.Background()
+	k := kube{c}
+
+	mustDo(t, c, http.MethodPost, "/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "w3"}})
+	var n map[string]any
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/nodes/w3", nil), &n); err != nil {
+		t.Fatal(err)
+	}
+	n["status"] = map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "True"}}}
+	mustDo(t, c, http.MethodPut, "/api/v1/nodes/w3/status", n)
+	owned := map[string]any{"ownerReferences": []any{map[string]any{
+		"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "0d0b8c3e-0000-4000-8000-000000000002", "controller": true}}}
+	createPod(t, c, "default", "web", "w3", owned, true)
+	// A pod that finished on its own (a Job's): neither evicted nor waited for.
+	createPod(t, c, "default", "job", "w3", owned, false)
+	var job map[string]any
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/default/pods/job", nil), &job); err != nil {
+		t.Fatal(err)
+	}
+	job["status"] = map[string]any{"phase": "Succeeded"}
+	mustDo(t, c, http.MethodPut, "/api/v1/namespaces/default/pods/job/status", job)
+
+	// The eviction; a pod bound to a node is deleted gracefully: it gets a deletionTimestamp and
+	// stays until its kubelet confirms.
+	var web pod
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/default/pods/web", nil), &web); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.evict(ctx, web); err != nil {
+		t.Fatal(err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/namespaces/default/pods/web", nil), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p["metadata"].(map[string]any)["deletionTimestamp"] == nil {
+		t.Fatalf("the evicted pod has no deletionTimestamp: %v", p["metadata"])
+	}
+	// The kubelet's first write: the terminal phase (its containers stopped), object not deleted yet.
+	p["status"] = map[string]any{"phase": "Succeeded", "conditions": []any{map[string]any{"type": "Ready", "status": "False"}}}
+	mustDo(t, c, http.MethodPut, "/api/v1/namespaces/default/pods/web/status", p)
+
+	evicted, err := k.drain(ctx, "w3", 3*time.Second)
+	if err == nil || err.Error() != "drain w3: 1 pods still on it after 3s: default/web (being deleted); rerun when they can move (more capacity, a looser PodDisruptionBudget)" {
+		t.Errorf("drain while the evicted pod is Succeeded but not deleted: evicted %v, err %v; want it to wait for default/web", evicted, err)
+	}
+
+	// The kubelet's last write: the delete. Now the drain is done, and evicts nothing more.
+	mustDo(t, c, http.MethodDelete, "/api/v1/namespaces/default/pods/web?gracePeriodSeconds=0", nil)
+	evicted, err = k.drain(ctx, "w3", time.Minute)
+	if err != nil || len(evicted) != 0 {
+		t.Errorf("drain after the delete: evicted %v, err %v; want none and no error", evicted, err)
+	}
+	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/namespaces/default/pods/job", nil); err != nil {
+		t.Errorf("the finished pod: %v, want it left alone", err)
 	}
 }
