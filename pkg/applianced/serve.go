@@ -45,7 +45,9 @@ type ServeOptions struct {
 // Serve runs the appliance's HTTPS front from what the bootstrap phases left in the state
 // directory (serving certificate, node tokens, registry storage, rendered Ignition configs) until
 // ctx is cancelled. It is what `appliance serve` runs, as a systemd service on a real host or as a
-// detached process started by the serve phase.
+// detached process started by the serve phase. With boot.dhcp proxy or server it also runs the
+// network-boot service (pkg/netboot: DHCP, TFTP, the plain-HTTP boot port) on the control-plane
+// interface, and stops it before returning.
 func Serve(ctx context.Context, o ServeOptions) error {
 	log := o.Logger
 	if log == nil {
@@ -124,6 +126,15 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		return err
 	}
 	defer func() { _ = dnsServer.Shutdown(context.Background()) }()
+	// Network boot (boot.dhcp proxy or server): DHCP, TFTP and the plain-HTTP boot port, stopped
+	// before Serve returns.
+	nb, err := startNetboot(cfg, caPEM, log.With("component", "netboot"))
+	if err != nil {
+		return err
+	}
+	if nb != nil {
+		defer func() { _ = nb.Close() }()
+	}
 	vctx, cancelVIP := context.WithCancel(ctx)
 	vipDone := make(chan struct{})
 	go func() {

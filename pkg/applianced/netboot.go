@@ -1,0 +1,119 @@
+package applianced
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/netboot"
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
+)
+
+// netbootConfig turns the configuration's boot section into the network-boot service's
+// configuration (pkg/netboot), or returns false when boot.dhcp is off. It resolves the appliance's
+// control-plane address in the current network namespace (as the resolve phase does, the VIP
+// excluded): DHCP and TFTP bind to boot.interface, or the interface of that address; that address is
+// the DHCP server identifier, the next-server and the host of the boot URLs. The machines are the
+// network-bootable nodes (config.Node.NetworkBootable). The kernel command line carries public data
+// only: boot.kernelArgs, appliance.url (https://ADDRESS:server.port) and appliance.ca_pin (the pin of
+// the CA in caPEM); pkg/netboot adds appliance.node. Errors name the field to fix.
+func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Logger) (netboot.Config, bool, error) {
+	b := cfg.Boot
+	if !b.Enabled() {
+		return netboot.Config{}, false, nil
+	}
+	r, err := netresolve.New("")
+	if err != nil {
+		return netboot.Config{}, false, err
+	}
+	defer r.Close()
+	var exclude []netip.Addr
+	if vip := cfg.APIServer.VIP; vip.IsValid() {
+		exclude = append(exclude, vip)
+	}
+	cp, err := r.Resolve(cfg.Networks.ControlPlane.CIDRs, exclude...)
+	if err != nil {
+		return netboot.Config{}, false, fmt.Errorf("boot.dhcp %s serves on the control-plane network: networks.controlPlane.cidrs: %w", b.DHCP, err)
+	}
+	ip := cp.Prefix.Addr()
+	if !ip.Is4() {
+		return netboot.Config{}, false, fmt.Errorf("boot.dhcp %s: the appliance's control-plane address %s is not IPv4 (PXE and iPXE boot over DHCPv4): give networks.controlPlane.cidrs an IPv4 network first, or set boot.dhcp: off", b.DHCP, ip)
+	}
+	pin, err := caPin(caPEM)
+	if err != nil {
+		return netboot.Config{}, false, err
+	}
+	nc := netboot.Config{
+		Mode:      netboot.Mode(b.DHCP),
+		Interface: b.Interface,
+		ServerIP:  ip,
+		HTTPPort:  b.HTTPPort,
+		Kernel:    b.Kernel,
+		Initrd:    b.Initrd,
+		KernelArgs: append(append([]string{}, b.KernelArgs...),
+			"appliance.url=https://"+net.JoinHostPort(ip.String(), strconv.Itoa(int(cfg.Server.Port))),
+			"appliance.ca_pin="+pin),
+		Logger: log,
+	}
+	if nc.Interface == "" {
+		nc.Interface = cp.Interface
+	}
+	if b.DHCP == config.BootDHCPServer {
+		nc.RangeStart, nc.RangeEnd, nc.Router = b.Range.Start, b.Range.End, b.Router
+		for _, p := range cfg.Networks.ControlPlane.CIDRs {
+			if p.Contains(b.Range.Start) {
+				nc.Subnet = p.Masked()
+				break
+			}
+		}
+	}
+	for _, n := range cfg.Nodes {
+		if !n.NetworkBootable() {
+			continue
+		}
+		mac, err := net.ParseMAC(n.MAC)
+		if err != nil {
+			return netboot.Config{}, false, fmt.Errorf("node %s: mac %q: %w", n.Name, n.MAC, err)
+		}
+		nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac})
+	}
+	return nc, true, nil
+}
+
+// caPin is agentapi.PinOf of the first certificate in caPEM.
+func caPin(caPEM []byte) (string, error) {
+	blk, _ := pem.Decode(caPEM)
+	if blk == nil {
+		return "", errors.New("the appliance CA certificate holds no PEM block (run `appliance bootstrap` to repair the pki)")
+	}
+	ca, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("the appliance CA certificate: %w", err)
+	}
+	return agentapi.PinOf(ca), nil
+}
+
+// startNetboot starts the network-boot service for cfg (see netbootConfig) and returns it, or nil
+// (nothing to stop) when boot.dhcp is off. A port that cannot be bound (another DHCP or TFTP server
+// on this host) is an error naming boot.dhcp.
+func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Logger) (*netboot.Server, error) {
+	nc, on, err := netbootConfig(cfg, caPEM, log)
+	if err != nil || !on {
+		return nil, err
+	}
+	s, err := netboot.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	if err := s.Start(); err != nil {
+		return nil, fmt.Errorf("boot.dhcp %s on %s: %w: stop the other DHCP/TFTP server on this host, or set boot.dhcp: off", cfg.Boot.DHCP, nc.Interface, err)
+	}
+	return s, nil
+}
