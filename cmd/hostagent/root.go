@@ -84,6 +84,8 @@ func (o *runOptions) run(cmd *cobra.Command, logger func(io.Writer) *slog.Logger
 	}
 	a, err := hostagent.New(hostagent.Options{
 		Config: cfg, Root: o.root, NoFirewall: o.noFirewall, Log: logger(cmd.ErrOrStderr()),
+		// keepalived outlives the agent, so restarting or upgrading hostagent never moves the VIP.
+		DetachKeepalived: true,
 	})
 	if err != nil {
 		return err

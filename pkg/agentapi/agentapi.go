@@ -72,7 +72,11 @@ const (
 
 // HostagentUnitContents is the systemd unit (hostagent.service) that runs hostagent on every node,
 // installed by Ignition on booted nodes and over SSH on pre-installed ones. hostagent tells systemd
-// it is ready with sd_notify (Type=notify) once the node is configured.
+// it is ready with sd_notify (Type=notify) once the node is configured. KillMode=process: stopping
+// or restarting the agent (an upgrade) leaves the API VIP's keepalived running (it is detached:
+// hostagent.Options.DetachKeepalived) and the next agent adopts it, so the VIP does not move (the
+// same choice as containerd.service for its shims, and appliance.service for the bootstrap host's
+// keepalived).
 const HostagentUnitContents = `[Unit]
 Description=Air-gap appliance host agent
 Documentation=https://github.com/airgap-appliance/appliance
@@ -86,6 +90,7 @@ ExecStart=/usr/local/bin/hostagent run --config ` + ConfigPath + `
 Restart=always
 RestartSec=2s
 TimeoutStartSec=15min
+KillMode=process
 
 [Install]
 WantedBy=multi-user.target

@@ -56,6 +56,14 @@ type Options struct {
 	TrackScript []string
 	// ScriptUser runs the track script (default "nobody").
 	ScriptUser string
+	// DetachKeepalived makes the API VIP's keepalived outlive this agent (keepalived.Process.Detached:
+	// own session, log file, record in KeepalivedDir): an agent that exits (SIGTERM for an upgrade or
+	// a restart) or crashes leaves keepalived holding the VIP, and the next agent adopts it (same
+	// configuration: left alone; another: reloaded with SIGHUP), so restarting or upgrading hostagent
+	// never moves the VIP. hostagent.service's KillMode=process keeps systemd from killing it with the
+	// agent (agentapi.HostagentUnitContents). `hostagent run` sets it; false (tests) stops keepalived
+	// when Run returns.
+	DetachKeepalived bool
 	// Resync is the period of re-checks after ready; 0 means DefaultResync.
 	Resync time.Duration
 	// RetryInitial and RetryMax bound the exponential backoff between retries towards the appliance
@@ -178,7 +186,8 @@ func (a *Agent) backoff() backoff.BackOff {
 // step (reporting each), notifies systemd READY=1 once configured, then re-checks every Resync
 // (after a failed step sooner: with exponential backoff from RetryInitial to RetryMax),
 // reporting only what changed, and restarts keepalived when it dies. On return it stops the
-// children it started (keepalived) and flushes pending reports for a moment.
+// children it started (keepalived, unless Options.DetachKeepalived) and flushes pending reports for
+// a moment.
 // Errors: a refused token (ErrUnauthorized) or a bad pin; otherwise only ctx's error.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown()
@@ -281,6 +290,7 @@ func (a *Agent) stepFuncs() map[string]func(context.Context) (string, error) {
 		agentapi.StepKeepalived: a.stepKeepalived,
 		agentapi.StepKubeadm:    a.stepKubeadm,
 		agentapi.StepAPI:        a.stepAPI,
+		agentapi.StepHandoff:    a.stepHandoff,
 		agentapi.StepReady:      func(context.Context) (string, error) { return "node configured", nil },
 	}
 }
@@ -411,11 +421,12 @@ func (a *Agent) stepConfig(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%s node config; control plane %s, workload plane %s", source, cp, wl), nil
 }
 
-// shutdown stops the children this agent started.
+// shutdown stops the children this agent started, except a detached keepalived
+// (Options.DetachKeepalived), which the next agent adopts.
 func (a *Agent) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if a.keep != nil {
+	if a.keep != nil && !a.opts.DetachKeepalived {
 		a.keep.stop(ctx)
 	}
 }

@@ -118,15 +118,19 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	}
 	dir := a.path(KeepalivedDir)
 	restarted := a.keep != nil
+	detached := a.opts.DetachKeepalived
 	if restarted {
 		a.log.Warn("keepalived had exited", "error", a.keep.proc.Err())
 		_ = a.keep.proc.Cleanup()
 	} else {
 		// The first start in this agent: check the segment before claiming, unless a keepalived of
-		// ours from a previous agent still runs (a rerun: only the first claim is checked).
+		// ours from a previous agent still runs (a rerun or an upgrade: only the first claim is
+		// checked). A detached one is adopted by Start below; any other is stopped first.
 		_, stale := vipcheck.KeepalivedRunning(dir)
-		if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
-			return "", err
+		if !detached {
+			if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
+				return "", err
+			}
 		}
 		if !stale {
 			took, err := a.vipPreflight(ctx, in)
@@ -136,14 +140,31 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 			desc += fmt.Sprintf(", VRRP pre-flight clear in %.1fs", took.Seconds())
 		}
 	}
-	p := &keepalived.Process{Config: cfg, Dir: dir, NetNS: a.opts.NetNS, Log: a.log.With("component", "keepalived")}
-	if err := p.Start(ctx); err != nil {
+	newProcess := func() *keepalived.Process {
+		return &keepalived.Process{Config: cfg, Dir: dir, NetNS: a.opts.NetNS, Log: a.log.With("component", "keepalived"), Detached: detached}
+	}
+	p := newProcess()
+	err = p.Start(ctx)
+	if detached && errors.Is(err, keepalived.ErrAlreadyRunning) {
+		// A keepalived without a record (started by a hostagent that did not detach it): replace it once.
+		if err := keepalived.StopStale(ctx, dir, a.log); err != nil {
+			return "", err
+		}
+		p = newProcess()
+		err = p.Start(ctx)
+	}
+	if err != nil {
 		return "", fmt.Errorf("start keepalived: %w", err)
 	}
 	a.keep = &keepalivedSupervisor{proc: p, conf: conf}
 	verb := "started"
-	if restarted {
+	switch {
+	case restarted:
 		verb = "restarted"
+	case p.Outcome() == "adopted":
+		verb = "adopted the running" // a previous agent's: the VIP did not move
+	case p.Outcome() != "" && p.Outcome() != "started":
+		verb = p.Outcome() + " the running" // "adopted and reloaded"
 	}
 	return fmt.Sprintf("%s keepalived (pid %d), %s", verb, p.Pid(), desc), nil
 }

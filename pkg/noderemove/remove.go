@@ -321,12 +321,15 @@ func lastControlPlane(o Options) error {
 		ErrRefused, o.Node, o.ConfigPath)
 }
 
-// reset stops hostagent (so it does not join the node again), runs `kubeadm reset -f` and disables
-// kubelet, on the node over SSH. A node without kubeadm (never joined) is left as it is.
+// reset stops hostagent (so it does not join the node again) and the API VIP's keepalived it leaves
+// running, runs `kubeadm reset -f` and disables kubelet, on the node over SSH. A node without kubeadm (never joined) is left as it is.
 func reset(ctx context.Context, c *power.SSHClient) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, resetTimeout)
 	defer cancel()
 	script := "systemctl disable --now " + ignition.HostagentUnit + " >/dev/null 2>&1 || true\n" +
+		// hostagent leaves the API VIP's keepalived running when it stops (KillMode=process, so an
+		// upgrade never moves the VIP): end it here (SIGTERM: a priority-0 advertisement hands the VIP on).
+		"[ -s /etc/keepalived/keepalived.pid ] && kill \"$(cat /etc/keepalived/keepalived.pid)\" 2>/dev/null || true\n" +
 		"command -v kubeadm >/dev/null || { echo 'no kubeadm: nothing to reset'; exit 0; }\n" +
 		"out=$(kubeadm reset -f 2>&1); rc=$?\n" +
 		"[ $rc -eq 0 ] || { printf '%s\\n' \"$out\" | tail -n 20; exit $rc; }\n" +
