@@ -40,6 +40,39 @@ type NodeConfig struct {
 	// It holds secrets (bootstrap token, certificate key, on the first control plane the cluster CA
 	// key): it travels only over the token-authenticated agent API and is cached 0600.
 	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+	// Handoff is set once `appliance handoff` has begun (issue 15): what moves from the appliance into
+	// the cluster so that the bootstrap host can be switched off. nil before; the hostagent's handoff
+	// step (StepHandoff) acts on it.
+	Handoff *HandoffConfig `json:"handoff,omitempty"`
+}
+
+// HandoffConfig is the node's part of the hand-off.
+type HandoffConfig struct {
+	// Mirror is set on control planes: run the in-cluster mirror (`appliance cluster-mirror`) as a
+	// kubelet static pod, which copies the appliance's registry and package repo to the node's disk once
+	// and then serves them without the appliance.
+	Mirror *ClusterMirror `json:"mirror,omitempty"`
+	// RepoURLs, once set, replace the appliance in the node's apt source (AptSourcePath): the control
+	// planes' in-cluster mirrors' repo URLs (https://ADDR:PORT/repo), one deb line each, in order. The
+	// appliance sets them (and points Mirrors[].Endpoints at the same mirrors) only after it pulled every
+	// digest from at least two of them.
+	RepoURLs []string `json:"repoURLs,omitempty"`
+}
+
+// ClusterMirror is the in-cluster mirror a control plane runs (HandoffConfig.Mirror).
+type ClusterMirror struct {
+	// Image is the appliance's own image by digest (registry.WriteExecutableImage), pulled through
+	// the node's containerd mirrors like every other image.
+	Image string `json:"image"`
+	// Port is the HTTPS port it serves /v2/ and /repo/ on, on every address of the node.
+	Port uint16 `json:"port"`
+	// Upstream is the appliance URL it copies from (the same as the hostagent's).
+	Upstream string `json:"upstream"`
+	// CertPEM and KeyPEM are its serving certificate (SANs: the node's control-plane and workload-plane
+	// addresses; signed by the appliance CA, so nodes trust it through the pin they already have) and
+	// key (secret: written 0600).
+	CertPEM string `json:"certPEM"`
+	KeyPEM  string `json:"keyPEM"`
 }
 
 // kubeadm actions, in the order a cluster is built (kubeadm init, then joins).
@@ -147,6 +180,9 @@ type Mirror struct {
 	// Endpoint is the mirror's full API URL for that registry (https), e.g.
 	// "https://10.100.0.1:8443/v2/registry.k8s.io"; containerd uses it as is (override_path).
 	Endpoint string `json:"endpoint"`
+	// Endpoints, when set, are several mirrors of the same content, tried in order (after the hand-off:
+	// the control planes' in-cluster mirrors); Endpoint is then Endpoints[0].
+	Endpoints []string `json:"endpoints,omitempty"`
 }
 
 // Report is one progress record from a node's hostagent.

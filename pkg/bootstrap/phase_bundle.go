@@ -44,6 +44,12 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
+		self, _, selfOK, err := applianceImage(ctx, st, true)
+		if err != nil {
+			return Result{}, err
+		}
+		ir = mergeImports(ir, self)
+		ok = ok && selfOK
 		st.Images = ir
 		detail := fmt.Sprintf("%s, verified %d files (%s), %d images from %d registries", signed, vr.Files, humanBytes(vr.Bytes), len(ir.Images), len(ir.Registries))
 		if ok {
@@ -61,6 +67,12 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	}
 	// The links Import makes change the blobs' ctime; the stamp does not key hard-linked files on
 	// ctime (bundle.Verify), so the next run hashes nothing unchanged without a second Verify here.
+	// The appliance's own executable as an image, beside the bundle's (the hand-off runs it).
+	self, _, _, err := applianceImage(ctx, st, false)
+	if err != nil {
+		return Result{}, fmt.Errorf("the appliance image: %w", err)
+	}
+	ir = mergeImports(ir, self)
 	st.Images = ir
 	return Result{
 		Changed: vr.Changed || ir.Changed,
@@ -84,7 +96,7 @@ func humanBytes(n int64) string {
 
 // Load, for a skipped bundle phase: the registries the registry storage already serves
 // (registry.Check, read-only), which render needs for the nodes' mirrors.
-func (bundlePhase) Load(_ context.Context, st *State) error {
+func (bundlePhase) Load(ctx context.Context, st *State) error {
 	b, err := bundle.Open(st.Config.Bundle.Path)
 	if err != nil {
 		return fmt.Errorf("bundle.path: %w", err)
@@ -93,6 +105,10 @@ func (bundlePhase) Load(_ context.Context, st *State) error {
 	if err != nil {
 		return err
 	}
-	st.Images = ir
+	self, _, _, err := applianceImage(ctx, st, true)
+	if err != nil {
+		return err
+	}
+	st.Images = mergeImports(ir, self)
 	return nil
 }

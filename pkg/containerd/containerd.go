@@ -42,12 +42,12 @@ func UpstreamServer(registry string) string {
 var hostsTemplate = template.Must(template.New("hosts.toml").Funcs(template.FuncMap{"toml": TOMLString}).Parse(
 	`# Written by the air-gap appliance: pull {{.Registry}} images through the appliance mirror.
 server = {{toml .Server}}
-
-[host.{{toml .Endpoint}}]
+{{range .Endpoints}}
+[host.{{toml .}}]
   capabilities = ["pull", "resolve"]
-  ca = {{toml .CA}}
+  ca = {{toml $.CA}}
   override_path = true
-`))
+{{end}}`))
 
 // HostsTOML renders CertsDir/<registry>/hosts.toml: pull and resolve registry's images from endpoint
 // (the appliance's https URL for that registry's namespace, e.g.
@@ -56,9 +56,19 @@ server = {{toml .Server}}
 // basic string, so any input yields valid TOML; callers validate registry and endpoint (pkg/ignition
 // does) because containerd would treat a nonsense value as an unreachable host.
 func HostsTOML(registry, endpoint, caPath string) []byte {
+	return HostsTOMLEndpoints(registry, []string{endpoint}, caPath)
+}
+
+// HostsTOMLEndpoints is HostsTOML with several mirrors of the same content, one [host] table each:
+// containerd tries them in order and moves to the next when one fails (docs/hosts.md: "hosts are
+// tried in the order listed"). After the hand-off these are the control planes' in-cluster mirrors.
+func HostsTOMLEndpoints(registry string, endpoints []string, caPath string) []byte {
 	var b bytes.Buffer
-	err := hostsTemplate.Execute(&b, struct{ Registry, Server, Endpoint, CA string }{
-		Registry: registry, Server: UpstreamServer(registry), Endpoint: endpoint, CA: caPath,
+	err := hostsTemplate.Execute(&b, struct {
+		Registry, Server, CA string
+		Endpoints            []string
+	}{
+		Registry: registry, Server: UpstreamServer(registry), Endpoints: endpoints, CA: caPath,
 	})
 	if err != nil { // only a broken template can fail, and a test executes it
 		panic(fmt.Sprintf("hosts.toml template: %v", err))

@@ -133,3 +133,29 @@ func TestSetConfigPathContainerd(t *testing.T) {
 		t.Errorf("containerd does not see config_path:\n%s", out)
 	}
 }
+
+// TestHostsTOMLEndpoints: several mirrors become one [host] table each, in the order given (containerd
+// tries them in that order); one endpoint renders exactly what HostsTOML does.
+func TestHostsTOMLEndpoints(t *testing.T) {
+	got := string(HostsTOMLEndpoints("registry.k8s.io", []string{"https://10.0.0.11:5443/v2/registry.k8s.io", "https://10.0.0.12:5443/v2/registry.k8s.io"}, CAPath))
+	want := `# Written by the air-gap appliance: pull registry.k8s.io images through the appliance mirror.
+server = "https://registry.k8s.io"
+
+[host."https://10.0.0.11:5443/v2/registry.k8s.io"]
+  capabilities = ["pull", "resolve"]
+  ca = "/etc/containerd/certs.d/appliance-ca.crt"
+  override_path = true
+
+[host."https://10.0.0.12:5443/v2/registry.k8s.io"]
+  capabilities = ["pull", "resolve"]
+  ca = "/etc/containerd/certs.d/appliance-ca.crt"
+  override_path = true
+`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	one := "https://10.0.0.1:8443/v2/registry.k8s.io"
+	if a, b := HostsTOMLEndpoints("registry.k8s.io", []string{one}, CAPath), HostsTOML("registry.k8s.io", one, CAPath); !bytes.Equal(a, b) {
+		t.Errorf("one endpoint:\n%s\nHostsTOML:\n%s", a, b)
+	}
+}

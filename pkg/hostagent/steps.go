@@ -98,7 +98,16 @@ func (a *Agent) stepContainerd(ctx context.Context) (string, error) {
 		if m.Registry == "" || m.Registry != filepath.Base(m.Registry) || strings.HasPrefix(m.Registry, ".") || !strings.HasPrefix(m.Endpoint, "https://") {
 			return "", fmt.Errorf("node config mirrors[%d]: registry %q / endpoint %q is not a registry host and https URL", i, m.Registry, m.Endpoint)
 		}
-		if err := write(containerd.CertsDir+"/"+m.Registry+"/hosts.toml", containerd.HostsTOML(m.Registry, m.Endpoint, containerd.CAPath)); err != nil {
+		endpoints := m.Endpoints
+		if len(endpoints) == 0 {
+			endpoints = []string{m.Endpoint}
+		}
+		for _, e := range endpoints {
+			if !strings.HasPrefix(e, "https://") {
+				return "", fmt.Errorf("node config mirrors[%d]: endpoint %q is not an https URL", i, e)
+			}
+		}
+		if err := write(containerd.CertsDir+"/"+m.Registry+"/hosts.toml", containerd.HostsTOMLEndpoints(m.Registry, endpoints, containerd.CAPath)); err != nil {
 			return "", err
 		}
 	}

@@ -57,6 +57,9 @@ type Inputs struct {
 	HostagentSHA256 string
 	// Snippets are each node's user Ignition snippets in merge order (ReadSnippets reads them).
 	Snippets map[string][]ignition.Snippet
+	// Handoff is the hand-off's state, nil before `appliance handoff`: it adds each node's
+	// agentapi.HandoffConfig (handoffFor).
+	Handoff *Handoff
 }
 
 // NodeArtefacts is what one node is given. Every byte slice is a file the render phase writes 0600
@@ -125,6 +128,9 @@ func Build(in Inputs) (*Plan, error) {
 		}
 		a.NodeConfig, err = NodeConfigFor(c, n, in.ControlPlane.Prefix.Addr(), in.CA.CertPEM, vrrp, mirrors, in.Cluster)
 		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := handoffFor(c, n, &a.NodeConfig, in.Handoff, in.ApplianceURL); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		nc, err := json.MarshalIndent(a.NodeConfig, "", "  ")

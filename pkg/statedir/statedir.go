@@ -63,6 +63,15 @@ func Appliance(state string) string { return filepath.Join(state, "appliance") }
 // hand-off marker.
 func Keepalived(state string) string { return filepath.Join(state, "keepalived") }
 
+// ApplianceImage is STATE/appliance-image: the OCI layout of the appliance's own executable as an image
+// (registry.WriteExecutableImage), imported into Registry beside the bundle's images; the hand-off's
+// in-cluster mirror runs it as a static pod.
+func ApplianceImage(state string) string { return filepath.Join(state, "appliance-image") }
+
+// Handoff is STATE/handoff: the hand-off's record (state.json) and the serving certificates the
+// appliance issued for the control planes' in-cluster mirrors.
+func Handoff(state string) string { return filepath.Join(state, "handoff") }
+
 // File and folder names inside RenderedNode (written by the render phase from pkg/plan, read by the
 // HTTPS front and the power phase) and inside Appliance.
 const (
