@@ -36,6 +36,8 @@ const (
 	k8sVersion = "v1.34.4"
 )
 
+// k8sNodes are the nodes of the lab's cluster: cp1-3 and w1 from day 1; day2 (e2e_day2_test.go)
+// removes w1 and adds w2, and updates it, so the subtests after it check the cluster as it is.
 var k8sNodes = []string{"cp1", "cp2", "cp3", "w1"}
 
 // fixtureBin is a binary of the Kubernetes fixture (test/fixtures/build-kubernetes.sh).
@@ -58,8 +60,9 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	l := newLab(t, prefix)
 	l.skip = nil
 	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
-	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=1", "LAB_WORKER_KIND=nspawn")
-	n.script(t, "lab.sh", "up", "3", "1")
+	// Two worker namespaces (their host keys pinned): w2 is started only when day2 adds it.
+	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=2", "LAB_WORKER_KIND=nspawn")
+	n.script(t, "lab.sh", "up", "3", "2")
 	n.script(t, "creds.sh")
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -81,7 +84,7 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 			t.Errorf("nodes.sh down: %v\n%s", err, out)
 		}
 	})
-	n.script(t, "nodes.sh", "up")
+	n.script(t, "nodes.sh", append([]string{"up"}, k8sNodes...)...)
 	var buf bytes.Buffer
 	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
 		t.Fatal(err)
@@ -266,6 +269,7 @@ func TestKubernetesE2E(t *testing.T) {
 	// Day 2 (issue 15), in this order, one call per line below: nodes added and removed, then the
 	// appliance upgraded, then the hand-off, which switches the bootstrap host off and so comes last.
 	// DAY2-CALLS
+	k.day2(t, ctx)
 }
 
 // timeline prints the racked → Ready timeline: each phase's duration and share, and per node the

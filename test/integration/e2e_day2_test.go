@@ -1,0 +1,417 @@
+//go:build e2e
+
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/plan"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// Day 2 of the e2e (issue 15 items 1 and 2), on the converged lab of TestKubernetesE2E: the worker
+// w1 is removed (drained of a real pod, refused from the configuration until removed, reset,
+// deleted, its pod route dropped everywhere), then the worker w2 is appended to nodes[] and only w2
+// is powered and joined, with a bootstrap token the appliance renewed (the join secrets are aged
+// past their TTL first, as a rerun more than two hours after the last one finds them). The order
+// follows the documented rule that pod ranges are numbered by position in nodes[]: remove the last
+// nodes, add at the end. It leaves the cluster Ready with cp1-3 and w2, k.config listing exactly
+// those, and k8sNodes naming them, for the subtests that follow.
+func (k *k8sLab) day2(t *testing.T, ctx context.Context) {
+	// The day-1 worker's figures, read before its records say it is removed.
+	w1Join, w1Ready := k.joinFigures(t, "w1")
+
+	removed := t.Run("removing the worker w1: drained of a real pod, refused without it, appliance node remove, a rerun", func(t *testing.T) {
+		k.removeWorker(t)
+	})
+	if !removed {
+		t.Errorf("w1 was not removed: the additions build on the configuration without it, so they do not run")
+		return
+	}
+
+	t.Run("adding a node whose address collides with a running node's is refused, nothing changed", func(t *testing.T) {
+		k.addCollision(t)
+	})
+
+	t.Run("adding the worker w2: only w2 is powered and joined, with a renewed bootstrap token", func(t *testing.T) {
+		k.addWorker(t, ctx, w1Join, w1Ready)
+	})
+}
+
+// configWithout returns the text of the configuration file without node's entry (its "- name:"
+// line up to the next entry or the end of nodes[]).
+func configWithout(t *testing.T, text, node string) string {
+	t.Helper()
+	i := strings.Index(text, "\n- name: "+node+"\n")
+	if i < 0 {
+		t.Fatalf("no %s in the configuration:\n%s", node, text)
+	}
+	rest := text[i+1:]
+	end := len(rest)
+	if j := strings.Index(rest[1:], "\n- name: "); j >= 0 {
+		end = j + 2
+	} else if j := strings.Index(rest, "\n\n"); j >= 0 {
+		end = j + 1
+	}
+	return text[:i+1] + rest[end:]
+}
+
+// workerEntry is a nodes[] entry for an nspawn worker reached over SSH with the lab's key.
+func (k *k8sLab) workerEntry(name, cpAddr, wlAddr string) string {
+	return fmt.Sprintf("- name: %s\n  roles: [worker]\n  addresses: [%s, %s]\n  power: {kind: ssh, privateKeyFile: %s/ssh/id_ed25519, knownHostsFile: %s/ssh/known_hosts}\n",
+		name, cpAddr, wlAddr, k.labDir, k.labDir)
+}
+
+// podRangeOf returns node's pod range as cp1's rendered node config routes it ("" if none).
+func (k *k8sLab) podRangeOf(t *testing.T, node string) string {
+	t.Helper()
+	var nc agentapi.NodeConfig
+	b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, "cp1"), statedir.NodeConfigFile))
+	if err != nil || json.Unmarshal(b, &nc) != nil || nc.Kubernetes == nil {
+		t.Fatalf("cp1's rendered node config: %v", err)
+	}
+	for _, r := range nc.Kubernetes.PodRoutes {
+		if r.Node == node {
+			return r.Prefix.String()
+		}
+	}
+	return ""
+}
+
+// removeWorker proves issue 15's node removal on w1: a configuration without w1 is refused until
+// w1 is removed; `appliance node remove w1` drains it (the pod of a Deployment pinned to w1 is
+// evicted and deleted before the command returns), runs kubeadm reset on it and deletes its Node;
+// the rerun with the smaller configuration makes the other nodes drop the route to w1's pod range;
+// `appliance status` shows w1 removed; the API still answers through the VIP.
+func (k *k8sLab) removeWorker(t *testing.T) {
+	appliance := filepath.Join(binDir, "appliance")
+	prefix := k.podRangeOf(t, "w1")
+	if prefix == "" {
+		t.Fatalf("cp1 has no pod route to w1")
+	}
+	for _, n := range []string{"cp1", "cp2", "cp3"} {
+		if out := k.ssh(t, n, "ip route show "+prefix); !strings.Contains(out, prefix) {
+			t.Fatalf("%s has no route to w1's pod range %s before the removal: %q", n, prefix, out)
+		}
+	}
+
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	without := filepath.Join(filepath.Dir(k.config), "bootstrap-without-w1.yaml")
+	mustWrite(t, without, configWithout(t, string(text), "w1"))
+
+	out, err := k.exec("boot", appliance, "bootstrap", "--config", without, "-o", "json").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "node w1 is in the cluster but not in nodes[]: run `appliance node remove w1` or pass --prune") {
+		t.Fatalf("bootstrap without w1 was not refused: %v\n%s", err, out)
+	}
+	if out, err := k.kube("get", "node", "w1", "-o", "name"); err != nil || strings.TrimSpace(out) != "node/w1" {
+		t.Fatalf("the refused run changed w1: %v %q", err, out)
+	}
+
+	// One pod of a Deployment pinned to w1 (the pause image the appliance serves), created with its
+	// nodeSelector from the start (a patch afterwards would roll out a second pod) and waited for
+	// until the rollout is complete and exactly one pod exists: the one the drain must evict.
+	manifest := filepath.Join(k.dir, "on-w1.yaml")
+	mustWrite(t, manifest, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: on-w1, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: on-w1}}
+  template:
+    metadata: {labels: {app: on-w1}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: w1}
+      terminationGracePeriodSeconds: 5
+      containers: [{name: pause, image: "`+plan.PauseImage+`", imagePullPolicy: IfNotPresent}]
+`)
+	if out, err := k.kube("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply on-w1: %v %s", err, out)
+	}
+	t.Cleanup(func() { _, _ = k.kube("delete", "deployment", "on-w1", "--ignore-not-found", "--wait=false") })
+	var victim string
+	if err := waitFor(3*time.Minute, func() error {
+		if out, err := k.kube("rollout", "status", "deployment/on-w1", "--timeout", "10s"); err != nil {
+			return fmt.Errorf("rollout of on-w1: %v %s", err, out)
+		}
+		out, err := k.kube("get", "pods", "-l", "app=on-w1", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} {.metadata.deletionTimestamp}{"\n"}{end}`)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if err != nil || len(lines) != 1 || len(strings.Fields(lines[0])) != 3 || strings.Fields(lines[0])[1] != "w1" || strings.Fields(lines[0])[2] != "Running" {
+			return fmt.Errorf("want exactly one pod of on-w1, Running on w1, not being deleted: %v %q", err, out)
+		}
+		victim = strings.Fields(lines[0])[0]
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err = k.exec("boot", appliance, "node", "remove", "w1", "--config", k.config, "--yes").CombinedOutput()
+	t.Logf("appliance node remove w1:\n%s", out)
+	if err != nil {
+		t.Fatalf("appliance node remove w1: %v", err)
+	}
+	// The drain evicted the pod and waited until its object was deleted: gone the moment the command returned.
+	if !strings.Contains(string(out), "] drain: cordoned, ") || !strings.Contains(string(out), "default/"+victim) {
+		t.Errorf("the drain did not report evicting default/%s", victim)
+	}
+	if out, err := k.kube("get", "pod", victim, "-o", "name", "--ignore-not-found"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("the evicted pod %s still exists after appliance node remove returned: %v %q", victim, err, out)
+	}
+	// Its replacement cannot be scheduled (w1 is cordoned, then gone): it is never bound to w1.
+	// (A pod bound to a deleted Node would be collected by kube-controller-manager's pod GC: wait for it.)
+	if err := waitFor(2*time.Minute, func() error {
+		out, err := k.kube("get", "pods", "-A", "--field-selector", "spec.nodeName=w1", "-o", "name")
+		if err != nil || strings.TrimSpace(out) != "" {
+			return fmt.Errorf("pods still bound to w1 after the removal: %v %q", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if out, err := k.kube("get", "node", "w1", "-o", "name", "--ignore-not-found"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("Node w1 after the removal: %v %q", err, out)
+	}
+	if out := k.ssh(t, "w1", "systemctl is-active kubelet hostagent; pgrep -x kubelet || echo no-kubelet; ls /etc/kubernetes/kubelet.conf 2>&1; true"); !strings.Contains(out, "no-kubelet") ||
+		strings.Contains(out, "\nactive") || strings.HasPrefix(out, "active") || !strings.Contains(out, "No such file") {
+		t.Errorf("w1 after kubeadm reset (want kubelet and hostagent inactive, no kubelet.conf):\n%s", out)
+	}
+	if _, err := k.kube("delete", "deployment", "on-w1", "--ignore-not-found"); err != nil {
+		t.Errorf("kubectl delete deployment on-w1: %v", err)
+	}
+
+	// From here on the lab's configuration is the one without w1.
+	mustWrite(t, k.config, configWithout(t, string(text), "w1"))
+	k8sNodes = slices.DeleteFunc(slices.Clone(k8sNodes), func(n string) bool { return n == "w1" })
+	k.mustBootstrap(context.Background())
+	// Every other hostagent fetches its new config at its next resync and drops the route.
+	if err := waitFor(3*time.Minute, func() error {
+		for _, n := range []string{"cp1", "cp2", "cp3"} {
+			if out, err := k.run(n, "ip", "route", "show", prefix); err != nil || strings.TrimSpace(out) != "" {
+				return fmt.Errorf("%s still routes w1's pod range: %q %v", n, out, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	st, err := k.exec("boot", appliance, "status", "w1", "--config", k.config, "-o", "json").Output()
+	var rows []struct {
+		Node    string                     `json:"node"`
+		History []nodestate.LifecycleEntry `json:"history"`
+	}
+	if err != nil || json.Unmarshal(st, &rows) != nil || len(rows) != 1 {
+		t.Fatalf("appliance status w1: %v %s", err, st)
+	}
+	last := ""
+	for _, e := range rows[0].History {
+		if e.Kind == nodestate.Added || e.Kind == nodestate.Removed {
+			last = string(e.Kind) + " (" + e.Detail + ")"
+		}
+	}
+	if !strings.HasPrefix(last, "removed (appliance node remove") {
+		t.Errorf("w1's last membership entry: %q, want removed by appliance node remove\n%s", last, st)
+	}
+
+	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Errorf("readyz through the VIP after the removal: %v %q", err, out)
+	}
+	if out, err := k.kube("get", "nodes", "-o", "name"); err != nil || strings.Join(strings.Fields(out), " ") != "node/cp1 node/cp2 node/cp3" {
+		t.Errorf("nodes after the removal: %v %q", err, out)
+	}
+}
+
+// addCollision: a configuration that appends w2 with cp3's addresses is refused at load, naming
+// the field paths, and changes nothing (no record, no rendered config, cp3 untouched).
+func (k *k8sLab) addCollision(t *testing.T) {
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(filepath.Dir(k.config), "bootstrap-w2-collides.yaml")
+	mustWrite(t, bad, strings.TrimRight(string(text), "\n")+"\n"+k.workerEntry("w2", "10.100.0.13", "10.200.0.13"))
+	before, _ := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, "cp3"), statedir.NodeConfigFile))
+	out, err := k.exec("boot", filepath.Join(binDir, "appliance"), "bootstrap", "--config", bad).CombinedOutput()
+	t.Logf("bootstrap with w2 on cp3's addresses:\n%s", out)
+	for _, want := range []string{
+		"nodes[3].addresses[0]: 10.100.0.13 is also nodes[2].addresses[0]: node addresses must be unique",
+		"nodes[3].addresses[1]: 10.200.0.13 is also nodes[2].addresses[1]: node addresses must be unique",
+	} {
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("not refused with %q: %v", want, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(statedir.Nodes(k.state), "w2")); err == nil {
+		t.Errorf("the refused run recorded w2")
+	}
+	if _, err := os.Stat(statedir.RenderedNode(k.state, "w2")); err == nil {
+		t.Errorf("the refused run rendered w2")
+	}
+	if after, _ := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, "cp3"), statedir.NodeConfigFile)); string(after) != string(before) {
+		t.Errorf("the refused run changed cp3's rendered config")
+	}
+}
+
+// addWorker appends w2 to nodes[] and reruns bootstrap, after aging the kubeadm join secrets past
+// their TTL (what a day-2 run more than two hours after the last one finds): the pki phase renews
+// the bootstrap token and certificate key, cp1 (the init node) creates the new token in the cluster
+// and re-uploads the control-plane certificates under the new key, and w2 joins with that token.
+// Only w2 is powered; cp1-3 run no kubeadm join again, their lifecycle histories stay as they were,
+// and they gain the route to w2's pod range. The day-2 join figures are printed beside w1's.
+func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready float64) {
+	secretsPath := filepath.Join(statedir.ClusterPKI(k.state), pki.KubeadmSecretsFile)
+	var secrets pki.KubeadmSecrets
+	b, err := os.ReadFile(secretsPath)
+	if err != nil || json.Unmarshal(b, &secrets) != nil {
+		t.Fatalf("%s: %v", secretsPath, err)
+	}
+	oldToken := secrets.BootstrapToken
+	secrets.Created = time.Now().Add(-pki.BootstrapTokenTTL).UTC().Truncate(time.Second)
+	b, _ = json.Marshal(secrets)
+	mustWrite(t, secretsPath, string(b))
+
+	store := nodestate.Open(statedir.Nodes(k.state))
+	others := []string{"cp1", "cp2", "cp3"}
+	seen, hist := map[string]int{}, map[string]int{}
+	for _, n := range others {
+		evs, _ := store.Events(n)
+		h, _ := store.History(n)
+		seen[n], hist[n] = len(evs), len(h)
+	}
+
+	k.script(t, "nodes.sh", "up", "w2")
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+k.workerEntry("w2", "10.100.0.22", "10.200.0.22"))
+	k8sNodes = append(slices.Clone(k8sNodes), "w2")
+
+	start := time.Now()
+	r := k.bootstrap(ctx, "", 0, "--converge-timeout", "10m")
+	took := time.Since(start)
+	if r.err != nil {
+		t.Fatalf("appliance bootstrap with w2 appended: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
+	}
+	if ev, _ := r.phase("pki"); !strings.Contains(ev.Detail, "renewed expiring kubeadm join secrets") {
+		t.Errorf("pki phase did not renew the aged join secrets: %q", ev.Detail)
+	}
+	if ev, _ := r.phase("power"); !strings.HasPrefix(ev.Detail, "cp1 up, cp2 up, cp3 up, w2 hostagent installed over SSH") {
+		t.Errorf("power phase: %q, want cp1-3 left up and only w2 brought up", ev.Detail)
+	}
+	b, _ = os.ReadFile(secretsPath)
+	var renewed pki.KubeadmSecrets
+	if json.Unmarshal(b, &renewed) != nil || renewed.BootstrapToken == oldToken {
+		t.Errorf("the bootstrap token was not renewed")
+	}
+	newID, _, _ := strings.Cut(renewed.BootstrapToken, ".")
+
+	if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {
+		t.Fatal(err)
+	}
+	// The renewed token exists in the cluster (bootstrap tokens are Secrets bootstrap-token-<id>).
+	if out, err := k.kube("get", "secret", "-n", "kube-system", "bootstrap-token-"+newID, "-o", "name"); err != nil || strings.TrimSpace(out) != "secret/bootstrap-token-"+newID {
+		t.Errorf("the renewed bootstrap token %s is not in the cluster: %v %q", newID, err, out)
+	}
+	// w2's pod range is routed on every other node (their hostagents resync within a minute).
+	prefix := k.podRangeOf(t, "w2")
+	if prefix == "" {
+		t.Fatalf("cp1's rendered config has no pod route to w2")
+	}
+	if err := waitFor(3*time.Minute, func() error {
+		for _, n := range others {
+			if out, err := k.run(n, "ip", "route", "show", prefix); err != nil || !strings.Contains(out, "via 10.200.0.22") {
+				return fmt.Errorf("%s has no route to w2's pod range %s via 10.200.0.22: %q %v", n, prefix, out, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	// The other nodes: no kubeadm again except cp1 renewing the join secrets, no package or
+	// containerd step redone, and no new lifecycle entry.
+	for _, n := range others {
+		evs, _ := store.Events(n)
+		var steps []string
+		renewedHere := false
+		for _, ev := range evs[min(seen[n], len(evs)):] {
+			if ev.Step == "" {
+				continue
+			}
+			steps = append(steps, ev.Step+"="+ev.Status)
+			switch ev.Step {
+			case agentapi.StepKubeadm:
+				if n == "cp1" && ev.Status == agentapi.StatusDone && strings.HasPrefix(ev.Detail, "renewed the bootstrap token") {
+					renewedHere = true
+					continue
+				}
+				t.Errorf("%s: kubeadm step reported again: %s %q", n, ev.Status, ev.Detail)
+			case agentapi.StepPackages, agentapi.StepContainerd:
+				t.Errorf("%s: %s step redone: %s %q", n, ev.Step, ev.Status, ev.Detail)
+			}
+		}
+		t.Logf("%s: steps reported since the add: %v", n, steps)
+		if n == "cp1" && !renewedHere {
+			t.Errorf("cp1 did not report renewing the bootstrap token and re-uploading the certificates")
+		}
+		if h, _ := store.History(n); len(h) != hist[n] {
+			t.Errorf("%s: lifecycle history grew from %d to %d entries: %+v", n, hist[n], len(h), h[hist[n]:])
+		}
+	}
+
+	w2Join, w2Ready := k.joinFigures(t, "w2")
+	t.Logf("day-2 worker add: bootstrap rerun %.1fs; w2 kubeadm join %.1fs, first report → ready %.1fs; day-1 w1 kubeadm join %.1fs, first report → ready %.1fs; join ratio %.2fx (issue 15 asks ≤ 1.2x), first report → ready ratio %.2fx",
+		took.Seconds(), w2Join, w2Ready, w1Join, w1Ready, w2Join/w1Join, w2Ready/w1Ready)
+	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Errorf("readyz through the VIP after the add: %v %q", err, out)
+	}
+}
+
+// joinFigures returns, from node's hostagent reports, how long `kubeadm join` ran (hostagent
+// measures it: "kubeadm join done in 12.3s") and how long from its first report to its ready step
+// (its own clock; this includes waiting for the node it joins after), in seconds (0 when not found).
+func (k *k8sLab) joinFigures(t *testing.T, node string) (join, ready float64) {
+	evs, err := nodestate.Open(statedir.Nodes(k.state)).Events(node)
+	if err != nil {
+		t.Errorf("events of %s: %v", node, err)
+		return 0, 0
+	}
+	var first time.Time
+	for _, ev := range evs {
+		if ev.Step == "" {
+			continue
+		}
+		at := ev.Time
+		if !ev.Reported.IsZero() {
+			at = ev.Reported
+		}
+		if first.IsZero() {
+			first = at
+		}
+		switch {
+		case ev.Step == agentapi.StepKubeadm && ev.Status == agentapi.StatusDone && join == 0:
+			_, after, ok := strings.Cut(ev.Detail, " done in ")
+			if ok {
+				_, _ = fmt.Sscanf(after, "%fs", &join)
+			}
+		case ev.Step == agentapi.StepReady && ev.Status == agentapi.StatusDone && ready == 0:
+			ready = at.Sub(first).Seconds()
+		}
+	}
+	return join, ready
+}
