@@ -160,15 +160,39 @@ func Provision(ctx context.Context, r Remote, h Host) (Result, error) {
 		}
 	}
 	// --no-block: hostagent is Type=notify and reports ready only once the node is configured.
-	cmd := "systemctl is-active --quiet " + ignition.HostagentUnit + " || systemctl enable --now --no-block " + ignition.HostagentUnit
+	cmd := startScript(ignition.HostagentUnit, ignition.HostagentBinaryPath)
 	if len(res.Changed) > 0 {
 		cmd = "systemctl daemon-reload && systemctl enable " + ignition.HostagentUnit + " && systemctl restart --no-block " + ignition.HostagentUnit
 		res.Changed = append(res.Changed, "hostagent restarted")
 	}
-	if _, stderr, code, err := r.Run(ctx, cmd, nil); err != nil || code != 0 {
+	out, stderr, code, err := r.Run(ctx, cmd, nil)
+	if err != nil || code != 0 {
 		return res, fmt.Errorf("start %s: exit %d: %v %s", ignition.HostagentUnit, code, err, bytes.TrimSpace(stderr))
 	}
+	if len(res.Changed) == 0 && strings.Contains(string(out), staleRestarted) {
+		res.Changed = append(res.Changed, "hostagent restarted (it ran a replaced executable)")
+	}
 	return res, nil
+}
+
+// staleRestarted is what startScript prints when it restarted a hostagent that ran a replaced
+// executable.
+const staleRestarted = "restarted-stale-hostagent"
+
+// startScript, for a host whose files are all current: start unit if it is not running, and
+// restart it if its main process runs an executable that is no longer bin
+// (Linux shows a replaced one as "PATH (deleted)" in /proc/PID/exe, proc(5)): a run killed between
+// writing a new hostagent and restarting it (an upgrade) would else leave the old build running for
+// good. A unit that is still starting (activating: Type=notify) with the current executable is left
+// alone.
+func startScript(unit, bin string) string {
+	return `u='` + unit + `'
+pid=$(systemctl show -p MainPID --value "$u" 2>/dev/null)
+if [ -n "$pid" ] && [ "$pid" != 0 ] && [ "$(readlink /proc/$pid/exe 2>/dev/null)" != '` + bin + `' ]; then
+  systemctl daemon-reload && systemctl restart --no-block "$u" && echo ` + staleRestarted + `
+else
+  systemctl is-active --quiet "$u" || systemctl enable --now --no-block "$u"
+fi`
 }
 
 // remoteSums returns the SHA-256 of each path that exists on the host (sha256sum(1) output).
