@@ -61,6 +61,18 @@ const (
 // DNSPort is the port of the appliance's DNS server for the cluster's zone (RFC 1035 §4.2).
 const DNSPort uint16 = 53
 
+// Ports of the network-boot service (pkg/netboot), opened only with Spec.Boot.
+const (
+	// DHCPPort is the BOOTP/DHCP server port (RFC 2131 §4.1).
+	DHCPPort uint16 = 67
+	// PXEPort is the PXE boot-server port a PXE client sends its proxyDHCP REQUEST to (PXE 2.1 §2.2.6).
+	PXEPort uint16 = 4011
+	// TFTPPort is the TFTP port (RFC 1350) the iPXE binaries are read from.
+	TFTPPort uint16 = 69
+	// DefaultBootHTTPPort is the plain-HTTP port of the boot artefacts when Spec.BootHTTPPort is 0.
+	DefaultBootHTTPPort uint16 = 8080
+)
+
 // References cited by the port table.
 const (
 	RefKubeadmPorts = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
@@ -68,6 +80,10 @@ const (
 	RefSSH          = "RFC 4253 (SSH transport, port 22)"
 	RefAppliance    = "appliance DESIGN.md (HTTPS front: registry, repo, ignition, agent API)"
 	RefDNS          = "RFC 1035 §4.2 (DNS over UDP and TCP, port 53)"
+	RefDHCP         = "RFC 2131 §4.1 (DHCP server port 67)"
+	RefPXE          = "PXE 2.1 §2.2.6 (proxyDHCP boot-server port 4011)"
+	RefTFTP         = "RFC 1350 (TFTP, port 69)"
+	RefNetboot      = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
 )
 
 // Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
@@ -131,6 +147,19 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		add([]Role{RoleBootstrap}, Port{Name: "dns-" + proto, Protocol: proto, From: DNSPort, To: DNSPort, Source: SourceAnywhere,
 			Description: "the cluster's DNS zone, answered authoritatively; opened only when dns.listenAddress is set", Reference: RefDNS})
 	}
+	// Network boot (pkg/netboot): opened only with Spec.Boot (boot.dhcp proxy or server), when serve
+	// runs it. A PXE ROM's DISCOVER comes from 0.0.0.0, before it has an address: DHCP is open from
+	// anywhere (the service answers only MACs of the inventory). The rest comes from the booting
+	// machine's address on the control-plane network (leased by the appliance, or in proxy mode by
+	// the datacenter's DHCP server on that network). 4011 only in proxy mode (Spec.BootProxy).
+	add([]Role{RoleBootstrap}, Port{Name: "boot-dhcp", Protocol: ProtoUDP, From: DHCPPort, To: DHCPPort, Source: SourceAnywhere,
+		Description: "DHCP for network boot (proxyDHCP or server); opened only when boot.dhcp is proxy or server", Reference: RefDHCP})
+	add([]Role{RoleBootstrap}, Port{Name: "boot-proxydhcp", Protocol: ProtoUDP, From: PXEPort, To: PXEPort, Source: SourceNodeNetworks,
+		Description: "proxyDHCP requests of PXE clients; opened only when boot.dhcp is proxy", Reference: RefPXE})
+	add([]Role{RoleBootstrap}, Port{Name: "boot-tftp", Protocol: ProtoUDP, From: TFTPPort, To: TFTPPort, Source: SourceNodeNetworks,
+		Description: "TFTP of Debian's iPXE binaries (read-only); opened only when boot.dhcp is proxy or server", Reference: RefTFTP})
+	add([]Role{RoleBootstrap}, Port{Name: "boot-http", Protocol: ProtoTCP, From: DefaultBootHTTPPort, To: DefaultBootHTTPPort, Source: SourceNodeNetworks,
+		Description: "plain HTTP of the public boot artefacts (iPXE scripts, kernel, initrd; boot.httpPort); opened only when boot.dhcp is proxy or server", Reference: RefNetboot})
 	add(bootCP, Port{Name: "vrrp", Protocol: ProtoVRRP, Source: SourceVRRPPeers,
 		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})
 	add(bootCP, Port{Name: "kube-apiserver", Protocol: ProtoTCP, From: apiPort, To: apiPort, Source: SourceAnywhere,

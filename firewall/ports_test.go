@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -72,6 +73,10 @@ func TestPortsRequired(t *testing.T) {
 		{RoleBootstrap, "appliance-https", ProtoTCP, 9443, 9443, SourceNodeNetworks},
 		{RoleBootstrap, "dns-udp", ProtoUDP, 53, 53, SourceAnywhere},
 		{RoleBootstrap, "dns-tcp", ProtoTCP, 53, 53, SourceAnywhere},
+		{RoleBootstrap, "boot-dhcp", ProtoUDP, 67, 67, SourceAnywhere},
+		{RoleBootstrap, "boot-proxydhcp", ProtoUDP, 4011, 4011, SourceNodeNetworks},
+		{RoleBootstrap, "boot-tftp", ProtoUDP, 69, 69, SourceNodeNetworks},
+		{RoleBootstrap, "boot-http", ProtoTCP, 8080, 8080, SourceNodeNetworks},
 		{RoleBootstrap, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
 		{RoleControlPlane, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
 		{RoleBootstrap, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
@@ -130,6 +135,8 @@ func TestValidate(t *testing.T) {
 		{"unknown role", Spec{Roles: []Role{RoleWorker, "master"}, NodeNetworks: nn},
 			[]string{`roles[1]: unknown role "master"`}},
 		{"no networks", Spec{Roles: []Role{RoleWorker}}, []string{"nodeNetworks: at least one network is required"}},
+		{"bootProxy without boot", Spec{Roles: []Role{RoleBootstrap}, NodeNetworks: nn, BootProxy: true},
+			[]string{"bootProxy: set only with boot"}},
 		{"bad network and peers, all reported", Spec{Roles: []Role{RoleWorker},
 			NodeNetworks: []netip.Prefix{nn[0], {}},
 			VRRPPeers:    []netip.Addr{{}, netip.MustParseAddr("fe80::1%eth0")}},
@@ -157,6 +164,37 @@ func TestValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBootRows: the network-boot rows open only with Spec.Boot, 4011 only with BootProxy too, and
+// the boot HTTP port is Spec.BootHTTPPort (DefaultBootHTTPPort when 0).
+func TestBootRows(t *testing.T) {
+	base := Spec{Roles: []Role{RoleBootstrap}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}
+	open := func(s Spec) []string {
+		var out []string
+		for _, p := range s.ports() {
+			if p.isBoot() {
+				out = append(out, p.Name+" "+p.Protocol+"/"+p.PortRange())
+			}
+		}
+		return out
+	}
+	server, proxy := base, base
+	server.Boot = true
+	proxy.Boot, proxy.BootProxy, proxy.BootHTTPPort = true, true, 8081
+	for _, c := range []struct {
+		name string
+		spec Spec
+		want []string
+	}{
+		{"off", base, nil},
+		{"server", server, []string{"boot-dhcp udp/67", "boot-tftp udp/69", "boot-http tcp/8080"}},
+		{"proxy, port 8081", proxy, []string{"boot-dhcp udp/67", "boot-proxydhcp udp/4011", "boot-tftp udp/69", "boot-http tcp/8081"}},
+	} {
+		if got := open(c.spec); !slices.Equal(got, c.want) {
+			t.Errorf("%s: boot rows %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 
@@ -234,6 +272,9 @@ var renderSpecs = []struct {
 		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24"), netip.MustParsePrefix("fd00:77::/64")},
 		VRRPPeers:    []netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd00:77::1")},
 		HTTPSPort:    9443, APIPort: 7443}},
+	{"bootstrap-netboot", Spec{Roles: []Role{RoleBootstrap},
+		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
+		Boot:         true, BootProxy: true, BootHTTPPort: 8081}},
 	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
 	{"all-roles", Spec{Roles: Roles(), NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, DNS: true}},

@@ -30,6 +30,15 @@ type Spec struct {
 	// zone (the appliance with dns.listenAddress set). Without it nothing listens there, so nothing
 	// is opened.
 	DNS bool `json:",omitempty"`
+	// Boot opens the table's network-boot rows (DHCPPort, TFTPPort and the boot HTTP port): only when
+	// the host serves network boot (the appliance with boot.dhcp proxy or server).
+	Boot bool `json:",omitempty"`
+	// BootProxy also opens PXEPort, where proxyDHCP clients send their REQUEST (boot.dhcp: proxy).
+	// Requires Boot.
+	BootProxy bool `json:",omitempty"`
+	// BootHTTPPort is the plain-HTTP port of the boot artefacts (boot.httpPort); 0 means
+	// DefaultBootHTTPPort.
+	BootHTTPPort uint16 `json:",omitempty"`
 }
 
 // Validate returns every problem of s at once (errors.Join), each wrapping ErrInvalidSpec and naming its
@@ -55,6 +64,9 @@ func (s Spec) Validate() error {
 			bad("nodeNetworks[%d]: %q is not a CIDR", i, p)
 		}
 	}
+	if s.BootProxy && !s.Boot {
+		bad("bootProxy: set only with boot (the proxyDHCP port belongs to the network-boot service)")
+	}
 	for i, a := range s.VRRPPeers {
 		if !a.IsValid() {
 			bad("vrrpPeers[%d]: not an IP address", i)
@@ -76,8 +88,11 @@ func (s Spec) ports() []Port {
 	seen := map[key]bool{}
 	var out []Port
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS {
+		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS || p.isBoot() && !s.Boot || p.Name == "boot-proxydhcp" && !s.BootProxy {
 			continue
+		}
+		if p.Name == "boot-http" && s.BootHTTPPort != 0 {
+			p.From, p.To = s.BootHTTPPort, s.BootHTTPPort
 		}
 		k := key{p.Protocol, p.From, p.To, p.Source}
 		if seen[k] {
@@ -179,6 +194,9 @@ func splitPeers(as []netip.Addr) (v4, v6 []netip.Addr) {
 	}
 	return sortUniq(v4), sortUniq(v6)
 }
+
+// isBoot reports whether p is one of the table's network-boot rows, opened only with Spec.Boot.
+func (p Port) isBoot() bool { return strings.HasPrefix(p.Name, "boot-") }
 
 // isDNS reports whether p is one of the table's DNS rows, opened only with Spec.DNS.
 func (p Port) isDNS() bool {

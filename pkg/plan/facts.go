@@ -79,8 +79,12 @@ func Roles(n config.Node) []string {
 
 // ApplianceFirewall is the bootstrap host's firewall: the port table's bootstrap role, reachable
 // from NodeNetworks, VRRP accepted from ControlPlaneAddresses, the DNS port only with
-// dns.listenAddress.
+// dns.listenAddress, the network-boot ports only with boot.dhcp proxy or server (4011 only with proxy).
 func ApplianceFirewall(c *config.BootstrapConfiguration) firewall.Spec {
+	var bootHTTP uint16
+	if c.Boot.Enabled() {
+		bootHTTP = c.Boot.HTTPPort
+	}
 	return firewall.Spec{
 		Roles:        []firewall.Role{firewall.RoleBootstrap},
 		NodeNetworks: NodeNetworks(c),
@@ -88,5 +92,8 @@ func ApplianceFirewall(c *config.BootstrapConfiguration) firewall.Spec {
 		HTTPSPort:    c.Server.Port,
 		APIPort:      c.APIServer.Port,
 		DNS:          c.DNS.ListenAddress.IsValid(),
+		Boot:         c.Boot.Enabled(),
+		BootProxy:    c.Boot.DHCP == config.BootDHCPProxy,
+		BootHTTPPort: bootHTTP,
 	}
 }

@@ -180,3 +180,23 @@ func TestApplianceFirewallDNS(t *testing.T) {
 		t.Error("with dns.listenAddress the appliance firewall does not open the DNS port")
 	}
 }
+
+// TestApplianceFirewallBoot: the bootstrap host opens the network-boot ports only with boot.dhcp
+// proxy or server, the proxyDHCP port only with proxy, and boot.httpPort as the boot HTTP port.
+func TestApplianceFirewallBoot(t *testing.T) {
+	for _, c := range []struct {
+		dhcp        config.BootDHCP
+		boot, proxy bool
+		port        uint16
+	}{
+		{config.BootDHCPOff, false, false, 0},
+		{config.BootDHCPServer, true, false, 8081},
+		{config.BootDHCPProxy, true, true, 8081},
+	} {
+		cfg := &config.BootstrapConfiguration{Boot: config.Boot{DHCP: c.dhcp, HTTPPort: 8081}}
+		s := ApplianceFirewall(cfg)
+		if s.Boot != c.boot || s.BootProxy != c.proxy || s.BootHTTPPort != c.port {
+			t.Errorf("boot.dhcp %s: Boot %t BootProxy %t BootHTTPPort %d, want %t %t %d", c.dhcp, s.Boot, s.BootProxy, s.BootHTTPPort, c.boot, c.proxy, c.port)
+		}
+	}
+}
