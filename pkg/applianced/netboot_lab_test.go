@@ -31,11 +31,14 @@ import (
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -242,7 +245,8 @@ func pxeROM(arch iana.Arch, extra ...dhcpv4.Modifier) []dhcpv4.Modifier {
 // bytes of Debian's ipxe package), as iPXE gets its script's URL, and the script names the node and
 // carries the appliance URL and CA pin and no token; the kernel served is the bundle's node-image
 // kernel (the default boot.kernel). An unknown MAC, and a node of the inventory that does not boot
-// from the network (cp1: bootDevice disk), get nothing. SIGTERM ends serve cleanly.
+// from the network (cp1: bootDevice disk), get nothing. All of it through the appliance's own
+// firewall (plan.ApplianceFirewall, applied by the real nftables backend). SIGTERM ends serve cleanly.
 func TestLabServeNetboot(t *testing.T) {
 	labns.RequireRoot(t)
 	bios, err := os.ReadFile(filepath.Join(netboot.DefaultIPXEDir, netboot.BootFileBIOS))
@@ -319,6 +323,15 @@ boot:
   kernelArgs: [console=ttyS0]
 `))
 
+	// The appliance's own firewall, as the firewall phase applies it (policy drop): the network-boot
+	// rows must let every step below through.
+	cfg, _, err := config.Load(cfgPath, config.ValidateOptions{CheckFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&firewall.NFTables{NetNSPath: srvNS.Path()}).Apply(t.Context(), plan.ApplianceFirewall(cfg)); err != nil {
+		t.Fatalf("apply the appliance firewall in %s: %v", srvNS.Name, err)
+	}
 	serve := startServe(t, srvNS, cfgPath)
 	if !strings.Contains(serve.Log(), "netboot: serving") || !strings.Contains(serve.Log(), "interface="+srvIf) {
 		t.Errorf("serve did not log the network-boot service on %s:\n%s", srvIf, serve.Log())
