@@ -32,6 +32,8 @@ type validateResult struct {
 	ClusterName       string `json:"clusterName,omitempty"`
 	ControlPlaneNodes int    `json:"controlPlaneNodes"`
 	WorkerNodes       int    `json:"workerNodes"`
+	// NetworkBoot says what network boot serve runs (config.BootstrapConfiguration.BootSummary).
+	NetworkBoot string `json:"networkBoot,omitempty"`
 	// Warnings and Errors are never null: each {"path", "line", "message"}; a file that cannot be
 	// read is one error without a path.
 	Warnings []*config.FieldError `json:"warnings"`
@@ -83,6 +85,7 @@ errors} document; several files print a JSON array of them.`,
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s is valid: cluster %q, %d control-plane and %d worker nodes\n",
 					file, cfgs[i].ClusterName, len(cfgs[i].ControlPlaneNodes()), len(cfgs[i].WorkerNodes()))
+				fmt.Fprintf(cmd.OutOrStdout(), "  network boot: %s\n", cfgs[i].BootSummary())
 			}
 			if len(invalid) > 0 {
 				return fmt.Errorf("%d of %d files are not valid: %s", len(invalid), len(args), strings.Join(invalid, ", "))
@@ -115,6 +118,7 @@ func newValidateResult(file string, cfg *config.BootstrapConfiguration, warnings
 		r.Errors = []*config.FieldError{{Msg: err.Error()}}
 	default:
 		r.ClusterName, r.ControlPlaneNodes, r.WorkerNodes = cfg.ClusterName, len(cfg.ControlPlaneNodes()), len(cfg.WorkerNodes())
+		r.NetworkBoot = cfg.BootSummary()
 	}
 	return r
 }

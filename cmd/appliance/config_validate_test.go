@@ -88,3 +88,25 @@ func TestConfigValidateCollisions(t *testing.T) {
 		t.Errorf("with a missing file: %v, stdout %q", err, out)
 	}
 }
+
+// TestNetworkBootSaid: `config validate` and `status` say what network boot serve runs (the example
+// has two network-bootable workers, so boot.dhcp defaults to proxy); status keeps it off stdout.
+func TestNetworkBootSaid(t *testing.T) {
+	cfg := config.Example()
+	cfg.StateDir = t.TempDir()
+	path := writeConfig(t, cfg)
+	const want = "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 2 machines: w1 52:54:00:00:00:21, w2 52:54:00:00:00:22"
+	out, errOut, err := runCLI("config", "validate", "--offline", path)
+	if err != nil || !strings.Contains(out, "  network boot: "+want+"\n") {
+		t.Errorf("config validate: %v\nstdout %q\nstderr %q\nwant the line %q", err, out, errOut, want)
+	}
+	out, _, err = runCLI("config", "validate", "--offline", "-o", "json", path)
+	var r validateResult
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.NetworkBoot != want {
+		t.Errorf("config validate -o json: %v, networkBoot %q, want %q", err, r.NetworkBoot, want)
+	}
+	out, errOut, err = runCLI("status", "-c", path)
+	if err != nil || !strings.Contains(errOut, "network boot (served by appliance serve): "+want) || strings.Contains(out, "network boot") {
+		t.Errorf("status: %v\nstdout %q\nstderr %q", err, out, errOut)
+	}
+}

@@ -155,8 +155,15 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Node, roles, r.State, fw, updated, oneLine(reason))
 			}
-			if err := tw.Flush(); err != nil || !withHistory {
+			if err := tw.Flush(); err != nil {
 				return err
+			}
+			if cfg.Boot.Enabled() && len(args) == 0 {
+				// On stderr, for people: stdout stays the table.
+				fmt.Fprintf(cmd.ErrOrStderr(), "network boot (served by appliance serve): %s\n", cfg.BootSummary())
+			}
+			if !withHistory {
+				return nil
 			}
 			for _, r := range rows {
 				fmt.Fprintf(out, "\n%s history:\n", r.Node)

@@ -22,6 +22,7 @@ import (
 func TestStatusHistory(t *testing.T) {
 	cfg := config.Example()
 	cfg.StateDir = t.TempDir()
+	cfg.Boot = config.Boot{DHCP: config.BootDHCPOff} // no network-boot line (stderr, merged into out below)
 	b, err := config.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -92,6 +92,46 @@ func (n Node) NetworkBootable() bool {
 	return n.MAC != "" && (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE
 }
 
+// BootSummary says, for people, what network boot the appliance serves for c (`appliance config
+// validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
+// the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and
+// boot HTTP (tcp 8080) on the control-plane interface; kernel /b/netboot/vmlinuz; answers 1 machine:
+// w1 52:54:00:00:00:21".
+func (c *BootstrapConfiguration) BootSummary() string {
+	b := c.Boot
+	if !b.Enabled() {
+		return "off (boot.dhcp: " + string(b.DHCP) + ")"
+	}
+	var sb strings.Builder
+	if b.DHCP == BootDHCPProxy {
+		sb.WriteString("proxyDHCP (udp 67, 4011)")
+	} else {
+		fmt.Fprintf(&sb, "DHCP server leasing %s-%s (udp 67)", b.Range.Start, b.Range.End)
+	}
+	fmt.Fprintf(&sb, ", TFTP (udp 69) and boot HTTP (tcp %d) on ", b.HTTPPort)
+	if b.Interface != "" {
+		sb.WriteString(b.Interface)
+	} else {
+		sb.WriteString("the control-plane interface")
+	}
+	fmt.Fprintf(&sb, "; kernel %s", b.Kernel)
+	var machines []string
+	for _, n := range c.Nodes {
+		if n.NetworkBootable() {
+			machines = append(machines, n.Name+" "+n.MAC)
+		}
+	}
+	switch len(machines) {
+	case 0:
+		sb.WriteString("; answers no machine (no node has a mac, power.kind ipmi or redfish and power.bootDevice pxe)")
+	case 1:
+		sb.WriteString("; answers 1 machine: " + machines[0])
+	default:
+		fmt.Fprintf(&sb, "; answers %d machines: %s", len(machines), strings.Join(machines, ", "))
+	}
+	return sb.String()
+}
+
 // setBootDefaults fills boot after the nodes are defaulted (it reads their power.bootDevice).
 func setBootDefaults(c *BootstrapConfiguration) {
 	b := &c.Boot

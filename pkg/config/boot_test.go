@@ -222,3 +222,21 @@ func TestBootErrorLine(t *testing.T) {
 	_, _, errs := labWith(t, "boot:\n  dhcp: relay\n")
 	requireErr(t, errs, "boot.dhcp", "is not a DHCP mode", line)
 }
+
+func TestBootSummary(t *testing.T) {
+	off, _, _ := labWith(t, "")
+	proxy, _, _ := labWith(t, "", w1MAC...)
+	server, _, _ := labWith(t, "boot:\n  dhcp: server\n  interface: ens3\n  range: {start: 10.100.0.200, end: 10.100.0.250}\n", w1MAC...)
+	for _, c := range []struct {
+		cfg  *BootstrapConfiguration
+		want string
+	}{
+		{off, "off (boot.dhcp: off)"},
+		{proxy, "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 1 machine: w1 52:54:00:00:00:21"},
+		{server, "DHCP server leasing 10.100.0.200-10.100.0.250 (udp 67), TFTP (udp 69) and boot HTTP (tcp 8080) on ens3; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 1 machine: w1 52:54:00:00:00:21"},
+	} {
+		if got := c.cfg.BootSummary(); got != c.want {
+			t.Errorf("BootSummary() = %q\nwant %q", got, c.want)
+		}
+	}
+}
