@@ -58,6 +58,10 @@ const (
 	DefaultAPIPort   uint16 = 6443 // kube-apiserver --secure-port and the VIP's port (kubeadm default)
 )
 
+// ClusterMirrorPort is the HTTPS port of the in-cluster mirror each control plane runs after the
+// hand-off (`appliance handoff`): /v2/ and /repo/ as the appliance serves them.
+const ClusterMirrorPort uint16 = 5443
+
 // DNSPort is the port of the appliance's DNS server for the cluster's zone (RFC 1035 §4.2).
 const DNSPort uint16 = 53
 
@@ -172,6 +176,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		Source: SourceNodeNetworks, Description: "kube-scheduler secure port", Reference: RefKubeadmPorts})
 	add([]Role{RoleControlPlane}, Port{Name: "kube-controller-manager", Protocol: ProtoTCP, From: 10257, To: 10257,
 		Source: SourceNodeNetworks, Description: "kube-controller-manager secure port", Reference: RefKubeadmPorts})
+	add([]Role{RoleControlPlane}, Port{Name: "cluster-mirror", Protocol: ProtoTCP, From: ClusterMirrorPort, To: ClusterMirrorPort,
+		Source: SourceNodeNetworks, Description: "in-cluster registry mirror and package repo after the hand-off (appliance cluster-mirror static pod)", Reference: RefAppliance})
 	add(nodes, Port{Name: "kube-proxy-health", Protocol: ProtoTCP, From: 10256, To: 10256, Source: SourceNodeNetworks,
 		Description: "kube-proxy health check (load balancers)", Reference: RefKubeadmPorts})
 	add([]Role{RoleWorker}, Port{Name: "nodeport-tcp", Protocol: ProtoTCP, From: 30000, To: 32767, Source: SourceAnywhere,

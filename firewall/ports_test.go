@@ -86,6 +86,7 @@ func TestPortsRequired(t *testing.T) {
 		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
 		{RoleControlPlane, "kube-scheduler", ProtoTCP, 10259, 10259, SourceNodeNetworks},
 		{RoleControlPlane, "kube-controller-manager", ProtoTCP, 10257, 10257, SourceNodeNetworks},
+		{RoleControlPlane, "cluster-mirror", ProtoTCP, 5443, 5443, SourceNodeNetworks},
 		{RoleControlPlane, "kube-proxy-health", ProtoTCP, 10256, 10256, SourceNodeNetworks},
 		{RoleWorker, "kube-proxy-health", ProtoTCP, 10256, 10256, SourceNodeNetworks},
 		{RoleWorker, "nodeport-tcp", ProtoTCP, 30000, 32767, SourceAnywhere},

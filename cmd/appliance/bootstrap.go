@@ -24,7 +24,7 @@ type bootstrapFlags struct {
 	config, stateDir, hostagent string
 	skip                        []string
 	convergeTimeout             time.Duration
-	dryRun, prune               bool
+	dryRun, prune, handoff      bool
 }
 
 func newBootstrapCommand(g *globalFlags) *cobra.Command {
@@ -97,6 +97,7 @@ func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 		JSONEvents:      jsonOut,
 		Logger:          g.logger(cmd.ErrOrStderr()),
 		DryRun:          f.dryRun,
+		Handoff:         f.handoff,
 	})
 	if err != nil {
 		return err

@@ -66,6 +66,7 @@ func newRootCommand() *cobra.Command {
 		newDNSCommand(g),
 		newPowerCommand(g),
 		newNodeCommand(g),
+		newHandoffCommand(g),
 		newBundleCommand(g),
 		newFirstbootCommand(),
 		newVersionCommand(g),

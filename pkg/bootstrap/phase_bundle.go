@@ -44,10 +44,11 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
-		self, _, selfOK, err := applianceImage(ctx, st, true)
+		self, img, selfOK, err := applianceImage(ctx, st, true)
 		if err != nil {
 			return Result{}, err
 		}
+		st.ApplianceImage = img
 		ir = mergeImports(ir, self)
 		ok = ok && selfOK
 		st.Images = ir
@@ -68,10 +69,11 @@ func (bundlePhase) Run(ctx context.Context, st *State) (Result, error) {
 	// The links Import makes change the blobs' ctime; the stamp does not key hard-linked files on
 	// ctime (bundle.Verify), so the next run hashes nothing unchanged without a second Verify here.
 	// The appliance's own executable as an image, beside the bundle's (the hand-off runs it).
-	self, _, _, err := applianceImage(ctx, st, false)
+	self, img, _, err := applianceImage(ctx, st, false)
 	if err != nil {
 		return Result{}, fmt.Errorf("the appliance image: %w", err)
 	}
+	st.ApplianceImage = img
 	ir = mergeImports(ir, self)
 	st.Images = ir
 	return Result{
@@ -105,10 +107,11 @@ func (bundlePhase) Load(ctx context.Context, st *State) error {
 	if err != nil {
 		return err
 	}
-	self, _, _, err := applianceImage(ctx, st, true)
+	self, img, _, err := applianceImage(ctx, st, true)
 	if err != nil {
 		return err
 	}
+	st.ApplianceImage = img
 	st.Images = mergeImports(ir, self)
 	return nil
 }

@@ -87,10 +87,14 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	handoff, err := handoffInputs(st)
+	if err != nil {
+		return Result{}, err
+	}
 	p, err := plan.Build(plan.Inputs{
 		Config: st.Config, ControlPlane: st.ControlPlane, ApplianceURL: st.ApplianceURL, CA: st.CA,
 		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, RecordedVRRP: recorded, Cluster: cluster,
-		Registries: st.Images.Registries, HostagentSHA256: agentSum, Snippets: snippets,
+		Registries: st.Images.Registries, HostagentSHA256: agentSum, Snippets: snippets, Handoff: handoff,
 	})
 	if err != nil {
 		return Result{}, err

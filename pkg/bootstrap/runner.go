@@ -43,6 +43,9 @@ type Options struct {
 	// changing nothing: no file, no firewall rule, no process, no node (kubeadm's `--dry-run`, k0sctl's
 	// DryRun). The journal is not written.
 	DryRun bool
+	// Handoff runs the hand-off phase even when the configuration does not enable it (`appliance
+	// handoff`).
+	Handoff bool
 	// Prune removes the nodes the state knows as cluster members but the configuration no longer
 	// lists (--prune); nil refuses such a run with ErrForgotten before anything changes.
 	Prune PruneFunc
@@ -52,7 +55,7 @@ type Options struct {
 func Phases() []Phase {
 	// render comes before serve and firewall: `appliance serve` reads the bootstrap host's keepalived
 	// instance render wrote, and the firewall phase applies the plan's spec.
-	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}}
+	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}, handoffPhase{}}
 }
 
 // PhaseNames lists the phases' names in order.

@@ -36,6 +36,8 @@ type State struct {
 
 	// Images is what the registry serves (bundle phase).
 	Images registry.ImportResult
+	// ApplianceImage is the appliance's own executable as an image in that registry (bundle phase).
+	ApplianceImage registry.ExecutableImage
 	// Plan is every artefact the render phase derived and wrote (pkg/plan).
 	Plan *plan.Plan
 	// Served is the /healthz answer of the running server (serve phase).

@@ -73,6 +73,10 @@ type BootstrapConfiguration struct {
 	BaseDomain string `yaml:"baseDomain,omitempty"`
 	// DNS says whether and where `appliance serve` answers DNS queries for that zone: dns.go.
 	DNS DNS `yaml:"dns,omitempty"`
+	// Handoff says whether `appliance bootstrap` ends with the hand-off (its last phase): what nodes
+	// need moves into the cluster so that the bootstrap host can be switched off. `appliance handoff`
+	// does the same on demand. Optional.
+	Handoff Handoff `yaml:"handoff,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.
@@ -383,4 +387,12 @@ func (c *BootstrapConfiguration) nodesWithRole(r Role) []Node {
 		}
 	}
 	return out
+}
+
+// Handoff is the hand-off of the registry mirror and package repo to the control planes (issue 15).
+type Handoff struct {
+	// Enabled runs the hand-off as the last phase of every `appliance bootstrap`: once the cluster is
+	// healthy, each control plane runs an in-cluster mirror (a static pod) holding a copy of the
+	// registry and repo, and every node pulls from those instead of the appliance. Default false.
+	Enabled bool `yaml:"enabled,omitempty"`
 }

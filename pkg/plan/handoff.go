@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/registry"
@@ -12,7 +13,7 @@ import (
 
 // DefaultClusterMirrorPort is the HTTPS port of the in-cluster mirror on each control plane after the
 // hand-off (firewall row "cluster-mirror").
-const DefaultClusterMirrorPort uint16 = 5443
+const DefaultClusterMirrorPort = firewall.ClusterMirrorPort
 
 // Handoff is the hand-off's state as the render phase needs it (pkg/bootstrap's hand-off record).
 type Handoff struct {
