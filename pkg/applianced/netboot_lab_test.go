@@ -261,77 +261,27 @@ func TestLabServeNetboot(t *testing.T) {
 		macCP1   = "52:54:00:4e:53:11"
 	)
 
-	// The state directory the bootstrap phases would have left: CA, serving certificate, node
-	// tokens; a bundle whose node image is a kernel and an initramfs of this test.
-	dir := t.TempDir()
-	state := filepath.Join(dir, "state")
-	pkiDir := statedir.PKI(state)
-	if err := os.MkdirAll(filepath.Join(pkiDir, "tokens"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	caPEM, leaf := pkitest.Issue(t)
-	certFile, keyFile := pkitest.WritePEM(t, dir, leaf)
-	for src, dst := range map[string]string{certFile: "serving.crt", keyFile: "serving.key"} {
-		b, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeFile(t, filepath.Join(pkiDir, dst), b)
-	}
-	writeFile(t, filepath.Join(pkiDir, pki.CACertFile), caPEM)
-	for _, n := range []string{"cp1", "w1"} {
-		writeFile(t, filepath.Join(pkiDir, "tokens", n), []byte("token-of-"+n+"\n"))
-	}
-	bundleDir := filepath.Join(dir, "bundle")
-	meta, err := bundle.MarshalMetadata(bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "netboot-test",
-		KubernetesVersion: "v1.34.4", Created: time.Now()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(bundleDir, bundle.MetadataFile), meta)
 	kernel := []byte("node image kernel " + time.Now().String())
-	writeFile(t, filepath.Join(bundleDir, "netboot", "vmlinuz"), kernel)
-	writeFile(t, filepath.Join(bundleDir, "netboot", "initrd.img"), []byte("node image initramfs"))
-	writeFile(t, filepath.Join(dir, "bmc.password"), []byte("secret\n"))
-	cfgPath := filepath.Join(dir, "bootstrap.yaml")
-	writeFile(t, cfgPath, []byte(`apiVersion: appliance.airgap.dev/v1alpha1
-kind: BootstrapConfiguration
-clusterName: nbtest
-kubernetes: {enabled: false}
-networks:
-  controlPlane: {cidrs: [10.79.0.0/24]}
-  workloadPlane: {cidrs: [10.80.0.0/24]}
-  services: 10.96.0.0/16
-apiServer: {vip: 10.79.0.100}
-bundle:
-  path: `+bundleDir+`
-  publicKeys: ["ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="]
-stateDir: `+state+`
-nodes:
-- name: cp1
+	sl := newServeLab(t, kernel)
+	cfgPath := sl.config(t, "10.79", `- name: cp1
   roles: [control-plane]
   addresses: [10.79.0.11, 10.80.0.11]
   mac: "`+macCP1+`"
-  power: {kind: ipmi, address: 10.79.0.211, username: admin, passwordFile: `+filepath.Join(dir, "bmc.password")+`, bootDevice: disk}
+  power: {kind: ipmi, address: 10.79.0.211, username: admin, passwordFile: `+sl.password+`, bootDevice: disk}
 - name: w1
   roles: [worker]
   addresses: [10.79.0.21, 10.80.0.21]
   mac: "`+macW1+`"
-  power: {kind: ipmi, address: 10.79.0.221, username: admin, passwordFile: `+filepath.Join(dir, "bmc.password")+`}
+  power: {kind: ipmi, address: 10.79.0.221, username: admin, passwordFile: `+sl.password+`}
 boot:
   dhcp: proxy
   kernelArgs: [console=ttyS0]
-`))
+`)
+	caPEM := sl.caPEM
 
 	// The appliance's own firewall, as the firewall phase applies it (policy drop): the network-boot
 	// rows must let every step below through.
-	cfg, _, err := config.Load(cfgPath, config.ValidateOptions{CheckFiles: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := (&firewall.NFTables{NetNSPath: srvNS.Path()}).Apply(t.Context(), plan.ApplianceFirewall(cfg)); err != nil {
-		t.Fatalf("apply the appliance firewall in %s: %v", srvNS.Name, err)
-	}
+	applyApplianceFirewall(t, srvNS, cfgPath)
 	serve := startServe(t, srvNS, cfgPath)
 	if !strings.Contains(serve.Log(), "netboot: serving") || !strings.Contains(serve.Log(), "interface="+srvIf) {
 		t.Errorf("serve did not log the network-boot service on %s:\n%s", srvIf, serve.Log())
@@ -439,6 +389,85 @@ boot:
 	}
 	if !strings.Contains(serve.Log(), "serve returned") {
 		t.Errorf("serve did not return after SIGTERM:\n%s", serve.Log())
+	}
+}
+
+// serveLab is the state directory the bootstrap phases would have left for `appliance serve`: CA,
+// serving certificate, a token per node (of the configuration written by config), and a bundle
+// whose node image (netboot/vmlinuz, netboot/initrd.img) is kernel and a small initramfs.
+type serveLab struct {
+	dir, state, bundleDir string
+	password              string // a BMC password file
+	caPEM                 []byte
+}
+
+func newServeLab(t *testing.T, kernel []byte) *serveLab {
+	t.Helper()
+	dir := t.TempDir()
+	sl := &serveLab{dir: dir, state: filepath.Join(dir, "state"), bundleDir: filepath.Join(dir, "bundle"), password: filepath.Join(dir, "bmc.password")}
+	pkiDir := statedir.PKI(sl.state)
+	caPEM, leaf := pkitest.Issue(t)
+	sl.caPEM = caPEM
+	certFile, keyFile := pkitest.WritePEM(t, dir, leaf)
+	for src, dst := range map[string]string{certFile: "serving.crt", keyFile: "serving.key"} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(pkiDir, dst), b)
+	}
+	writeFile(t, filepath.Join(pkiDir, pki.CACertFile), caPEM)
+	meta, err := bundle.MarshalMetadata(bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "netboot-test",
+		KubernetesVersion: "v1.34.4", Created: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(sl.bundleDir, bundle.MetadataFile), meta)
+	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "vmlinuz"), kernel)
+	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "initrd.img"), []byte("node image initramfs"))
+	writeFile(t, sl.password, []byte("secret\n"))
+	return sl
+}
+
+// config writes bootstrap.yaml with the control-plane network NET.0.0/24 (VIP NET.0.100), the
+// workload-plane network 10.80.0.0/24, the nodes and the boot section in tail (YAML from "- name:"
+// of the first node on), and a node token for every node named in tail.
+func (sl *serveLab) config(t *testing.T, net, tail string) string {
+	t.Helper()
+	for _, l := range strings.Split(tail, "\n") {
+		if n, ok := strings.CutPrefix(l, "- name: "); ok {
+			writeFile(t, filepath.Join(statedir.PKI(sl.state), "tokens", n), []byte("token-of-"+n+"\n"))
+		}
+	}
+	path := filepath.Join(sl.dir, "bootstrap.yaml")
+	writeFile(t, path, []byte(`apiVersion: appliance.airgap.dev/v1alpha1
+kind: BootstrapConfiguration
+clusterName: nbtest
+kubernetes: {enabled: false}
+networks:
+  controlPlane: {cidrs: [`+net+`.0.0/24]}
+  workloadPlane: {cidrs: [10.80.0.0/24]}
+  services: 10.96.0.0/16
+apiServer: {vip: `+net+`.0.100}
+bundle:
+  path: `+sl.bundleDir+`
+  publicKeys: ["ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="]
+stateDir: `+sl.state+`
+nodes:
+`+tail))
+	return path
+}
+
+// applyApplianceFirewall applies the appliance's own firewall for the configuration at cfgPath
+// (plan.ApplianceFirewall, as the firewall phase does: policy drop) in ns with the nftables backend.
+func applyApplianceFirewall(t *testing.T, ns *labns.NS, cfgPath string) {
+	t.Helper()
+	cfg, _, err := config.Load(cfgPath, config.ValidateOptions{CheckFiles: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&firewall.NFTables{NetNSPath: ns.Path()}).Apply(t.Context(), plan.ApplianceFirewall(cfg)); err != nil {
+		t.Fatalf("apply the appliance firewall in %s: %v", ns.Name, err)
 	}
 }
 
