@@ -37,7 +37,7 @@ build: ## build bin/appliance and bin/hostagent
 
 .PHONY: build-bin
 build-bin:
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/appliance ./cmd/appliance
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/appliance ./cmd/appliance
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/hostagent ./cmd/hostagent
 
 # Every fixture is built here, in the root namespace (it downloads from the Go module proxy and Debian's

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -181,6 +182,9 @@ func (handoffPhase) Run(ctx context.Context, st *State) (Result, error) {
 		}
 		if st.ApplianceImage.Pinned == "" {
 			return Result{}, errors.New("handoff: the appliance image is not in the registry (the bundle phase makes it): rerun without --skip-phases bundle")
+		}
+		if err := requireStatic(st.Options.ApplianceBinary); err != nil {
+			return Result{}, err
 		}
 		for _, cp := range cps {
 			if _, err := handoffCert(st, cp); err != nil {
@@ -434,4 +438,26 @@ func (st *State) progress(format string, args ...any) {
 		return
 	}
 	fmt.Fprintf(st.Options.Progress, format+"\n", args...)
+}
+
+// requireStatic refuses an appliance executable that needs a dynamic loader: its image has nothing
+// but the executable, so the in-cluster mirror could never start.
+func requireStatic(bin string) error {
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		return fmt.Errorf("handoff: the appliance executable %s: %w", bin, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("handoff refused: the appliance executable %s is dynamically linked, and the in-cluster mirror runs it alone in an image: build it static (CGO_ENABLED=0, as make build does)", bin)
+		}
+	}
+	return nil
 }
