@@ -10,6 +10,7 @@
 //	serve     phase_serve.go     `appliance serve` (pkg/applianced) healthy with the current generation
 //	power     phase_power.go     nodes brought under hostagent (SSH, or BMC boot device + power on)
 //	converge  phase_converge.go  hostagents ready, then Kubernetes Nodes Ready and static pods running
+//	upgrade   phase_upgrade.go   nodes on another hostagent build re-provisioned with this one, one at a time
 //
 // The runner (runner.go) loads the configuration, then takes the state directory's lock and opens its
 // journal before any other phase runs. A skipped phase that produces something later phases use

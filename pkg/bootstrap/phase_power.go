@@ -139,7 +139,8 @@ func provisionSSHRetried(ctx context.Context, st *State, store *nodestate.Store,
 	return o.what, o.changed, err
 }
 
-// provisionSSH installs hostagent on a pre-installed host.
+// provisionSSH installs hostagent on a pre-installed host and, when that changed anything and store
+// is not nil, sets the node's record to booting.
 func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n config.Node, hostagentBin []byte) (string, bool, error) {
 	t, err := PowerTarget(n)
 	if err != nil {
@@ -180,7 +181,9 @@ func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n conf
 	if len(res.Changed) == 0 {
 		return "hostagent installed (ssh)", false, nil
 	}
-	_, _ = store.Set(n.Name, agentapi.StateBooting, "hostagent installed over SSH")
+	if store != nil { // nil: the upgrade phase set the record before installing
+		_, _ = store.Set(n.Name, agentapi.StateBooting, "hostagent installed over SSH")
+	}
 	return fmt.Sprintf("hostagent installed over SSH (%d changes)", len(res.Changed)), true, nil
 }
 

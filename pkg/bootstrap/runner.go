@@ -55,7 +55,7 @@ type Options struct {
 func Phases() []Phase {
 	// render comes before serve and firewall: `appliance serve` reads the bootstrap host's keepalived
 	// instance render wrote, and the firewall phase applies the plan's spec.
-	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}, handoffPhase{}}
+	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}, upgradePhase{}, handoffPhase{}}
 }
 
 // PhaseNames lists the phases' names in order.
