@@ -21,7 +21,7 @@ import (
 // control-plane address in the current network namespace (as the resolve phase does, the VIP
 // excluded): DHCP and TFTP bind to boot.interface, or the interface of that address; that address is
 // the DHCP server identifier, the next-server and the host of the boot URLs. The machines are the
-// network-bootable nodes (config.Node.NetworkBootable). The kernel command line carries public data
+// network-bootable nodes (config.Node.NetworkBootable); other nodes with a mac are ignored by name. The kernel command line carries public data
 // only: boot.kernelArgs, appliance.url (https://ADDRESS:server.port) and appliance.ca_pin (the pin of
 // the CA in caPEM); pkg/netboot adds appliance.node. Errors name the field to fix.
 func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Logger) (netboot.Config, bool, error) {
@@ -75,14 +75,18 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		}
 	}
 	for _, n := range cfg.Nodes {
-		if !n.NetworkBootable() {
+		if n.MAC == "" {
 			continue
 		}
 		mac, err := net.ParseMAC(n.MAC)
 		if err != nil {
 			return netboot.Config{}, false, fmt.Errorf("node %s: mac %q: %w", n.Name, n.MAC, err)
 		}
-		nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac})
+		if n.NetworkBootable() {
+			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac})
+		} else {
+			nc.Others = append(nc.Others, netboot.Machine{Name: n.Name, MAC: mac})
+		}
 	}
 	return nc, true, nil
 }

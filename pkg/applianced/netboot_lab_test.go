@@ -383,6 +383,10 @@ boot:
 		}
 	}
 
+	if !strings.Contains(serve.Log(), "node=cp1") {
+		t.Errorf("cp1's PXE request was not logged by name:\n%s", serve.Log())
+	}
+
 	// 6. serve stops the service with itself, cleanly.
 	if err := serve.stop(); err != nil {
 		t.Errorf("serve after SIGTERM: %v\n%s", err, serve.Log())

@@ -231,7 +231,14 @@ func (r *dhcpResponder) logUnknown(mac, via string) {
 	first := !r.unknowns[mac]
 	r.unknowns[mac] = true
 	r.mu.Unlock()
-	if first {
-		r.cfg.Logger.Info("netboot: ignoring a MAC not in the inventory (logged once per MAC); add it as nodes[].mac if it should boot", "mac", mac, "via", via)
+	if !first {
+		return
 	}
+	for _, m := range r.cfg.Others {
+		if m.MAC.String() == mac {
+			r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", "node", m.Name, "mac", mac, "via", via)
+			return
+		}
+	}
+	r.cfg.Logger.Info("netboot: ignoring a MAC not in the inventory (logged once per MAC); add it as nodes[].mac if it should boot", "mac", mac, "via", via)
 }

@@ -274,6 +274,27 @@ func TestUnknownMACLoggedOnce(t *testing.T) {
 	}
 }
 
+// TestOtherNodeLoggedByName: a node of the inventory that does not boot from the network
+// (Config.Others) gets no answer either, and its one log line names it and what to change.
+func TestOtherNodeLoggedByName(t *testing.T) {
+	var log syncBuffer
+	c := testConfig(t, ModeProxy, &log)
+	c.Others = []Machine{{Name: "cp1", MAC: macUnknown}}
+	c, err := c.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newDHCPResponder(c)
+	for range 3 {
+		if m, _ := r.respond(pxeDiscover(t, macUnknown, iana.INTEL_X86PC)); m != nil {
+			t.Fatalf("answered cp1, which does not boot from the network: %s", m.Summary())
+		}
+	}
+	if n := strings.Count(log.String(), "node=cp1"); n != 1 || !strings.Contains(log.String(), "power.bootDevice pxe") || strings.Contains(log.String(), "not in the inventory") {
+		t.Errorf("want one line naming cp1 and power.bootDevice pxe:\n%s", log.String())
+	}
+}
+
 func TestConfigRefused(t *testing.T) {
 	tests := []struct {
 		name string
@@ -290,6 +311,7 @@ func TestConfigRefused(t *testing.T) {
 		{"missing initrd", func(c *Config) { c.Initrd = "/nonexistent/initrd" }, "Initrd /nonexistent/initrd is not a readable regular file"},
 		{"range outside subnet", func(c *Config) { c.Mode = ModeServer; c.RangeEnd = netip.MustParseAddr("10.78.0.1") }, "not inside Subnet"},
 		{"duplicate MAC", func(c *Config) { c.Machines = append(c.Machines, Machine{Name: "w3", MAC: macW1}) }, `is both "w1" and "w3"`},
+		{"MAC booting and not", func(c *Config) { c.Others = []Machine{{Name: "cp1", MAC: macW2}} }, `is both "w2" and "cp1"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -125,6 +125,10 @@ type Config struct {
 	LeaseTime time.Duration
 	// Machines are the machines that get answers, by MAC.
 	Machines []Machine
+	// Others are machines of the inventory that do not boot from the network (a pre-installed node
+	// whose firmware tries PXE first): ignored like an unknown MAC, but logged once by name, with
+	// what to change to network-boot them. A MAC in both lists is refused.
+	Others []Machine
 	// IPXEDir holds the iPXE boot files. Empty: DefaultIPXEDir.
 	IPXEDir string
 	// Kernel and Initrd are the files served at KernelPath and InitrdPath. Required.
@@ -218,6 +222,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	seen := map[string]string{}
 	for _, m := range c.Machines {
+		if len(m.MAC) != 6 {
+			return c, configErr("machine %q: MAC %v is not 48 bits", m.Name, m.MAC)
+		}
+		if other, dup := seen[m.MAC.String()]; dup {
+			return c, configErr("MAC %v is both %q and %q", m.MAC, other, m.Name)
+		}
+		seen[m.MAC.String()] = m.Name
+	}
+	for _, m := range c.Others {
 		if len(m.MAC) != 6 {
 			return c, configErr("machine %q: MAC %v is not 48 bits", m.Name, m.MAC)
 		}
