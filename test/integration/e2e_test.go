@@ -270,6 +270,7 @@ func TestKubernetesE2E(t *testing.T) {
 	// appliance upgraded, then the hand-off, which switches the bootstrap host off and so comes last.
 	// DAY2-CALLS
 	k.day2(t, ctx)
+	k.upgrade(t, ctx)
 }
 
 // timeline prints the racked → Ready timeline: each phase's duration and share, and per node the

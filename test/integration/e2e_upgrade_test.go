@@ -1,0 +1,289 @@
+//go:build e2e
+
+package integration
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// upgradeVersion is the version the second build of appliance + hostagent carries (-ldflags -X of
+// pkg/version), so that its hostagent's SHA-256 differs from the first build's.
+const upgradeVersion = "v0.0.0-e2e-upgrade"
+
+// upgrade is issue 15's "upgrade of the appliance": a second build of appliance + hostagent replaces
+// the first in binDir (as an operator upgrading the appliance would; the subtests after this one run
+// it) and reruns bootstrap. The first run is killed (SIGKILL) while a node is mid-upgrade; the rerun
+// finishes. /readyz through the VIP is polled from the bootstrap namespace the whole time and not one
+// poll may fail. Then every configured node reports the new build, the nodes were upgraded one at a
+// time (each node's interval, from the appliance starting it to the node's ready with the new build,
+// overlaps no other), `appliance status` shows "upgraded", etcd is healthy, and a further run changes
+// nothing. The node list comes from the configuration (day-2 subtests before this one change it).
+func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
+	cfg, _, err := config.Load(k.config, config.ValidateOptions{})
+	if err != nil {
+		t.Fatalf("load %s: %v", k.config, err)
+	}
+	var nodes []string
+	for _, n := range cfg.Nodes {
+		nodes = append(nodes, n.Name)
+	}
+	store := nodestate.Open(statedir.Nodes(k.state))
+	ok := t.Run("a newer appliance upgrades every node's hostagent one at a time, a kill -9 mid-upgrade and a rerun finish it, the VIP never fails a poll", func(t *testing.T) {
+		oldSum := fileSum(t, filepath.Join(binDir, "hostagent"))
+		for _, n := range nodes {
+			s, err := store.Get(n)
+			if err != nil || s.State != agentapi.StateReady || s.AgentSHA256 != oldSum {
+				t.Fatalf("before the upgrade %s is %s with hostagent %s, want ready with %s (%v)", n, s.State, s.AgentSHA256, oldSum, err)
+			}
+		}
+		newBins := buildUpgrade(t)
+		for _, b := range []string{"appliance", "hostagent"} {
+			if err := os.Rename(filepath.Join(binDir, b), filepath.Join(binDir, b+".old")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(filepath.Join(newBins, b), filepath.Join(binDir, b)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		newSum := fileSum(t, filepath.Join(binDir, "hostagent"))
+		t.Logf("hostagent %s → %s (version %s)", oldSum[:12], newSum[:12], upgradeVersion)
+
+		poll := k.pollVIP(t)
+		start := time.Now()
+		killedAt := k.bootstrapKilledMidUpgrade(t, store)
+		t.Logf("first run SIGKILLed %.1fs in, while %s", time.Since(start).Seconds(), killedAt)
+		r := k.bootstrap(ctx, "", 0, "--converge-timeout", "10m")
+		total := time.Since(start)
+		polls, failures := poll.stop()
+		if r.err != nil {
+			t.Fatalf("the rerun of the new build: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
+		}
+		up, _ := r.phase("upgrade")
+		t.Logf("upgrade phase of the rerun (%.1fs): %s", up.Duration, up.Detail)
+		t.Logf("/readyz through the VIP polled %d times from the bootstrap namespace over %.1fs, %d failed", polls, total.Seconds(), len(failures))
+		if len(failures) > 0 || polls == 0 {
+			t.Errorf("/readyz through %s failed %d of %d polls during the upgrade: %s", apiVIPURL, len(failures), polls, strings.Join(failures, "; "))
+		}
+
+		// Every node now reports the new build and is ready.
+		for _, n := range nodes {
+			s, err := store.Get(n)
+			if err != nil || s.State != agentapi.StateReady || s.AgentSHA256 != newSum || !strings.HasPrefix(s.AgentVersion, upgradeVersion) {
+				t.Errorf("after the upgrade %s is %s with hostagent %s %s, want ready with %s %s (%v)", n, s.State, s.AgentVersion, s.AgentSHA256, upgradeVersion, newSum, err)
+			}
+		}
+
+		// One at a time: each node's interval, from the appliance setting it to booting for the
+		// upgrade to its first ready after that, overlaps no other, and holds its upgraded entry.
+		type span struct {
+			node       string
+			start, end time.Time
+			upgraded   time.Time
+		}
+		var spans []span
+		for _, n := range nodes {
+			evs, err := store.Events(n)
+			if err != nil {
+				t.Fatalf("events of %s: %v", n, err)
+			}
+			var sp span
+			sp.node = n
+			for _, ev := range evs {
+				if ev.Step == "" && ev.State == agentapi.StateBooting && strings.HasPrefix(ev.Reason, "upgrading hostagent") && ev.Time.After(start) {
+					sp.start, sp.end = ev.Time, time.Time{} // the last start counts (a killed run's is redone)
+				}
+				if !sp.start.IsZero() && sp.end.IsZero() && ev.State == agentapi.StateReady && ev.Time.After(sp.start) {
+					sp.end = ev.Time
+				}
+			}
+			hist, err := store.History(n)
+			if err != nil {
+				t.Fatalf("history of %s: %v", n, err)
+			}
+			for _, h := range hist {
+				if h.Kind == nodestate.Upgraded && h.To != nil && h.To.SHA256 == newSum {
+					sp.upgraded = h.Time
+				}
+			}
+			if sp.end.IsZero() || sp.upgraded.IsZero() {
+				t.Errorf("%s: no upgrade interval (start %v, ready %v) or no upgraded entry to %s (%v)", n, sp.start, sp.end, newSum[:12], sp.upgraded)
+				continue
+			}
+			if sp.upgraded.Before(sp.start) || sp.upgraded.After(sp.end) {
+				t.Errorf("%s: upgraded entry at %v outside its upgrade %v → %v", n, sp.upgraded, sp.start, sp.end)
+			}
+			spans = append(spans, sp)
+		}
+		sort.Slice(spans, func(i, j int) bool { return spans[i].start.Before(spans[j].start) })
+		var b strings.Builder
+		for i, sp := range spans {
+			fmt.Fprintf(&b, "  %-6s +%6.1fs → +%6.1fs  %5.1fs\n", sp.node, sp.start.Sub(start).Seconds(), sp.end.Sub(start).Seconds(), sp.end.Sub(sp.start).Seconds())
+			if i > 0 && spans[i-1].end.After(sp.start) {
+				t.Errorf("%s's upgrade started at +%.1fs before %s's ended at +%.1fs: not one at a time",
+					sp.node, sp.start.Sub(start).Seconds(), spans[i-1].node, spans[i-1].end.Sub(start).Seconds())
+			}
+		}
+		t.Logf("hostagent upgrade per node (from the first run's start; the appliance starting the node → its ready with the new build):\n%s", b.String())
+
+		out, err := exec.Command(filepath.Join(binDir, "appliance"), append([]string{"status", "--config", k.config}, nodes...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("appliance status: %v\n%s", err, out)
+		}
+		if c := strings.Count(string(out), "upgraded from "); c < len(nodes) {
+			t.Errorf("appliance status shows %d upgraded entries, want at least %d:\n%s", c, len(nodes), out)
+		}
+		if err := waitFor(2*time.Minute, func() error { return k.controlPlanePodsRunning() }); err != nil {
+			t.Error(err)
+		}
+		k.etcdHealthy(t)
+	})
+	if !ok {
+		return
+	}
+	t.Run("a second run of the new build changes nothing", func(t *testing.T) {
+		d := k.bootstrap(ctx, "", 0, "--dry-run")
+		if d.err != nil || d.report["changes"] != false {
+			t.Errorf("dry run after the upgrade: %v, report %v\n%s", d.err, d.report, d.stderr)
+		}
+		if ev, _ := d.phase("upgrade"); ev.Changed || !strings.Contains(ev.Detail, "every node runs the served hostagent") {
+			t.Errorf("dry run: upgrade phase %+v", ev)
+		}
+		r := k.mustBootstrap(ctx)
+		for _, name := range k.phases() {
+			if ev, _ := r.phase(name); ev.Changed {
+				t.Errorf("phase %s changed something: %s", name, ev.Detail)
+			}
+		}
+	})
+}
+
+// buildUpgrade builds appliance and hostagent with Version upgradeVersion into a new directory.
+func buildUpgrade(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, b := range []string{"appliance", "hostagent"} {
+		cmd := exec.Command("go", "build", "-ldflags", "-X github.com/airgap-appliance/appliance/pkg/version.Version="+upgradeVersion,
+			"-o", filepath.Join(dir, b), "./cmd/"+b)
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b, err, out)
+		}
+	}
+	return dir
+}
+
+func fileSum(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// bootstrapKilledMidUpgrade runs bootstrap and SIGKILLs it once a node's record says its upgrade
+// began (set to booting "upgrading hostagent ..."), returning that record's line. The run must get
+// there within 10 minutes.
+func (k *k8sLab) bootstrapKilledMidUpgrade(t *testing.T, store *nodestate.Store) string {
+	t.Helper()
+	cmd := k.exec("boot", filepath.Join(binDir, "appliance"), "bootstrap", "--config", k.config, "-o", "json", "--converge-timeout", "10m")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(10 * time.Minute)
+	for {
+		all, _ := store.List()
+		for _, s := range all {
+			if s.State == agentapi.StateBooting && strings.HasPrefix(s.Reason, "upgrading hostagent") {
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				<-exited
+				return s.Node + " was " + s.State + ": " + s.Reason
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("bootstrap ended (%v) before any node's upgrade began:\n%s", err, out.String())
+		case <-deadline:
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-exited
+			t.Fatalf("no node's upgrade began within 10 minutes:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// vipPoller polls https://VIP:6443/readyz from the bootstrap namespace every 200 ms until stop: curl,
+// a fresh connection each time; a poll succeeds when the answer is 200 "ok" within 5 s.
+type vipPoller struct {
+	quit     chan struct{}
+	done     chan struct{}
+	mu       sync.Mutex
+	polls    int
+	failures []string
+}
+
+func (k *k8sLab) pollVIP(t *testing.T) *vipPoller {
+	t.Helper()
+	probe := func() (string, error) {
+		out, err := k.exec("boot", "curl", "-sSk", "--max-time", "5", "--noproxy", "*", apiVIPURL+"/readyz").CombinedOutput()
+		if err == nil && strings.TrimSpace(string(out)) != "ok" {
+			err = fmt.Errorf("answer %q", out)
+		}
+		return string(out), err
+	}
+	if out, err := probe(); err != nil {
+		t.Fatalf("/readyz through the VIP before the upgrade: %v %s", err, out)
+	}
+	p := &vipPoller{quit: make(chan struct{}), done: make(chan struct{})}
+	start := time.Now()
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			at := time.Since(start).Seconds()
+			out, err := probe()
+			p.mu.Lock()
+			p.polls++
+			if err != nil {
+				p.failures = append(p.failures, fmt.Sprintf("+%.1fs: %v %s", at, err, strings.TrimSpace(out)))
+			}
+			p.mu.Unlock()
+		}
+	}()
+	return p
+}
+
+func (p *vipPoller) stop() (int, []string) {
+	close(p.quit)
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.polls, p.failures
+}
