@@ -67,6 +67,7 @@ func newRootCommand() *cobra.Command {
 		newPowerCommand(g),
 		newNodeCommand(g),
 		newHandoffCommand(g),
+		newCSRApproveCommand(g),
 		newBundleCommand(g),
 		newFirstbootCommand(),
 		newVersionCommand(g),

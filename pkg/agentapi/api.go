@@ -73,6 +73,16 @@ type ClusterMirror struct {
 	// key (secret: written 0600).
 	CertPEM string `json:"certPEM"`
 	KeyPEM  string `json:"keyPEM"`
+	// Inventory is the cluster's nodes (name, addresses) for the kubelet serving CSR approver the
+	// static pod runs beside the mirror (`appliance csr-approve`, the rule of pkg/csrapprove), so that
+	// serving certificates are still approved after the bootstrap host is switched off.
+	Inventory []InventoryNode `json:"inventory,omitempty"`
+}
+
+// InventoryNode is one node of ClusterMirror.Inventory.
+type InventoryNode struct {
+	Name      string       `json:"name"`
+	Addresses []netip.Addr `json:"addresses"`
 }
 
 // kubeadm actions, in the order a cluster is built (kubeadm init, then joins).

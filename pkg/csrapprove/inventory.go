@@ -1,9 +1,12 @@
 package csrapprove
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
@@ -24,6 +27,27 @@ func FromConfig(nodes []config.Node, store *nodestate.Store) func() (Inventory, 
 				return nil, fmt.Errorf("inventory: %w", err)
 			}
 			inv[n.Name] = Node{Name: n.Name, Addresses: n.Addresses, Provisioned: err == nil && st.BootID != ""}
+		}
+		return inv, nil
+	}
+}
+
+// FromFile returns an inventory source reading path, a JSON array of agentapi.InventoryNode (what the
+// hand-off gives each control plane's in-cluster approver): every node listed counts as provisioned,
+// since the appliance provisioned all of them before it handed off. It reads the file on every call.
+func FromFile(path string) func() (Inventory, error) {
+	return func() (Inventory, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("inventory: %w", err)
+		}
+		var nodes []agentapi.InventoryNode
+		if err := json.Unmarshal(b, &nodes); err != nil {
+			return nil, fmt.Errorf("inventory %s: %w", path, err)
+		}
+		inv := Inventory{}
+		for _, n := range nodes {
+			inv[n.Name] = Node{Name: n.Name, Addresses: n.Addresses, Provisioned: true}
 		}
 		return inv, nil
 	}

@@ -58,3 +58,29 @@ func TestFromConfig(t *testing.T) {
 		t.Errorf("corrupt record: error %v, want one naming w1's record", err)
 	}
 }
+
+// TestFromFile: the hand-off's inventory file (agentapi.InventoryNode JSON) gives every listed node,
+// provisioned, with its addresses; a missing or malformed file is an error naming it.
+func TestFromFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "inventory.json")
+	if err := os.WriteFile(path, []byte(`[{"name":"cp1","addresses":["10.100.0.11","10.200.0.11"]},{"name":"w2","addresses":["10.100.0.22"]}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := FromFile(path)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv) != 2 || !inv["cp1"].Provisioned || len(inv["cp1"].Addresses) != 2 || inv["w2"].Addresses[0].String() != "10.100.0.22" {
+		t.Errorf("inventory %+v", inv)
+	}
+	if _, err := FromFile(filepath.Join(dir, "missing.json"))(); err == nil {
+		t.Errorf("a missing inventory file was accepted")
+	}
+	if err := os.WriteFile(path, []byte(`{"cp1":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FromFile(path)(); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("malformed inventory: %v, want an error naming %s", err, path)
+	}
+}

@@ -90,6 +90,10 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 	if m.Image == "" || m.Port == 0 || m.CertPEM == "" || m.KeyPEM == "" || !strings.HasPrefix(m.Upstream, "https://") {
 		return false, errors.New("node config handoff.mirror: image, port, certPEM, keyPEM and an https upstream are required")
 	}
+	inventory, err := json.MarshalIndent(m.Inventory, "", "  ")
+	if err != nil {
+		return false, err
+	}
 	changed := false
 	for _, f := range []struct {
 		path string
@@ -99,6 +103,7 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 		{ClusterMirrorConfigDir + "/ca.crt", nc.CAPEM, 0o644},
 		{ClusterMirrorConfigDir + "/tls.crt", m.CertPEM, 0o644},
 		{ClusterMirrorConfigDir + "/tls.key", m.KeyPEM, 0o600},
+		{ClusterMirrorConfigDir + "/inventory.json", string(inventory), 0o644},
 		{ClusterMirrorManifest, string(ClusterMirrorPod(m)), 0o600},
 	} {
 		c, err := atomicfile.Write(a.path(f.path), []byte(f.data), f.mode)
@@ -117,7 +122,8 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 // YAML it is): host network (it serves on every node address, reachable before any CNI), priority class
 // system-node-critical, the appliance image by digest running `appliance cluster-mirror`, its config
 // read-only and its data directory from the host, and a readiness probe on /healthz (ready = the copy is
-// complete). kubelet restarts it whenever it exits, with or without the API server.
+// complete); beside it a second container, the kubelet serving CSR approver (`appliance csr-approve`).
+// kubelet restarts both whenever they exit, with or without the API server.
 func ClusterMirrorPod(m *agentapi.ClusterMirror) []byte {
 	port := strconv.Itoa(int(m.Port))
 	pod := map[string]any{
@@ -150,8 +156,23 @@ func ClusterMirrorPod(m *agentapi.ClusterMirror) []byte {
 					"periodSeconds": 5,
 				},
 				"resources": map[string]any{"requests": map[string]string{"cpu": "50m", "memory": "64Mi"}},
+			}, map[string]any{
+				// The kubelet serving CSR approver (pkg/csrapprove's rule) on the node's admin.conf
+				// (kubeadm writes it on every control plane), with the inventory of the hand-off.
+				"name":            "csr-approver",
+				"image":           m.Image,
+				"imagePullPolicy": "IfNotPresent",
+				"command": []string{"/appliance", "csr-approve",
+					"--kubeconfig", "/etc/kubernetes/admin.conf",
+					"--inventory", ClusterMirrorConfigDir + "/inventory.json"},
+				"volumeMounts": []any{
+					map[string]any{"name": "config", "mountPath": ClusterMirrorConfigDir, "readOnly": true},
+					map[string]any{"name": "kubeconfig", "mountPath": "/etc/kubernetes/admin.conf", "readOnly": true},
+				},
+				"resources": map[string]any{"requests": map[string]string{"cpu": "10m", "memory": "32Mi"}},
 			}},
 			"volumes": []any{
+				map[string]any{"name": "kubeconfig", "hostPath": map[string]string{"path": "/etc/kubernetes/admin.conf", "type": "File"}},
 				map[string]any{"name": "config", "hostPath": map[string]string{"path": ClusterMirrorConfigDir, "type": "Directory"}},
 				map[string]any{"name": "data", "hostPath": map[string]string{"path": ClusterMirrorDataDir, "type": "DirectoryOrCreate"}},
 			},

@@ -51,7 +51,8 @@ func TestStepHandoff(t *testing.T) {
 	root := t.TempDir()
 	a := &Agent{opts: Options{Root: root}}
 	m := &agentapi.ClusterMirror{Image: "appliance.local/airgap-appliance/appliance@sha256:" + strings.Repeat("a", 64),
-		Port: port, Upstream: "https://10.100.0.2:8443", CertPEM: "CERT", KeyPEM: "KEY"}
+		Port: port, Upstream: "https://10.100.0.2:8443", CertPEM: "CERT", KeyPEM: "KEY",
+		Inventory: []agentapi.InventoryNode{{Name: "w1", Addresses: []netip.Addr{netip.MustParseAddr("10.100.0.21")}}}}
 	a.nc = agentapi.NodeConfig{Node: "cp1", CAPEM: string(caPEM), Handoff: &agentapi.HandoffConfig{Mirror: m}}
 	ctx := context.Background()
 
@@ -63,6 +64,9 @@ func TestStepHandoff(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(root, ClusterMirrorConfigDir, "tls.key")); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("mirror key: %v %v, want 0600", st, err)
 	}
+	if inv, err := os.ReadFile(filepath.Join(root, ClusterMirrorConfigDir, "inventory.json")); err != nil || !strings.Contains(string(inv), `"name": "w1"`) || !strings.Contains(string(inv), "10.100.0.21") {
+		t.Errorf("approver inventory: %v %s", err, inv)
+	}
 	var pod struct {
 		Spec struct {
 			HostNetwork bool `json:"hostNetwork"`
@@ -73,7 +77,7 @@ func TestStepHandoff(t *testing.T) {
 		} `json:"spec"`
 	}
 	b, err := os.ReadFile(filepath.Join(root, ClusterMirrorManifest))
-	if err != nil || json.Unmarshal(b, &pod) != nil || len(pod.Spec.Containers) != 1 {
+	if err != nil || json.Unmarshal(b, &pod) != nil || len(pod.Spec.Containers) != 2 {
 		t.Fatalf("static pod: %v\n%s", err, b)
 	}
 	cmd := strings.Join(pod.Spec.Containers[0].Command, " ")
@@ -81,6 +85,9 @@ func TestStepHandoff(t *testing.T) {
 		t.Errorf("static pod: hostNetwork %v image %s command %s", pod.Spec.HostNetwork, pod.Spec.Containers[0].Image, cmd)
 	}
 
+	if c := pod.Spec.Containers[1]; c.Image != m.Image || !strings.Contains(strings.Join(c.Command, " "), "csr-approve --kubeconfig /etc/kubernetes/admin.conf --inventory "+ClusterMirrorConfigDir+"/inventory.json") {
+		t.Errorf("approver container: %+v", c)
+	}
 	synced.Store(true)
 	detail, err := a.stepHandoff(ctx)
 	if err != nil || !strings.Contains(detail, "in-cluster mirror serving") {

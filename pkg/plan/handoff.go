@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 
 	"github.com/airgap-appliance/appliance/firewall"
@@ -56,6 +57,9 @@ func handoffFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.No
 	if cert, ok := h.Certs[n.Name]; ok && n.HasRole(config.RoleControlPlane) {
 		hc.Mirror = &agentapi.ClusterMirror{Image: h.Image, Port: h.Port, Upstream: applianceURL,
 			CertPEM: string(cert.CertPEM), KeyPEM: string(cert.KeyPEM)}
+		for _, o := range c.Nodes {
+			hc.Mirror.Inventory = append(hc.Mirror.Inventory, agentapi.InventoryNode{Name: o.Name, Addresses: slices.Clone(o.Addresses)})
+		}
 	}
 	if h.Switched {
 		urls := ClusterMirrorURLs(c, h)
