@@ -25,6 +25,7 @@ var pxeVendorOptions = []byte{6, 1, 8, 255}
 type dhcpResponder struct {
 	cfg      Config
 	machines map[string]Machine // by MAC string
+	others   map[string]Machine // Config.Others by MAC string
 
 	mu       sync.Mutex
 	leases   map[string]netip.Addr // MAC → address
@@ -33,10 +34,13 @@ type dhcpResponder struct {
 }
 
 func newDHCPResponder(cfg Config) *dhcpResponder {
-	r := &dhcpResponder{cfg: cfg, machines: map[string]Machine{}, leases: map[string]netip.Addr{},
+	r := &dhcpResponder{cfg: cfg, machines: map[string]Machine{}, others: map[string]Machine{}, leases: map[string]netip.Addr{},
 		leased: map[netip.Addr]string{}, unknowns: map[string]bool{}}
 	for _, m := range cfg.Machines {
 		r.machines[m.MAC.String()] = m
+	}
+	for _, m := range cfg.Others {
+		r.others[m.MAC.String()] = m
 	}
 	return r
 }
@@ -225,7 +229,8 @@ func (r *dhcpResponder) release(mac string) {
 	}
 }
 
-// logUnknown logs a MAC outside the inventory once per MAC (not per packet).
+// logUnknown logs a MAC that gets no answer (outside the inventory, or a node in Config.Others, by
+// name) once per MAC (not per packet).
 func (r *dhcpResponder) logUnknown(mac, via string) {
 	r.mu.Lock()
 	first := !r.unknowns[mac]
@@ -234,11 +239,9 @@ func (r *dhcpResponder) logUnknown(mac, via string) {
 	if !first {
 		return
 	}
-	for _, m := range r.cfg.Others {
-		if m.MAC.String() == mac {
-			r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", "node", m.Name, "mac", mac, "via", via)
-			return
-		}
+	if m, ok := r.others[mac]; ok {
+		r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", "node", m.Name, "mac", mac, "via", via)
+		return
 	}
 	r.cfg.Logger.Info("netboot: ignoring a MAC not in the inventory (logged once per MAC); add it as nodes[].mac if it should boot", "mac", mac, "via", via)
 }

@@ -69,6 +69,7 @@ func testConfig(t testing.TB, mode Mode, log *syncBuffer) Config {
 		Subnet: netip.MustParsePrefix("10.77.0.0/24"), RangeStart: netip.MustParseAddr("10.77.0.100"),
 		RangeEnd: netip.MustParseAddr("10.77.0.101"), Router: netip.MustParseAddr("10.77.0.254"),
 		Machines: []Machine{{Name: "w1", MAC: macW1}, {Name: "w2", MAC: macW2}},
+		Others:   []Machine{{Name: "cp1", MAC: mustMAC("52:54:00:00:00:11")}},
 		Kernel:   kernel, Initrd: initrd,
 		KernelArgs: []string{"console=ttyS0", "appliance.url=https://10.77.0.1:8443", "appliance.ca_pin=sha256:00ff"},
 	}

@@ -96,6 +96,10 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 	script, ok := s.Script(mac)
 	if !ok {
 		s.dhcp.logUnknown(mac.String(), "HTTP")
+		if o, ok := s.dhcp.others[mac.String()]; ok {
+			http.Error(w, fmt.Sprintf("%s is node %s, which does not boot from the network: give it power.kind ipmi or redfish and power.bootDevice pxe", mac, o.Name), http.StatusNotFound)
+			return
+		}
 		http.Error(w, fmt.Sprintf("%s is not in the inventory: add it as nodes[].mac", mac), http.StatusNotFound)
 		return
 	}

@@ -116,6 +116,7 @@ func TestHTTP(t *testing.T) {
 		msg          string
 	}{
 		{"GET", "/ipxe/52:54:00:99:99:99", 404, "52:54:00:99:99:99 is not in the inventory: add it as nodes[].mac"},
+		{"GET", "/ipxe/52:54:00:00:00:11", 404, "52:54:00:00:00:11 is node cp1, which does not boot from the network: give it power.kind ipmi or redfish and power.bootDevice pxe"},
 		{"GET", "/ipxe/not-a-mac", 404, `"not-a-mac" is not a MAC address`},
 		{"GET", "/ipxe/", 404, "is not a MAC address"},
 		{"GET", "/ipxe/" + strings.Repeat("%ff", 300), 404, "is not a MAC address"},
