@@ -38,6 +38,14 @@ func TestFirewalldDesired(t *testing.T) {
 	if got, want := firewalldDesired(withDNS).policy["ports"], []portProto{{"22", "tcp"}, {"53", "udp"}, {"53", "tcp"}, {"6443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
 		t.Errorf("with Spec.DNS: policy ports = %v, want %v", got, want)
 	}
+	withBoot := s
+	withBoot.Boot, withBoot.BootProxy, withBoot.BootHTTPPort = true, true, 8081
+	if got, want := firewalldDesired(withBoot).policy["ports"], []portProto{{"22", "tcp"}, {"67", "udp"}, {"6443", "tcp"}}; !slices.Equal(got.([]portProto), want) {
+		t.Errorf("with Spec.Boot: policy ports = %v, want %v (DHCP from anywhere)", got, want)
+	}
+	if got, want := firewalldDesired(withBoot).zone["ports"], []portProto{{"8443", "tcp"}, {"4011", "udp"}, {"69", "udp"}, {"8081", "tcp"}}; !slices.Equal(got.([]portProto), want) {
+		t.Errorf("with Spec.Boot: zone ports = %v, want %v (proxyDHCP, TFTP, boot HTTP from the node networks)", got, want)
+	}
 	// The rule text must be firewalld's own rendering (rich.py Rich_Rule.__str__), or every Apply would differ.
 	want := []string{
 		`rule family="ipv4" source address="10.0.0.11" protocol value="112" accept`,
