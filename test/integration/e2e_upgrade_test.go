@@ -31,18 +31,22 @@ const upgradeVersion = "v0.0.0-e2e-upgrade"
 // the first in binDir (as an operator upgrading the appliance would; the subtests after this one run
 // it) and reruns bootstrap. The first run is killed (SIGKILL) while a node is mid-upgrade; the rerun
 // finishes. /readyz through the VIP is polled from the bootstrap namespace the whole time and not one
-// poll may fail. Then every configured node reports the new build, the nodes were upgraded one at a
-// time (each node's interval, from the appliance starting it to the node's ready with the new build,
-// overlaps no other), `appliance status` shows "upgraded", etcd is healthy, and a further run changes
-// nothing. The node list comes from the configuration (day-2 subtests before this one change it).
+// poll may fail. Then every configured node reports the new build, the VIP holder and every control
+// plane's keepalived PID are what they were (each new hostagent adopted its node's keepalived), the
+// nodes were upgraded one at a time (each node's interval, from the appliance starting it to the
+// node's ready with the new build, overlaps no other), `appliance status` shows "upgraded", etcd is
+// healthy, and a further run changes nothing. The node list comes from the configuration (day-2 subtests before this one change it).
 func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 	cfg, _, err := config.Load(k.config, config.ValidateOptions{})
 	if err != nil {
 		t.Fatalf("load %s: %v", k.config, err)
 	}
-	var nodes []string
+	var nodes, controlPlanes []string
 	for _, n := range cfg.Nodes {
 		nodes = append(nodes, n.Name)
+		if n.HasRole(config.RoleControlPlane) {
+			controlPlanes = append(controlPlanes, n.Name)
+		}
 	}
 	store := nodestate.Open(statedir.Nodes(k.state))
 	ok := t.Run("a newer appliance upgrades every node's hostagent one at a time, a kill -9 mid-upgrade and a rerun finish it, the VIP never fails a poll", func(t *testing.T) {
@@ -52,6 +56,12 @@ func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 			if err != nil || s.State != agentapi.StateReady || s.AgentSHA256 != oldSum {
 				t.Fatalf("before the upgrade %s is %s with hostagent %s, want ready with %s (%v)", n, s.State, s.AgentSHA256, oldSum, err)
 			}
+		}
+		// keepalived on each control plane, and the VIP holder: the upgrade must move neither.
+		holders := k.vipHolders()
+		keepalivedPID := map[string]string{}
+		for _, n := range controlPlanes {
+			keepalivedPID[n] = strings.TrimSpace(k.ssh(t, n, "cat /etc/keepalived/keepalived.pid"))
 		}
 		newBins := buildUpgrade(t)
 		for _, b := range []string{"appliance", "hostagent"} {
@@ -89,6 +99,20 @@ func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 				t.Errorf("after the upgrade %s is %s with hostagent %s %s, want ready with %s %s (%v)", n, s.State, s.AgentVersion, s.AgentSHA256, upgradeVersion, newSum, err)
 			}
 		}
+
+		// The VIP did not move and no keepalived was restarted: each new agent adopted its node's.
+		if after := k.vipHolders(); strings.Join(after, ",") != strings.Join(holders, ",") {
+			t.Errorf("VIP holders %v before the upgrade, %v after: the VIP moved", holders, after)
+		}
+		for _, n := range controlPlanes {
+			if pid := strings.TrimSpace(k.ssh(t, n, "cat /etc/keepalived/keepalived.pid")); pid != keepalivedPID[n] {
+				t.Errorf("%s: keepalived pid %s before the upgrade, %s after: restarted, not adopted", n, keepalivedPID[n], pid)
+			}
+			if s, _ := store.Get(n); !strings.HasPrefix(s.Steps[agentapi.StepKeepalived].Detail, "adopted") {
+				t.Errorf("%s: the new hostagent's keepalived step: %q, want adopted", n, s.Steps[agentapi.StepKeepalived].Detail)
+			}
+		}
+		t.Logf("VIP on %v throughout; keepalived adopted, same PIDs %v", holders, keepalivedPID)
 
 		// One at a time: each node's interval, from the appliance setting it to booting for the
 		// upgrade to its first ready after that, overlaps no other, and holds its upgraded entry.
