@@ -42,8 +42,16 @@ func vmKit(t *testing.T) (kernel, initrd string) {
 // ipxe-qemu) gets an address and its script's URL by DHCP, loads the kernel and initrd named by
 // boot.kernel and boot.initrd over the boot HTTP port and boots; the console shows the kernel
 // command line of the script: the node's name, the appliance URL and CA pin, boot.kernelArgs (with
-// a nonce of this run), and no token. The wait is bounded (150 s) only so a broken boot ends.
-func TestLabServeNetbootQEMU(t *testing.T) {
+// a nonce of this run), and no token.
+func TestLabServeNetbootQEMU(t *testing.T) { testServeQEMU(t, false) }
+
+// TestLabServeNetbootQEMUProxy: the same boot with boot.dhcp: proxy, the default, beside a
+// "datacenter" DHCP server in a namespace of its own on the same segment (busybox udhcpd, which
+// knows nothing of PXE): the VM's iPXE takes its address from udhcpd and its boot file from the
+// appliance's proxyDHCP offer.
+func TestLabServeNetbootQEMUProxy(t *testing.T) { testServeQEMU(t, true) }
+
+func testServeQEMU(t *testing.T, proxy bool) {
 	labns.RequireRoot(t)
 	qemu := labns.RequireTool(t, "qemu-system-x86_64")
 	const rom = "/usr/lib/ipxe/qemu/pxe-virtio.rom"
@@ -67,6 +75,11 @@ func TestLabServeNetbootQEMU(t *testing.T) {
 	nonce := hex.EncodeToString(nonceB)
 	const mac = "52:54:00:4e:51:01"
 
+	boot := "  dhcp: server\n  range: {start: 10.81.0.150, end: 10.81.0.170}\n"
+	if proxy {
+		boot = "  dhcp: proxy\n"
+		startUDHCPD(t, ns, "nbbr0")
+	}
 	sl := newServeLab(t, []byte("unused: boot.kernel names the VM kit"))
 	cfgPath := sl.config(t, "10.81", `- name: cp1
   roles: [control-plane]
@@ -78,15 +91,82 @@ func TestLabServeNetbootQEMU(t *testing.T) {
   mac: "`+mac+`"
   power: {kind: ipmi, address: 10.81.0.221, username: admin, passwordFile: `+sl.password+`}
 boot:
-  dhcp: server
-  range: {start: 10.81.0.150, end: 10.81.0.170}
-  kernel: `+kernel+`
+`+boot+`  kernel: `+kernel+`
   initrd: `+initrd+`
   kernelArgs: [console=ttyS0, netboot.test=`+nonce+`]
 `)
 	applyApplianceFirewall(t, ns, cfgPath)
-	startServe(t, ns, cfgPath)
+	serve := startServe(t, ns, cfgPath)
 
+	line, took := pxeBootVM(t, ns, qemu, rom, mac, nonce)
+	blk, _ := pem.Decode(sl.caPEM)
+	ca, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"appliance.node=pxe1", "appliance.url=https://10.81.0.1:8443", "appliance.ca_pin=" + agentapi.PinOf(ca), "console=ttyS0"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("kernel command line lacks %q: %s", want, line)
+		}
+	}
+	if strings.Contains(strings.ToLower(line), "token") {
+		t.Errorf("kernel command line carries a token: %s", line)
+	}
+	mode := "server"
+	if proxy {
+		mode = "proxy, beside busybox udhcpd"
+		if !strings.Contains(serve.Log(), "reply=\"OFFER to pxe1") {
+			t.Errorf("serve sent pxe1 no proxyDHCP offer:\n%s", serve.Log())
+		}
+	}
+	t.Logf("FIGURES: QEMU (TCG) network boot from appliance serve (boot.dhcp %s; QEMU's iPXE ROM -> DHCP -> HTTP script, kernel, initrd), kernel command line on the console %s after QEMU started",
+		mode, took.Round(100*time.Millisecond))
+}
+
+// startUDHCPD runs busybox udhcpd, leasing 10.81.0.150-170 and knowing nothing of PXE, in a
+// namespace of its own (the datacenter's DHCP server) linked to bridge in ns; stopped by PID.
+func startUDHCPD(t *testing.T, ns *labns.NS, bridge string) {
+	t.Helper()
+	busybox := labns.RequireTool(t, "busybox")
+	dc := labns.New(t, "nbd")
+	port := "p" + dc.Name[len(dc.Name)-6:]
+	for _, c := range [][]string{
+		{"ip", "link", "add", "eth0", "netns", dc.Name, "type", "veth", "peer", "name", port, "netns", ns.Name},
+		{"ip", "-n", ns.Name, "link", "set", port, "master", bridge},
+		{"ip", "-n", ns.Name, "link", "set", port, "up"},
+		{"ip", "-n", dc.Name, "addr", "add", "10.81.0.2/24", "dev", "eth0"},
+		{"ip", "-n", dc.Name, "link", "set", "eth0", "up"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", c, err, out)
+		}
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "udhcpd.conf")
+	if err := os.WriteFile(conf, []byte("start 10.81.0.150\nend 10.81.0.170\ninterface eth0\noption subnet 255.255.255.0\n"+
+		"lease_file "+filepath.Join(dir, "leases")+"\npidfile "+filepath.Join(dir, "udhcpd.pid")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd := dc.Command(busybox, "udhcpd", "-f", conf)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill() // by PID: `ip netns exec` execs busybox
+		<-exited
+		t.Logf("udhcpd (pid %d):\n%s", cmd.Process.Pid, out.String())
+	})
+}
+
+// pxeBootVM boots a QEMU VM (TCG) in ns from its NIC (tap nbtap0, QEMU's iPXE ROM rom, MAC mac) and
+// returns the kernel command line its console shows (the one with netboot.test=nonce) and how long
+// after QEMU's start it showed. The wait is bounded (150 s) only so a broken boot ends.
+func pxeBootVM(t *testing.T, ns *labns.NS, qemu, rom, mac, nonce string) (string, time.Duration) {
+	t.Helper()
 	dir := t.TempDir()
 	console := filepath.Join(dir, "console.log")
 	cmd := ns.Command(qemu, "-name", "serve-netboot", "-accel", "tcg", "-cpu", "qemu64,+rdrand", "-m", "512",
@@ -133,22 +213,7 @@ boot:
 			t.Fatalf("no kernel command line on the console within 150 s; its tail:\n%s\nSeaBIOS log tail:\n%s", lastLines(string(b), 40), lastLines(string(bios), 15))
 		}
 	}
-	took := time.Since(start)
-	blk, _ := pem.Decode(sl.caPEM)
-	ca, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"appliance.node=pxe1", "appliance.url=https://10.81.0.1:8443", "appliance.ca_pin=" + agentapi.PinOf(ca), "console=ttyS0"} {
-		if !strings.Contains(line, want) {
-			t.Errorf("kernel command line lacks %q: %s", want, line)
-		}
-	}
-	if strings.Contains(strings.ToLower(line), "token") {
-		t.Errorf("kernel command line carries a token: %s", line)
-	}
-	t.Logf("FIGURES: QEMU (TCG) network boot from appliance serve (boot.dhcp server; QEMU's iPXE ROM -> DHCP lease + script URL -> HTTP script, kernel, initrd), kernel command line on the console %s after QEMU started",
-		took.Round(100*time.Millisecond))
+	return line, time.Since(start)
 }
 
 func lastLines(s string, n int) string {
