@@ -73,7 +73,9 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if len(p.Reinstall) > 0 {
 		notes = append(notes, fmt.Sprintf("not upgraded in place (BMC-booted: Ignition installs hostagent at the first boot only; `appliance node remove NODE`, then bootstrap again, reinstalls it): %s",
 			strings.Join(p.Reinstall, ", ")))
-		st.Options.Logger.Warn("nodes run another hostagent build and cannot be upgraded in place", "nodes", p.Reinstall, "served", served.String())
+		if st.Options.Logger != nil {
+			st.Options.Logger.Warn("nodes run another hostagent build and cannot be upgraded in place", "nodes", p.Reinstall, "served", served.String())
+		}
 	}
 	withNotes := func(detail string) string {
 		if len(notes) > 0 {
@@ -100,7 +102,7 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
 	}
 	progress := st.Options.Progress
-	if st.Options.JSONEvents {
+	if st.Options.JSONEvents || progress == nil {
 		progress = io.Discard
 	}
 	fmt.Fprintf(progress, "      upgrading hostagent to %s one node at a time: %s\n", served, strings.Join(names, ", "))

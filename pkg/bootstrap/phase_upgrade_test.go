@@ -3,10 +3,15 @@ package bootstrap
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"encoding/pem"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
@@ -177,5 +182,70 @@ func TestUpgradePhaseDryRunAndNothing(t *testing.T) {
 	res, err = upgradePhase{}.Run(context.Background(), st)
 	if err != nil || res.Changed || !strings.Contains(res.Detail, "every node runs the served hostagent") {
 		t.Errorf("same build: %+v, %v", res, err)
+	}
+}
+
+// TestUpgradePhaseStopsAtAFailingNode: the first node to upgrade (the worker w1) cannot be reached
+// over SSH (a real refused TCP connection on loopback); the rolling stops there: the error names w1,
+// why, and cp1 as left on its old build; w1's record is failed with the reason, cp1's untouched.
+func TestUpgradePhaseStopsAtAFailingNode(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hostagent")
+	if err := os.WriteFile(bin, []byte("hostagent build 2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "id_ed25519")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String() // nothing listens there once closed: connections are refused
+	l.Close()
+	power := config.Power{Kind: config.PowerSSH, Address: closed, PrivateKeyFile: keyFile,
+		HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))}
+	off := false
+	cfg := &config.BootstrapConfiguration{Kubernetes: config.Kubernetes{Enabled: &off}, Nodes: []config.Node{
+		{Name: "cp1", Roles: []config.Role{config.RoleControlPlane}, Power: power},
+		{Name: "w1", Roles: []config.Role{config.RoleWorker}, Power: power},
+	}}
+	store := nodestate.Open(statedir.Nodes(dir))
+	for _, n := range []string{"cp1", "w1"} {
+		for _, step := range []string{agentapi.StepConfig, agentapi.StepFirewall, agentapi.StepContainerd, agentapi.StepReady} {
+			if _, _, err := store.Record(n, nil, agentapi.Report{Step: step, Status: agentapi.StatusDone, BootID: "b1", AgentVersion: "v1", AgentSHA256: oldSum}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cp1Before, _ := os.ReadFile(filepath.Join(statedir.Nodes(dir), "cp1", nodestate.StatusFile))
+	st := &State{StateDir: dir, Config: cfg, Options: Options{HostagentBinary: bin}}
+	_, err = upgradePhase{}.Run(context.Background(), st)
+	if err == nil {
+		t.Fatal("the upgrade succeeded with w1 unreachable")
+	}
+	for _, want := range []string{"stopped at w1", "install the new hostagent over SSH", "still on their old build: cp1", "rerun bootstrap"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if s, _ := store.Get("w1"); s.State != agentapi.StateFailed || !strings.HasPrefix(s.Reason, "hostagent upgrade: ") {
+		t.Errorf("w1 after its failed upgrade: %s %q, want failed with the reason", s.State, s.Reason)
+	}
+	if after, _ := os.ReadFile(filepath.Join(statedir.Nodes(dir), "cp1", nodestate.StatusFile)); !bytes.Equal(cp1Before, after) {
+		t.Errorf("cp1's record changed although the rolling stopped before it")
 	}
 }
