@@ -43,8 +43,22 @@ func (powerPhase) Name() string { return "power" }
 
 func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 	store := nodestate.Open(statedir.Nodes(st.StateDir))
+	// The join token the nodes brought up below carry (renewed by the pki phase) must be in the
+	// cluster before they run kubeadm join. Not fatal: converge reports nodes that cannot join,
+	// and a run that repairs nodes while the API is down must still reach them.
+	token, tokenChanged, err := ensureJoinToken(ctx, st)
+	if err != nil {
+		token = "join token not checked: " + err.Error()
+	}
+	withToken := func(r Result) Result {
+		if token != "" {
+			r.Detail = strings.TrimPrefix(r.Detail+"; "+token, "; ")
+		}
+		r.Changed = r.Changed || tokenChanged
+		return r
+	}
 	if st.Options.DryRun {
-		return powerCheck(st, store), nil
+		return withToken(powerCheck(st, store)), nil
 	}
 	hostagentBin, err := os.ReadFile(st.Options.HostagentBinary)
 	if err != nil {
@@ -98,7 +112,7 @@ func (powerPhase) Run(ctx context.Context, st *State) (Result, error) {
 		}
 		detail += fmt.Sprintf("%d FAILED: %s", len(failed), strings.Join(failed, "; "))
 	}
-	return Result{Changed: changed, Detail: detail}, nil
+	return withToken(Result{Changed: changed, Detail: detail}), nil
 }
 
 // powerCheck is the dry run: which nodes the phase would provision over SSH or power on through

@@ -1,0 +1,96 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/kubeapi"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// The bootstrap token Secret's format (Kubernetes "Authenticating with Bootstrap Tokens",
+// k8s.io/cluster-bootstrap/token/api): kube-system/bootstrap-token-<token-id>, type
+// bootstrap.kubernetes.io/token, what `kubeadm init phase bootstrap-token` writes.
+const (
+	bootstrapTokenSecretType   = "bootstrap.kubernetes.io/token"
+	bootstrapTokenSecretPrefix = "bootstrap-token-"
+	// kubeadmNodeTokenGroup is the extra group kubeadm gives its node tokens
+	// (kubeadm constants.NodeBootstrapTokenAuthGroup): kubeadm's RBAC rules let it create node
+	// CSRs, read kubeadm-config and, for joining control planes, the kubeadm-certs Secret.
+	kubeadmNodeTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
+)
+
+// ensureJoinToken makes the bootstrap token of the run's kubeadm join secrets (st.Kubeadm) exist in
+// a cluster that exists already (the first control plane reported its kubeadm step done): when the
+// pki phase renewed the secrets (a run more than pki.BootstrapTokenTTL-KubeadmSecretsMargin after
+// they were made), the nodes about to join carry the new token, and kubeadm join's discovery
+// waits until a token Secret signs cluster-info. The first control plane's hostagent creates it
+// too, with `kubeadm init phase bootstrap-token` (idempotent), but only at its next resync (up to
+// hostagent.DefaultResync later); it also re-uploads the control-plane certificates under the new
+// certificate key, which only it can. The appliance creates the Secret at once through the API with
+// its admin kubeconfig. It returns a detail and whether it created the Secret (a dry run only
+// says it would); "" when there is nothing to do (no Kubernetes, no cluster yet: kubeadm init
+// makes the token). Errors: the API did not answer or refused the Secret.
+func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
+	if st.Config == nil || !st.Config.Kubernetes.IsEnabled() || st.Kubeadm.BootstrapToken == "" {
+		return "", false, nil
+	}
+	cps := st.Config.ControlPlaneNodes()
+	if len(cps) == 0 {
+		return "", false, nil
+	}
+	s, err := nodestate.Open(statedir.Nodes(st.StateDir)).Get(cps[0].Name)
+	if err != nil || s.Steps[agentapi.StepKubeadm].Status != agentapi.StatusDone {
+		return "", false, nil // kubeadm init creates the token
+	}
+	id, secret, ok := strings.Cut(st.Kubeadm.BootstrapToken, ".")
+	if !ok {
+		return "", false, errors.New("the kubeadm bootstrap token has no token-id.token-secret form")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	c, err := kubeapi.Load(statedir.AdminKubeconfig(st.StateDir))
+	if err != nil {
+		return "", false, err
+	}
+	path := "/api/v1/namespaces/kube-system/secrets/" + bootstrapTokenSecretPrefix + id
+	if _, err := c.Do(ctx, http.MethodGet, path, nil); err == nil {
+		return "join token " + id + " in the cluster", false, nil
+	} else if !errors.Is(err, kubeapi.ErrNotFound) {
+		return "", false, fmt.Errorf("look up join token %s through %s: %w", id, c.Server(), err)
+	}
+	expires := st.Kubeadm.Expires(pki.BootstrapTokenTTL).UTC()
+	if st.Options.DryRun {
+		return "would create join token " + id + " in the cluster (expires " + expires.Format(time.RFC3339) + ")", true, nil
+	}
+	body, err := json.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "Secret", "type": bootstrapTokenSecretType,
+		"metadata": map[string]any{"name": bootstrapTokenSecretPrefix + id, "namespace": "kube-system"},
+		"stringData": map[string]string{
+			"description":                    "kubeadm join token renewed by appliance bootstrap",
+			"token-id":                       id,
+			"token-secret":                   secret,
+			"expiration":                     expires.Format(time.RFC3339),
+			"usage-bootstrap-authentication": "true",
+			"usage-bootstrap-signing":        "true",
+			"auth-extra-groups":              kubeadmNodeTokenGroup,
+		},
+	})
+	if err != nil {
+		return "", false, err
+	}
+	if _, err := c.Do(ctx, http.MethodPost, "/api/v1/namespaces/kube-system/secrets", body); errors.Is(err, kubeapi.ErrConflict) {
+		return "join token " + id + " in the cluster", false, nil // the first control plane was quicker
+	} else if err != nil {
+		return "", false, fmt.Errorf("create join token %s through %s: %w", id, c.Server(), err)
+	}
+	return "created join token " + id + " in the cluster (expires " + expires.Format(time.RFC3339) + ")", true, nil
+}
