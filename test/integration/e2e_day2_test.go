@@ -26,8 +26,9 @@ import (
 // is powered and joined, with a bootstrap token the appliance renewed (the join secrets are aged
 // past their TTL first, as a rerun more than two hours after the last one finds them). The order
 // follows the documented rule that pod ranges are numbered by position in nodes[]: remove the last
-// nodes, add at the end. It leaves the cluster Ready with cp1-3 and w2, k.config listing exactly
-// those, and k8sNodes naming them, for the subtests that follow.
+// nodes, add at the end. Then cp4 is appended (etcd grows to four members) and removed again. It
+// leaves the cluster Ready with cp1-3 and w2, k.config listing exactly those, and k8sNodes naming
+// them, for the subtests that follow.
 func (k *k8sLab) day2(t *testing.T, ctx context.Context) {
 	// The day-1 worker's figures, read before its records say it is removed.
 	w1Join, w1Ready := k.joinFigures(t, "w1")
@@ -47,6 +48,25 @@ func (k *k8sLab) day2(t *testing.T, ctx context.Context) {
 	t.Run("adding the worker w2: only w2 is powered and joined, with a renewed bootstrap token", func(t *testing.T) {
 		k.addWorker(t, ctx, w1Join, w1Ready)
 	})
+
+	t.Run("adding the control plane cp4: etcd grows to four members, cp1-3 list it as a VRRP peer", func(t *testing.T) {
+		k.addControlPlane(t, ctx)
+	})
+	// Also after a failed add: the removal is what brings the cluster back to cp1-3 and w2.
+	if strings.Contains(mustRead(t, k.config), "\n- name: cp4\n") {
+		t.Run("removing the control plane cp4: etcd back to three members, keepalived without it", func(t *testing.T) {
+			k.removeControlPlane(t, ctx)
+		})
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // configWithout returns the text of the configuration file without node's entry (its "- name:"
@@ -319,6 +339,9 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 		t.Errorf("the bootstrap token was not renewed")
 	}
 	newID, _, _ := strings.Cut(renewed.BootstrapToken, ".")
+	if ev, _ := r.phase("power"); !strings.Contains(ev.Detail, "created join token "+newID+" in the cluster") {
+		t.Errorf("power phase did not create the renewed join token %s: %q", newID, ev.Detail)
+	}
 
 	if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {
 		t.Fatal(err)
@@ -414,4 +437,157 @@ func (k *k8sLab) joinFigures(t *testing.T, node string) (join, ready float64) {
 		}
 	}
 	return join, ready
+}
+
+// etcdVoters lists etcd's voting members (sorted), asked from cp1 with its healthcheck client
+// certificate (copied off the node, 0600, into a temp dir).
+func (k *k8sLab) etcdVoters(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"ca.crt", "healthcheck-client.crt", "healthcheck-client.key"} {
+		mustWrite(t, filepath.Join(dir, f), k.ssh(t, "cp1", "cat /etc/kubernetes/pki/etcd/"+f))
+	}
+	out, err := k.exec("cp1", k.etcdctl, "--endpoints", "https://10.100.0.11:2379",
+		"--cacert", filepath.Join(dir, "ca.crt"), "--cert", filepath.Join(dir, "healthcheck-client.crt"),
+		"--key", filepath.Join(dir, "healthcheck-client.key"), "-w", "json", "member", "list").Output()
+	if err != nil {
+		t.Fatalf("etcdctl member list: %v", err)
+	}
+	var members struct {
+		Members []struct {
+			Name      string `json:"name"`
+			IsLearner bool   `json:"isLearner"`
+		} `json:"members"`
+	}
+	if err := json.Unmarshal(out, &members); err != nil {
+		t.Fatalf("etcdctl member list -w json: %v\n%s", err, out)
+	}
+	var names []string
+	for _, m := range members.Members {
+		if !m.IsLearner {
+			names = append(names, m.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// controlPlaneEntry is a nodes[] entry for an nspawn control plane reached over SSH.
+func (k *k8sLab) controlPlaneEntry(name, cpAddr, wlAddr string) string {
+	return fmt.Sprintf("- name: %s\n  roles: [control-plane]\n  addresses: [%s, %s]\n  power: {kind: ssh, privateKeyFile: %s/ssh/id_ed25519, knownHostsFile: %s/ssh/known_hosts}\n",
+		name, cpAddr, wlAddr, k.labDir, k.labDir)
+}
+
+// addControlPlane appends cp4 to nodes[] and reruns bootstrap: only cp4 is powered and joins as a
+// control plane (certificate key from the uploaded kubeadm-certs), etcd has four voting members,
+// and keepalived and the firewall on cp1-3 list cp4 as a VRRP peer; cp1-3 run no kubeadm again
+// and their histories stay as they were.
+func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
+	store := nodestate.Open(statedir.Nodes(k.state))
+	others := []string{"cp1", "cp2", "cp3", "w2"}
+	seen, hist := map[string]int{}, map[string]int{}
+	for _, n := range others {
+		evs, _ := store.Events(n)
+		h, _ := store.History(n)
+		seen[n], hist[n] = len(evs), len(h)
+	}
+	k.script(t, "nodes.sh", "up", "cp4")
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+k.controlPlaneEntry("cp4", "10.100.0.14", "10.200.0.14"))
+	k8sNodes = append(slices.Clone(k8sNodes), "cp4")
+
+	start := time.Now()
+	r := k.bootstrap(ctx, "", 0, "--converge-timeout", "10m")
+	took := time.Since(start)
+	if r.err != nil {
+		t.Fatalf("appliance bootstrap with cp4 appended: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
+	}
+	if ev, _ := r.phase("power"); !strings.HasPrefix(ev.Detail, "cp1 up, cp2 up, cp3 up, cp4 hostagent installed over SSH") || !strings.Contains(ev.Detail, ", w2 up") {
+		t.Errorf("power phase: %q, want only cp4 brought up", ev.Detail)
+	}
+	if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {
+		t.Fatal(err)
+	}
+	if got := k.etcdVoters(t); !slices.Equal(got, []string{"cp1", "cp2", "cp3", "cp4"}) {
+		t.Errorf("etcd voting members %v, want cp1-4", got)
+	}
+	if err := waitFor(3*time.Minute, func() error {
+		for _, n := range []string{"cp1", "cp2", "cp3"} {
+			conf := k.ssh(t, n, "cat /etc/keepalived/keepalived.conf")
+			_, peers, _ := strings.Cut(conf, "unicast_peer")
+			peers, _, _ = strings.Cut(peers, "}")
+			if !strings.Contains(peers, "10.100.0.14") {
+				return fmt.Errorf("%s: keepalived's unicast_peer does not list cp4 (10.100.0.14):\n%s", n, conf)
+			}
+			if rules := k.ssh(t, n, "nft list ruleset"); !strings.Contains(rules, "10.100.0.14") {
+				return fmt.Errorf("%s: no firewall rule names cp4 (10.100.0.14)", n)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	for _, n := range others {
+		evs, _ := store.Events(n)
+		var steps []string
+		for _, ev := range evs[min(seen[n], len(evs)):] {
+			if ev.Step == "" {
+				continue
+			}
+			steps = append(steps, ev.Step+"="+ev.Status)
+			if ev.Step == agentapi.StepKubeadm || ev.Step == agentapi.StepPackages || ev.Step == agentapi.StepContainerd {
+				t.Errorf("%s: %s step reported again: %s %q", n, ev.Step, ev.Status, ev.Detail)
+			}
+		}
+		t.Logf("%s: steps reported since cp4 was added: %v", n, steps)
+		if h, _ := store.History(n); len(h) != hist[n] {
+			t.Errorf("%s: lifecycle history grew from %d to %d entries: %+v", n, hist[n], len(h), h[hist[n]:])
+		}
+	}
+	join, ready := k.joinFigures(t, "cp4")
+	t.Logf("day-2 control-plane add: bootstrap rerun %.1fs; cp4 kubeadm join-control-plane %.1fs, first report → ready %.1fs", took.Seconds(), join, ready)
+}
+
+// removeControlPlane removes cp4 with appliance node remove (quorum: 4 healthy members, 3 left of
+// the 2 needed), which runs kubeadm reset on it (removing its etcd member), then reruns bootstrap
+// without it: etcd is back to cp1-3, and keepalived on cp1-3 no longer lists cp4.
+func (k *k8sLab) removeControlPlane(t *testing.T, ctx context.Context) {
+	appliance := filepath.Join(binDir, "appliance")
+	out, err := k.exec("boot", appliance, "node", "remove", "cp4", "--config", k.config, "--yes").CombinedOutput()
+	t.Logf("appliance node remove cp4:\n%s", out)
+	if err != nil {
+		t.Fatalf("appliance node remove cp4: %v", err)
+	}
+	if !strings.Contains(string(out), "control plane; etcd 4 members, 4 healthy: cp1, cp2, cp3, cp4") {
+		t.Errorf("the check did not see 4 healthy etcd members")
+	}
+	if got := k.etcdVoters(t); !slices.Equal(got, []string{"cp1", "cp2", "cp3"}) {
+		t.Errorf("etcd voting members after removing cp4: %v, want cp1-3", got)
+	}
+	text, err := os.ReadFile(k.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, k.config, configWithout(t, string(text), "cp4"))
+	k8sNodes = slices.DeleteFunc(slices.Clone(k8sNodes), func(n string) bool { return n == "cp4" })
+	k.mustBootstrap(ctx)
+	if err := waitFor(3*time.Minute, func() error {
+		for _, n := range []string{"cp1", "cp2", "cp3"} {
+			if conf := k.ssh(t, n, "cat /etc/keepalived/keepalived.conf"); strings.Contains(conf, "10.100.0.14") {
+				return fmt.Errorf("%s: keepalived still lists cp4 (10.100.0.14)", n)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	if err := waitFor(2*time.Minute, func() error { return k.nodesReady() }); err != nil {
+		t.Error(err)
+	}
+	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Errorf("readyz through the VIP after removing cp4: %v %q", err, out)
+	}
 }

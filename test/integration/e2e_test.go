@@ -60,9 +60,10 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	l := newLab(t, prefix)
 	l.skip = nil
 	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
-	// Two worker namespaces (their host keys pinned): w2 is started only when day2 adds it.
+	// Four control-plane and two worker namespaces (host keys pinned): cp4 and w2 are started only
+	// when day2 adds them.
 	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=2", "LAB_WORKER_KIND=nspawn")
-	n.script(t, "lab.sh", "up", "3", "2")
+	n.script(t, "lab.sh", "up", "4", "2")
 	n.script(t, "creds.sh")
 	t.Cleanup(func() {
 		if t.Failed() {
