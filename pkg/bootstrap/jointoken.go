@@ -36,7 +36,8 @@ const (
 // too, with `kubeadm init phase bootstrap-token` (idempotent), but only at its next resync (up to
 // hostagent.DefaultResync later); it also re-uploads the control-plane certificates under the new
 // certificate key, which only it can. The appliance creates the Secret at once through the API with
-// its admin kubeconfig. It returns a detail and whether it created the Secret (a dry run only
+// its admin kubeconfig, unless a control plane has yet to join: that one needs the re-uploaded
+// certificates too, so the token is left to the first control plane, which uploads them first. It returns a detail and whether it created the Secret (a dry run only
 // says it would); "" when there is nothing to do (no Kubernetes, no cluster yet: kubeadm init
 // makes the token). Errors: the API did not answer or refused the Secret.
 func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
@@ -66,6 +67,16 @@ func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
 		return "join token " + id + " in the cluster", false, nil
 	} else if !errors.Is(err, kubeapi.ErrNotFound) {
 		return "", false, fmt.Errorf("look up join token %s through %s: %w", id, c.Server(), err)
+	}
+	// A control plane that has yet to join needs the certificates the first control plane re-uploads
+	// under the new certificate key; its hostagent does that before it creates the token, so with
+	// the token left to it, kubeadm join's discovery holds the joiner until both are in place.
+	store := nodestate.Open(statedir.Nodes(st.StateDir))
+	for _, cp := range cps[1:] {
+		if s, err := store.Get(cp.Name); err != nil || s.Steps[agentapi.StepKubeadm].Status != agentapi.StatusDone {
+			return fmt.Sprintf("join token %s not in the cluster yet: %s creates it at its next resync, with the certificates control plane %s joins with",
+				id, cps[0].Name, cp.Name), false, nil
+		}
 	}
 	expires := st.Kubeadm.Expires(pki.BootstrapTokenTTL).UTC()
 	if st.Options.DryRun {

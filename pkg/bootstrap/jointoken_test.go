@@ -143,8 +143,9 @@ func startClusterAPI(t *testing.T, ca *pki.CA, caDir string) int {
 }
 
 // TestEnsureJoinToken: against a real kube-apiserver, the power phase's join-token check does
-// nothing before the cluster exists (kubeadm init makes the token), creates the renewed token's
-// Secret once the first control plane is done (a dry run only says it would), in the format the
+// nothing before the cluster exists (kubeadm init makes the token), leaves the token to the first
+// control plane while another control plane has yet to join, creates the renewed token's
+// Secret once the control planes are done (a dry run only says it would), in the format the
 // API server's bootstrap token authenticator accepts (the token authenticates as
 // system:bootstrap:<id> with kubeadm's node group), and finds it there on the next run. Without it a
 // day-2 node joined only once the first control plane's hostagent resynced (w2's kubeadm join took
@@ -177,10 +178,21 @@ func TestEnsureJoinToken(t *testing.T) {
 		t.Errorf("before %s ran kubeadm init: %q %v %v, want nothing", init, d, ch, err)
 	}
 	store := nodestate.Open(statedir.Nodes(st.StateDir))
-	if _, _, err := store.Record(init, []string{agentapi.StepConfig, agentapi.StepKubeadm, agentapi.StepReady},
-		agentapi.Report{BootID: "boot-1", Step: agentapi.StepKubeadm, Status: agentapi.StatusDone, Detail: "kubeadm init done in 10.0s"}); err != nil {
-		t.Fatal(err)
+	kubeadmDone := func(node string) {
+		t.Helper()
+		if _, _, err := store.Record(node, []string{agentapi.StepConfig, agentapi.StepKubeadm, agentapi.StepReady},
+			agentapi.Report{BootID: "boot-1", Step: agentapi.StepKubeadm, Status: agentapi.StatusDone, Detail: "kubeadm done in 10.0s"}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	kubeadmDone(init)
+	// cp2 has yet to join: it needs the certificates cp1 re-uploads under the new key before the
+	// token, so the token is left to cp1.
+	if d, ch, err := ensureJoinToken(ctx, st); d != "join token "+id+" not in the cluster yet: cp1 creates it at its next resync, with the certificates control plane cp2 joins with" || ch || err != nil {
+		t.Errorf("with cp2 still to join: %q %v %v", d, ch, err)
+	}
+	kubeadmDone("cp2")
+	kubeadmDone("cp3")
 
 	st.Options.DryRun = true
 	if d, ch, err := ensureJoinToken(ctx, st); !strings.HasPrefix(d, "would create join token "+id+" in the cluster (expires ") || !ch || err != nil {

@@ -462,8 +462,9 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 	return fmt.Sprintf("kubeadm %s done in %.1fs%s", k.Action, time.Since(start).Seconds(), reset), nil
 }
 
-// renewJoinSecrets creates the appliance's current bootstrap token in the cluster and uploads the
-// control-plane certificates under its current certificate key (kubeadm init phases, admin.conf).
+// renewJoinSecrets uploads the control-plane certificates under the appliance's current certificate
+// key and then creates its current bootstrap token in the cluster (kubeadm init phases upload-certs
+// and bootstrap-token, with admin.conf), in that order: see below.
 func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr netip.Addr, st kubeadmState) (string, error) {
 	cfg, err := renderKubeadm(nc, k, addr)
 	if err != nil {
@@ -472,10 +473,12 @@ func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k 
 	if _, err := atomicfile.Write(KubeadmConfigPath, cfg, 0o600); err != nil {
 		return "", err
 	}
-	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "bootstrap-token", "--config", KubeadmConfigPath, "--skip-token-print"); err != nil {
+	// Certificates first: a control plane joining with the new token passes discovery as soon as
+	// the token signs cluster-info, and then downloads the certificates under the new key.
+	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "upload-certs", "--upload-certs", "--config", KubeadmConfigPath, "--skip-certificate-key-print"); err != nil {
 		return "", err
 	}
-	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "upload-certs", "--upload-certs", "--config", KubeadmConfigPath, "--skip-certificate-key-print"); err != nil {
+	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "bootstrap-token", "--config", KubeadmConfigPath, "--skip-token-print"); err != nil {
 		return "", err
 	}
 	st.TokenID = tokenID(k.BootstrapToken)
