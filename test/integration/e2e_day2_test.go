@@ -293,16 +293,7 @@ func (k *k8sLab) addCollision(t *testing.T) {
 // Only w2 is powered; cp1-3 run no kubeadm join again, their lifecycle histories stay as they were,
 // and they gain the route to w2's pod range. The day-2 join figures are printed beside w1's.
 func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready float64) {
-	secretsPath := filepath.Join(statedir.ClusterPKI(k.state), pki.KubeadmSecretsFile)
-	var secrets pki.KubeadmSecrets
-	b, err := os.ReadFile(secretsPath)
-	if err != nil || json.Unmarshal(b, &secrets) != nil {
-		t.Fatalf("%s: %v", secretsPath, err)
-	}
-	oldToken := secrets.BootstrapToken
-	secrets.Created = time.Now().Add(-pki.BootstrapTokenTTL).UTC().Truncate(time.Second)
-	b, _ = json.Marshal(secrets)
-	mustWrite(t, secretsPath, string(b))
+	secretsPath, oldToken := k.ageJoinSecrets(t)
 
 	store := nodestate.Open(statedir.Nodes(k.state))
 	others := []string{"cp1", "cp2", "cp3"}
@@ -333,7 +324,7 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 	if ev, _ := r.phase("power"); !strings.HasPrefix(ev.Detail, "cp1 up, cp2 up, cp3 up, w2 hostagent installed over SSH") {
 		t.Errorf("power phase: %q, want cp1-3 left up and only w2 brought up", ev.Detail)
 	}
-	b, _ = os.ReadFile(secretsPath)
+	b, _ := os.ReadFile(secretsPath)
 	var renewed pki.KubeadmSecrets
 	if json.Unmarshal(b, &renewed) != nil || renewed.BootstrapToken == oldToken {
 		t.Errorf("the bootstrap token was not renewed")
@@ -403,6 +394,24 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
 		t.Errorf("readyz through the VIP after the add: %v %q", err, out)
 	}
+}
+
+// ageJoinSecrets backdates the kubeadm join secrets' creation by their TTL, as a run more than two
+// hours after they were made finds them, so the next bootstrap renews them; it returns the file and
+// the token it held.
+func (k *k8sLab) ageJoinSecrets(t *testing.T) (string, string) {
+	t.Helper()
+	path := filepath.Join(statedir.ClusterPKI(k.state), pki.KubeadmSecretsFile)
+	var secrets pki.KubeadmSecrets
+	b, err := os.ReadFile(path)
+	if err != nil || json.Unmarshal(b, &secrets) != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	token := secrets.BootstrapToken
+	secrets.Created = time.Now().Add(-pki.BootstrapTokenTTL).UTC().Truncate(time.Second)
+	b, _ = json.Marshal(secrets)
+	mustWrite(t, path, string(b))
+	return path, token
 }
 
 // joinFigures returns, from node's hostagent reports, how long `kubeadm join` ran (hostagent
@@ -478,8 +487,10 @@ func (k *k8sLab) controlPlaneEntry(name, cpAddr, wlAddr string) string {
 		name, cpAddr, wlAddr, k.labDir, k.labDir)
 }
 
-// addControlPlane appends cp4 to nodes[] and reruns bootstrap: only cp4 is powered and joins as a
-// control plane (certificate key from the uploaded kubeadm-certs), etcd has four voting members,
+// addControlPlane appends cp4 to nodes[] and reruns bootstrap with the join secrets aged past their
+// TTL: the appliance leaves the renewed token to cp1, whose hostagent re-uploads the control-plane
+// certificates under the renewed certificate key and then creates the token; only cp4 is powered
+// and joins as a control plane with them, etcd has four voting members,
 // and keepalived and the firewall on cp1-3 list cp4 as a VRRP peer; cp1-3 run no kubeadm again
 // and their histories stay as they were.
 func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
@@ -491,6 +502,9 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 		h, _ := store.History(n)
 		seen[n], hist[n] = len(evs), len(h)
 	}
+	// Aged join secrets again: cp4 joins with a renewed token and needs the control-plane
+	// certificates re-uploaded under the renewed certificate key, which cp1's hostagent does.
+	secretsPath, oldToken := k.ageJoinSecrets(t)
 	k.script(t, "nodes.sh", "up", "cp4")
 	text, err := os.ReadFile(k.config)
 	if err != nil {
@@ -507,6 +521,14 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	}
 	if ev, _ := r.phase("power"); !strings.HasPrefix(ev.Detail, "cp1 up, cp2 up, cp3 up, cp4 hostagent installed over SSH") || !strings.Contains(ev.Detail, ", w2 up") {
 		t.Errorf("power phase: %q, want only cp4 brought up", ev.Detail)
+	}
+	var renewed pki.KubeadmSecrets
+	if b, _ := os.ReadFile(secretsPath); json.Unmarshal(b, &renewed) != nil || renewed.BootstrapToken == oldToken {
+		t.Errorf("the bootstrap token was not renewed")
+	}
+	newID, _, _ := strings.Cut(renewed.BootstrapToken, ".")
+	if ev, _ := r.phase("power"); !strings.Contains(ev.Detail, "join token "+newID+" not in the cluster yet: cp1 creates it at its next resync, with the certificates control plane cp4 joins with") {
+		t.Errorf("power phase did not leave the renewed token %s to cp1: %q", newID, ev.Detail)
 	}
 	if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {
 		t.Fatal(err)
@@ -533,16 +555,24 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	for _, n := range others {
 		evs, _ := store.Events(n)
 		var steps []string
+		renewedHere := false
 		for _, ev := range evs[min(seen[n], len(evs)):] {
 			if ev.Step == "" {
 				continue
 			}
 			steps = append(steps, ev.Step+"="+ev.Status)
+			if n == "cp1" && ev.Step == agentapi.StepKubeadm && ev.Status == agentapi.StatusDone && strings.HasPrefix(ev.Detail, "renewed the bootstrap token") {
+				renewedHere = true
+				continue
+			}
 			if ev.Step == agentapi.StepKubeadm || ev.Step == agentapi.StepPackages || ev.Step == agentapi.StepContainerd {
 				t.Errorf("%s: %s step reported again: %s %q", n, ev.Step, ev.Status, ev.Detail)
 			}
 		}
 		t.Logf("%s: steps reported since cp4 was added: %v", n, steps)
+		if n == "cp1" && !renewedHere {
+			t.Errorf("cp1 did not report re-uploading the certificates and renewing the bootstrap token")
+		}
 		if h, _ := store.History(n); len(h) != hist[n] {
 			t.Errorf("%s: lifecycle history grew from %d to %d entries: %+v", n, hist[n], len(h), h[hist[n]:])
 		}
