@@ -29,13 +29,14 @@ const upgradeVersion = "v0.0.0-e2e-upgrade"
 
 // upgrade is issue 15's "upgrade of the appliance": a second build of appliance + hostagent replaces
 // the first in binDir (as an operator upgrading the appliance would; the subtests after this one run
-// it) and reruns bootstrap. The first run is killed (SIGKILL) while a node is mid-upgrade; the rerun
-// finishes. /readyz through the VIP is polled from the bootstrap namespace the whole time and not one
-// poll may fail. Then every configured node reports the new build, the VIP holder and every control
-// plane's keepalived PID are what they were (each new hostagent adopted its node's keepalived), the
-// nodes were upgraded one at a time (each node's interval, from the appliance starting it to the
-// node's ready with the new build, overlaps no other), `appliance status` shows "upgraded", etcd is
-// healthy, and a further run changes nothing. The node list comes from the configuration (day-2 subtests before this one change it).
+// it). Its dry run lists every node to upgrade and changes none. Then bootstrap runs; the first run
+// is killed (SIGKILL) while a node is mid-upgrade, and the rerun finishes. /readyz through the VIP is
+// polled from the bootstrap namespace the whole time and not one poll may fail. Then every configured
+// node reports the new build, the VIP holder and every control plane's keepalived PID are what they
+// were (each new hostagent adopted its node's keepalived), the nodes were upgraded one at a time
+// (each node's interval, from the appliance starting it to the node's ready with the new build,
+// overlaps no other), `appliance status` shows "upgraded", etcd is healthy, and a further run changes
+// nothing. The node list comes from the configuration (the day-2 subtests before this one change it).
 func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 	cfg, _, err := config.Load(k.config, config.ValidateOptions{})
 	if err != nil {
@@ -75,6 +76,22 @@ func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 		newSum := fileSum(t, filepath.Join(binDir, "hostagent"))
 		t.Logf("hostagent %s → %s (version %s)", oldSum[:12], newSum[:12], upgradeVersion)
 
+		// The dry run lists every node as one to upgrade and touches none.
+		d := k.bootstrap(ctx, "", 0, "--dry-run")
+		up, _ := d.phase("upgrade")
+		if d.err != nil || !up.Changed || !strings.Contains(up.Detail, "would upgrade hostagent") {
+			t.Fatalf("dry run of the new build: %v, upgrade phase %+v\n%s", d.err, up, d.stderr)
+		}
+		for _, n := range nodes {
+			if !strings.Contains(up.Detail, n+" (from ") {
+				t.Errorf("dry run: %s not listed: %s", n, up.Detail)
+			}
+			if s, _ := store.Get(n); s.State != agentapi.StateReady || s.AgentSHA256 != oldSum {
+				t.Errorf("the dry run changed %s: %s %s", n, s.State, s.AgentSHA256)
+			}
+		}
+		t.Logf("dry run: %s", up.Detail)
+
 		poll := k.pollVIP(t)
 		start := time.Now()
 		killedAt := k.bootstrapKilledMidUpgrade(t, store)
@@ -85,7 +102,7 @@ func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 		if r.err != nil {
 			t.Fatalf("the rerun of the new build: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, r.stderr)
 		}
-		up, _ := r.phase("upgrade")
+		up, _ = r.phase("upgrade")
 		t.Logf("upgrade phase of the rerun (%.1fs): %s", up.Duration, up.Detail)
 		t.Logf("/readyz through the VIP polled %d times from the bootstrap namespace over %.1fs, %d failed", polls, total.Seconds(), len(failures))
 		if len(failures) > 0 || polls == 0 {
