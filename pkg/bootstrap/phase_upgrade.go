@@ -60,6 +60,8 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
 	}
+	// The served build's version is this appliance's (`appliance` and `hostagent` are built together);
+	// the hash is the served executable's own.
 	served := nodestate.AgentBuild{Version: version.String(), SHA256: sum}
 	store := nodestate.Open(statedir.Nodes(st.StateDir))
 	status := map[string]agentapi.NodeStatus{}
@@ -71,7 +73,7 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 	p := planUpgrade(st.Config.Nodes, status, served)
 	var notes []string
 	if len(p.Reinstall) > 0 {
-		notes = append(notes, fmt.Sprintf("not upgraded in place (BMC-booted: Ignition installs hostagent at the first boot only; `appliance node remove NODE`, then bootstrap again, reinstalls it): %s",
+		notes = append(notes, fmt.Sprintf("not upgraded in place (BMC-booted: Ignition installs hostagent at the first boot only; reinstall the node to upgrade it: `appliance node remove NODE`, then add it back): %s",
 			strings.Join(p.Reinstall, ", ")))
 		if st.Options.Logger != nil {
 			st.Options.Logger.Warn("nodes run another hostagent build and cannot be upgraded in place", "nodes", p.Reinstall, "served", served.String())
