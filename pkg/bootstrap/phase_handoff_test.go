@@ -1,0 +1,68 @@
+package bootstrap
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// TestHandoffRefusedOnUnhealthyCluster: against a real kube-apiserver where the inventory's nodes are
+// not Ready (no kubelet ever registered them), the hand-off is refused naming each node and what is
+// missing, and nothing is written (no record, no certificate); without being asked it does nothing;
+// once recorded done, a rerun reports it and changes nothing.
+func TestHandoffRefusedOnUnhealthyCluster(t *testing.T) {
+	now := time.Now()
+	caDir := filepath.Join(t.TempDir(), "kubernetes")
+	ca, _, err := pki.EnsureCA(caDir, "kubernetes", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort := startClusterAPI(t, ca, caDir)
+	cfg := config.Example()
+	cfg.APIServer.VIP = netip.MustParseAddr("127.0.0.1")
+	cfg.APIServer.Port = uint16(apiPort)
+	st := &State{Config: cfg, StateDir: t.TempDir(), CA: ca}
+	if _, err := ensureAdminKubeconfig(st, ca, now); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	res, err := handoffPhase{}.Run(ctx, st)
+	if err != nil || res.Changed || !strings.Contains(res.Detail, "not asked") {
+		t.Fatalf("not asked: %+v %v", res, err)
+	}
+	st.Options.Handoff = true
+	_, err = handoffPhase{}.Run(ctx, st)
+	if err == nil || !strings.Contains(err.Error(), "handoff refused: the cluster is not healthy, nothing changed") {
+		t.Fatalf("unhealthy cluster: %v, want a refusal", err)
+	}
+	for _, n := range cfg.Nodes {
+		if !strings.Contains(err.Error(), n.Name+": ") {
+			t.Errorf("the refusal does not name %s: %v", n.Name, err)
+		}
+	}
+	if _, err := os.Stat(statedir.Handoff(st.StateDir)); !os.IsNotExist(err) {
+		t.Errorf("the refused hand-off wrote %s (%v)", statedir.Handoff(st.StateDir), err)
+	}
+
+	done := &HandoffRecord{Stage: HandoffDone, Started: now, Done: now}
+	if err := writeHandoff(st.StateDir, done); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(handoffRecordPath(st.StateDir))
+	res, err = handoffPhase{}.Run(ctx, st)
+	if err != nil || res.Changed || !strings.Contains(res.Detail, "handed off at") {
+		t.Errorf("after the hand-off: %+v %v", res, err)
+	}
+	if after, _ := os.ReadFile(handoffRecordPath(st.StateDir)); string(after) != string(before) {
+		t.Errorf("a rerun after the hand-off changed its record")
+	}
+}
