@@ -70,6 +70,7 @@ func newRootCommand() *cobra.Command {
 		newCSRApproveCommand(g),
 		newBundleCommand(g),
 		newFirstbootCommand(),
+		newClusterMirrorCommand(g),
 		newVersionCommand(g),
 	)
 	walkCommands(root, requireKnownSubcommand)
