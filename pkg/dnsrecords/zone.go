@@ -29,7 +29,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/plan"
+	"github.com/airgap-appliance/appliance/pkg/nodeaddr"
 )
 
 // Record timings, in seconds.
@@ -67,6 +67,9 @@ type Options struct {
 	// NameServer is the address of ns.<zone>, the zone's SOA MNAME and NS target. Default
 	// dns.listenAddress.
 	NameServer netip.Addr
+	// NameServers, when set, are every address of ns.<zone> (one A record each, in order) and
+	// replace NameServer: the control planes, whose CoreDNS static pods serve the zone (ForCoreDNS).
+	NameServers []netip.Addr
 	// Serial is the SOA serial (RFC 1035 §3.3.13, compared with RFC 1982 serial arithmetic by
 	// secondaries). 0 means 1. FileSerial derives one from the configuration file.
 	Serial uint32
@@ -105,15 +108,21 @@ func New(c *config.BootstrapConfiguration, o Options) (*Zone, error) {
 	if c.BaseDomain == "" {
 		return nil, ErrNoBaseDomain
 	}
-	ns := o.NameServer
-	if !ns.IsValid() {
-		ns = c.DNS.ListenAddress
+	nss := o.NameServers
+	if len(nss) == 0 {
+		ns := o.NameServer
+		if !ns.IsValid() {
+			ns = c.DNS.ListenAddress
+		}
+		if !ns.IsValid() {
+			return nil, ErrNoNameServer
+		}
+		nss = []netip.Addr{ns}
 	}
-	if !ns.IsValid() {
-		return nil, ErrNoNameServer
-	}
-	if !ns.Is4() {
-		return nil, fmt.Errorf("name server address %s is not IPv4: the cluster's networks are IPv4", ns)
+	for _, ns := range nss {
+		if !ns.Is4() {
+			return nil, fmt.Errorf("name server address %s is not IPv4: the cluster's networks are IPv4", ns)
+		}
 	}
 	origin := dns.Fqdn(strings.ToLower(c.DNSZone()))
 	if _, ok := dns.IsDomainName(origin); !ok {
@@ -135,19 +144,21 @@ func New(c *config.BootstrapConfiguration, o Options) (*Zone, error) {
 	rrs := []dns.RR{
 		soa,
 		&dns.NS{Hdr: hdr(origin, dns.TypeNS), Ns: name(config.DNSNameNameServer)},
-		a(name(config.DNSNameNameServer), ns),
+	}
+	for _, ns := range nss {
+		rrs = append(rrs, a(name(config.DNSNameNameServer), ns))
 	}
 	if vip := c.APIServer.VIP; vip.IsValid() {
 		rrs = append(rrs, a(name(config.DNSNameAPI), vip), a(name(config.DNSNameAPIInternal), vip))
 	}
 	// The ingress routers run on the control planes while there are no workers (kcli's rule); with
 	// no ingress VIP in the configuration yet, *.apps names every control plane.
-	for _, addr := range plan.ControlPlaneAddresses(c) {
+	for _, addr := range nodeaddr.ControlPlanes(c) {
 		rrs = append(rrs, a(name("*."+config.DNSNameApps), addr))
 	}
 	var srv []dns.RR
 	for i, n := range c.ControlPlaneNodes() {
-		addr, ok := plan.ControlPlaneAddress(c, n)
+		addr, ok := nodeaddr.ControlPlane(c, n)
 		if !ok {
 			continue
 		}
@@ -158,9 +169,9 @@ func New(c *config.BootstrapConfiguration, o Options) (*Zone, error) {
 	}
 	rrs = append(rrs, srv...)
 	for _, n := range c.Nodes {
-		addr, ok := plan.ControlPlaneAddress(c, n)
+		addr, ok := nodeaddr.ControlPlane(c, n)
 		if !ok {
-			addr, ok = plan.WorkloadPlaneAddress(c, n)
+			addr, ok = nodeaddr.WorkloadPlane(c, n)
 		}
 		if ok {
 			rrs = append(rrs, a(name(strings.ToLower(n.Name)), addr))

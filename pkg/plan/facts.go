@@ -6,43 +6,27 @@ import (
 
 	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/nodeaddr"
 )
 
 // The facts derived from bootstrap.yaml that more than one artefact needs, each in one place.
 
-// ControlPlaneAddress is n's control-plane address: its first static address inside a control-plane
-// CIDR, the CIDRs tried in order (as the node's hostagent resolves its own). ok is false for a node
-// without one (BMC-booted nodes may get theirs by DHCP).
+// ControlPlaneAddress is n's control-plane address (nodeaddr.ControlPlane: its first static address
+// inside a control-plane CIDR, the CIDRs tried in order). ok is false for a node without one.
 func ControlPlaneAddress(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
-	return firstIn(c.Networks.ControlPlane.CIDRs, n.Addresses)
+	return nodeaddr.ControlPlane(c, n)
 }
 
-// WorkloadPlaneAddress is n's first static address inside a workload-plane CIDR (CIDRs in order).
+// WorkloadPlaneAddress is n's first static address inside a workload-plane CIDR (nodeaddr.WorkloadPlane).
 func WorkloadPlaneAddress(c *config.BootstrapConfiguration, n config.Node) (netip.Addr, bool) {
-	return firstIn(c.Networks.WorkloadPlane.CIDRs, n.Addresses)
-}
-
-func firstIn(cidrs []netip.Prefix, addrs []netip.Addr) (netip.Addr, bool) {
-	for _, p := range cidrs {
-		for _, a := range addrs {
-			if p.Contains(a) {
-				return a, true
-			}
-		}
-	}
-	return netip.Addr{}, false
+	return nodeaddr.WorkloadPlane(c, n)
 }
 
 // ControlPlaneAddresses are the control-plane addresses of every control-plane node that has one,
-// in document order, without duplicates: the VRRP speakers of the API VIP besides the bootstrap host.
+// in document order, without duplicates (nodeaddr.ControlPlanes): the VRRP speakers of the API VIP
+// besides the bootstrap host.
 func ControlPlaneAddresses(c *config.BootstrapConfiguration) []netip.Addr {
-	var out []netip.Addr
-	for _, n := range c.ControlPlaneNodes() {
-		if a, ok := ControlPlaneAddress(c, n); ok && !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out
+	return nodeaddr.ControlPlanes(c)
 }
 
 // NodeNetworks are the networks nodes live on: the control-plane CIDRs, then the workload-plane
