@@ -357,8 +357,12 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 		t.Error(err)
 	}
 
+	// cp1's hostagent renews the join secrets in the cluster at its next resync, after the route
+	// step of the same pass (hostagent.DefaultResync: within about a minute).
+	k.waitRenewed(t, seen["cp1"])
 	// The other nodes: no kubeadm again except cp1 renewing the join secrets, no package or
 	// containerd step redone, and no new lifecycle entry.
+	k.waitRenewed(t, seen["cp1"])
 	for _, n := range others {
 		evs, _ := store.Events(n)
 		var steps []string
@@ -393,6 +397,24 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 		took.Seconds(), w2Join, w2Ready, w1Join, w1Ready, w2Join/w1Join, w2Ready/w1Ready)
 	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
 		t.Errorf("readyz through the VIP after the add: %v %q", err, out)
+	}
+}
+
+// waitRenewed waits (bounded) until cp1 reported, after its first `since` events, the kubeadm step
+// that re-uploads the certificates and renews the bootstrap token.
+func (k *k8sLab) waitRenewed(t *testing.T, since int) {
+	t.Helper()
+	store := nodestate.Open(statedir.Nodes(k.state))
+	if err := waitFor(3*time.Minute, func() error {
+		evs, _ := store.Events("cp1")
+		for _, ev := range evs[min(since, len(evs)):] {
+			if ev.Step == agentapi.StepKubeadm && ev.Status == agentapi.StatusDone && strings.HasPrefix(ev.Detail, "renewed the bootstrap token") {
+				return nil
+			}
+		}
+		return fmt.Errorf("cp1 has not reported renewing the join secrets")
+	}); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -552,6 +574,7 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	}); err != nil {
 		t.Error(err)
 	}
+	k.waitRenewed(t, seen["cp1"])
 	for _, n := range others {
 		evs, _ := store.Events(n)
 		var steps []string
