@@ -84,9 +84,19 @@ type digResult struct {
 // dig queries addr with BIND's dig, recursion off, and parses its header and sections.
 func dig(t *testing.T, addr netip.AddrPort, args ...string) digResult {
 	t.Helper()
+	return digIn(t, "", addr, args...)
+}
+
+// digIn is dig run inside the network namespace netns (ip netns exec), or in the test's own with "".
+func digIn(t *testing.T, netns string, addr netip.AddrPort, args ...string) digResult {
+	t.Helper()
 	tool := lookPath(t, "dig", "bind9-dnsutils")
 	argv := append([]string{"@" + addr.Addr().String(), "-p", strconv.Itoa(int(addr.Port())),
 		"+norecurse", "+tries=1", "+time=5", "+nocookie", "+nocmd", "+noall", "+comments", "+answer", "+authority", "+additional"}, args...)
+	if netns != "" {
+		argv = append([]string{"netns", "exec", netns, tool}, argv...)
+		tool = "ip"
+	}
 	out, err := exec.Command(tool, argv...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("dig %s: %v\n%s", strings.Join(argv, " "), err, out)
