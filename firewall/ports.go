@@ -151,6 +151,13 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		add([]Role{RoleBootstrap}, Port{Name: "dns-" + proto, Protocol: proto, From: DNSPort, To: DNSPort, Source: SourceAnywhere,
 			Description: "the cluster's DNS zone, answered authoritatively; opened only when dns.listenAddress is set", Reference: RefDNS})
 	}
+	// The control planes' CoreDNS static pods (issue 13): every node's resolver asks them for the
+	// cluster's zone. Opened only with Spec.DNS (the node config carries a CoreDNS server: baseDomain
+	// set), from the node networks; outside the zone they answer REFUSED (no open resolver).
+	for _, proto := range []string{ProtoUDP, ProtoTCP} {
+		add([]Role{RoleControlPlane}, Port{Name: "dns-" + proto, Protocol: proto, From: DNSPort, To: DNSPort, Source: SourceNodeNetworks,
+			Description: "the cluster's DNS zone from the control plane's CoreDNS static pod; opened only when baseDomain is set", Reference: RefDNS})
+	}
 	// Network boot (pkg/netboot): opened only with Spec.Boot (boot.dhcp proxy or server), when serve
 	// runs it. A PXE ROM's DISCOVER comes from 0.0.0.0, before it has an address: DHCP is open from
 	// anywhere (the service answers only MACs of the inventory). The rest comes from the booting

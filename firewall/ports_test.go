@@ -73,6 +73,8 @@ func TestPortsRequired(t *testing.T) {
 		{RoleBootstrap, "appliance-https", ProtoTCP, 9443, 9443, SourceNodeNetworks},
 		{RoleBootstrap, "dns-udp", ProtoUDP, 53, 53, SourceAnywhere},
 		{RoleBootstrap, "dns-tcp", ProtoTCP, 53, 53, SourceAnywhere},
+		{RoleControlPlane, "dns-udp", ProtoUDP, 53, 53, SourceNodeNetworks},
+		{RoleControlPlane, "dns-tcp", ProtoTCP, 53, 53, SourceNodeNetworks},
 		{RoleBootstrap, "boot-dhcp", ProtoUDP, 67, 67, SourceAnywhere},
 		{RoleBootstrap, "boot-proxydhcp", ProtoUDP, 4011, 4011, SourceNodeNetworks},
 		{RoleBootstrap, "boot-tftp", ProtoUDP, 69, 69, SourceNodeNetworks},
@@ -277,6 +279,11 @@ var renderSpecs = []struct {
 		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
 		Boot:         true, BootProxy: true, BootHTTPPort: 8081}},
 	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
+	// A control plane running the cluster's CoreDNS (hostagent sets DNS from the node config): 53
+	// from the node networks only; control-plane-etcd-dualstack, without DNS, has no 53.
+	{"control-plane-dns", Spec{Roles: []Role{RoleControlPlane, RoleEtcd},
+		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24"), netip.MustParsePrefix("10.244.0.0/16")},
+		VRRPPeers:    []netip.Addr{netip.MustParseAddr("10.77.0.12")}, DNS: true}},
 	{"all-roles", Spec{Roles: Roles(), NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, DNS: true}},
 }

@@ -26,9 +26,9 @@ type Spec struct {
 	HTTPSPort uint16
 	// APIPort is the kube-apiserver/VIP port; 0 means DefaultAPIPort.
 	APIPort uint16
-	// DNS opens the table's DNS rows (DNSPort, UDP and TCP): only when the host answers the cluster's
-	// zone (the appliance with dns.listenAddress set). Without it nothing listens there, so nothing
-	// is opened.
+	// DNS opens the table's DNS rows (DNSPort, UDP and TCP) of the host's roles: only when the host
+	// answers the cluster's zone (the appliance with dns.listenAddress set; a control plane running
+	// the CoreDNS static pod, baseDomain set). Without it nothing listens there, so nothing is opened.
 	DNS bool `json:",omitempty"`
 	// Boot opens the table's network-boot rows (DHCPPort, TFTPPort and the boot HTTP port): only when
 	// the host serves network boot (the appliance with boot.dhcp proxy or server).

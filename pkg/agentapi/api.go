@@ -44,6 +44,39 @@ type NodeConfig struct {
 	// the cluster so that the bootstrap host can be switched off. nil before; the hostagent's handoff
 	// step (StepHandoff) acts on it.
 	Handoff *HandoffConfig `json:"handoff,omitempty"`
+	// DNS is set on Kubernetes nodes when bootstrap.yaml sets baseDomain: the cluster's DNS zone,
+	// served by CoreDNS static pods on the control planes, and the node's resolver pointed at them.
+	// The hostagent's dns step (StepDNS) acts on it.
+	DNS *DNSConfig `json:"dns,omitempty"`
+}
+
+// DNSConfig is the node's part of the cluster's DNS (pkg/dnsrecords).
+type DNSConfig struct {
+	// Zone is the cluster's zone, "<clusterName>.<baseDomain>" without the trailing dot: the only
+	// names the resolver sends to Nameservers when systemd-resolved runs (Domains=~Zone).
+	Zone string `json:"zone"`
+	// Nameservers are the control planes' CoreDNS addresses the node's resolver asks first (a control
+	// plane lists itself first), before the servers it had already, which it keeps for every other
+	// name. The control planes answer REFUSED outside Zone, so a stub resolver moves on to those.
+	Nameservers []netip.Addr `json:"nameservers"`
+	// Server is set on control planes: the CoreDNS static pod serving Zone.
+	Server *DNSServer `json:"server,omitempty"`
+}
+
+// DNSServer is a control plane's CoreDNS static pod (DNSConfig.Server).
+type DNSServer struct {
+	// Image is CoreDNS's image, the one kubeadm deploys as the cluster DNS (in the bundle, pulled
+	// through the node's containerd mirrors).
+	Image string `json:"image"`
+	// Corefile is CoreDNS's configuration (dnsrecords.Corefile): the zone on port 53 of the node's
+	// addresses only, no forwarding.
+	Corefile string `json:"corefile"`
+	// ZoneFile is the zone as an RFC 1035 master file (dnsrecords.ZoneFile).
+	ZoneFile string `json:"zoneFile"`
+	// Listen are the addresses the Corefile binds port 53 on; HealthPort is CoreDNS's health plugin
+	// port on 127.0.0.1 (the pod's liveness probe).
+	Listen     []netip.Addr `json:"listen"`
+	HealthPort uint16       `json:"healthPort"`
 }
 
 // HandoffConfig is the node's part of the hand-off.

@@ -25,12 +25,13 @@ const (
 	StepKeepalived = "keepalived"
 	StepKubeadm    = "kubeadm"
 	StepAPI        = "api"
+	StepDNS        = "dns"
 	StepHandoff    = "handoff"
 	StepReady      = "ready"
 )
 
 // Steps lists every step name in run order (Plan picks from it).
-var Steps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepKubeadm, StepAPI, StepHandoff, StepReady}
+var Steps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepKubeadm, StepAPI, StepDNS, StepHandoff, StepReady}
 
 // Report statuses (Report.Status).
 const (
@@ -46,8 +47,9 @@ const BootIDHeader = "Hostagent-Boot-Id"
 // Plan returns the steps the hostagent runs for nc, in order: config, firewall; with Kubernetes
 // (nc.Kubernetes set) packages; containerd; with Kubernetes cni; on control planes keepalived (when
 // nc.Keepalived is set: the VIP must move before kubeadm init talks to it); with Kubernetes kubeadm
-// and, on control planes, api (the local kube-apiserver answers /readyz); handoff once the hand-off has
-// begun (nc.Handoff set); finally ready. Every step
+// and, on control planes, api (the local kube-apiserver answers /readyz); dns when the node serves or
+// resolves the cluster's zone (nc.DNS set: after kubeadm, whose init preflight wants an empty manifest
+// directory); handoff once the hand-off has begun (nc.Handoff set); finally ready. Every step
 // but ready is a configuration step: the node is configured when all of them are done.
 func Plan(nc NodeConfig) []string {
 	k8s := nc.Kubernetes != nil
@@ -68,6 +70,9 @@ func Plan(nc NodeConfig) []string {
 		if cp {
 			steps = append(steps, StepAPI)
 		}
+	}
+	if nc.DNS != nil {
+		steps = append(steps, StepDNS)
 	}
 	if nc.Handoff != nil {
 		steps = append(steps, StepHandoff)

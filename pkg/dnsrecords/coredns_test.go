@@ -48,7 +48,10 @@ func TestForCoreDNS(t *testing.T) {
 	if z.soa.Serial != again.soa.Serial || string(ZoneFile(z)) != string(ZoneFile(again)) {
 		t.Errorf("two renders differ: serial %d vs %d", z.soa.Serial, again.soa.Serial)
 	}
-	moved := labConfig(t, func(c *config.BootstrapConfiguration) { c.DNS = config.DNS{}; c.APIServer.VIP = netip.MustParseAddr("10.100.0.101") })
+	moved := labConfig(t, func(c *config.BootstrapConfiguration) {
+		c.DNS = config.DNS{}
+		c.APIServer.VIP = netip.MustParseAddr("10.100.0.101")
+	})
 	z2, err := ForCoreDNS(moved)
 	if err != nil {
 		t.Fatal(err)

@@ -290,6 +290,7 @@ func (a *Agent) stepFuncs() map[string]func(context.Context) (string, error) {
 		agentapi.StepKeepalived: a.stepKeepalived,
 		agentapi.StepKubeadm:    a.stepKubeadm,
 		agentapi.StepAPI:        a.stepAPI,
+		agentapi.StepDNS:        a.stepDNS,
 		agentapi.StepHandoff:    a.stepHandoff,
 		agentapi.StepReady:      func(context.Context) (string, error) { return "node configured", nil },
 	}

@@ -50,6 +50,7 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 		Roles:        FirewallRoles(nc.Roles),
 		NodeNetworks: nc.NodeNetworks,
 		APIPort:      nc.APIServerPort,
+		DNS:          nc.DNS != nil && nc.DNS.Server != nil, // the control planes' CoreDNS (dns step)
 	}
 	if nc.Keepalived != nil {
 		spec.VRRPPeers = nc.Keepalived.Peers

@@ -133,6 +133,9 @@ func Build(in Inputs) (*Plan, error) {
 		if err := handoffFor(c, n, &a.NodeConfig, in.Handoff, in.ApplianceURL); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Name, err)
 		}
+		if err := dnsFor(c, n, &a.NodeConfig); err != nil {
+			return nil, fmt.Errorf("node %s: DNS: %w", n.Name, err)
+		}
 		nc, err := json.MarshalIndent(a.NodeConfig, "", "  ")
 		if err != nil {
 			return nil, err
