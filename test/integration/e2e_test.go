@@ -271,6 +271,7 @@ func TestKubernetesE2E(t *testing.T) {
 	// appliance upgraded, then the hand-off, which switches the bootstrap host off and so comes last.
 	// DAY2-CALLS
 	k.day2(t, ctx)
+	k.dns(t, ctx)
 	k.upgrade(t, ctx)
 }
 

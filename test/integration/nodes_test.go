@@ -88,6 +88,8 @@ var nodeConfigTemplate = template.Must(template.New("cfg").Parse(`apiVersion: ap
 kind: BootstrapConfiguration
 clusterName: {{.Name}}
 {{- if .K8s}}
+# The cluster's DNS zone <clusterName>.lab.test, served by CoreDNS on the control planes (e2e_dns_test.go).
+baseDomain: lab.test
 kubernetes:
   # systemd-nspawn nodes: kubeadm cannot read the host kernel's config (SystemVerification).
   ignorePreflightErrors: [SystemVerification]
