@@ -1,7 +1,6 @@
 package hostagent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -248,9 +247,11 @@ func ResolvConf(old []byte, nameservers []netip.Addr) ([]byte, ResolvResult) {
 	var rest []string
 	var kept []netip.Addr
 	inBlock := false
-	sc := bufio.NewScanner(strings.NewReader(string(old)))
-	for sc.Scan() {
-		line := sc.Text()
+	var lines []string
+	if len(old) > 0 {
+		lines = strings.Split(strings.TrimSuffix(string(old), "\n"), "\n")
+	}
+	for _, line := range lines {
 		switch {
 		case strings.HasPrefix(line, "# BEGIN appliance-dns"):
 			inBlock = true

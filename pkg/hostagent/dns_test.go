@@ -39,6 +39,9 @@ func TestResolvConf(t *testing.T) {
 		{"three of its own", "nameserver 192.0.2.1\nnameserver 192.0.2.2\nnameserver 192.0.2.3\n",
 			block1 + "nameserver 192.0.2.1\nnameserver 192.0.2.2\nnameserver 192.0.2.3\n", 3},
 		{"no trailing newline", "nameserver 10.100.0.2", block2 + "nameserver 10.100.0.2\n", 1},
+		// A line longer than bufio.Scanner's 64 KiB token once ended the read there, and the rest was lost.
+		{"a long comment line", "# " + strings.Repeat("x", 70000) + "\nnameserver 10.100.0.2\n",
+			block2 + "# " + strings.Repeat("x", 70000) + "\nnameserver 10.100.0.2\n", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,4 +212,31 @@ func write(t *testing.T, path, data string) {
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// FuzzResolvConf: whatever the node's resolv.conf holds, ResolvConf keeps every line of it (outside a
+// block of ours), puts at least one control plane first, and a rerun gives the same bytes.
+func FuzzResolvConf(f *testing.F) {
+	f.Add("nameserver 10.100.0.2\n")
+	f.Add("search a b\nnameserver 192.0.2.1\nnameserver 192.0.2.2\nnameserver 192.0.2.3\noptions rotate\n")
+	f.Add(resolvBegin + "\nnameserver 10.100.0.11\n" + resolvEnd + "\nnameserver 10.100.0.2\n")
+	f.Add("# BEGIN appliance-dns unterminated\nnameserver 192.0.2.1")
+	f.Fuzz(func(t *testing.T, old string) {
+		out, r := ResolvConf([]byte(old), cpAddrs)
+		if len(r.Ours) == 0 || !strings.HasPrefix(string(out), resolvBegin+"\nnameserver "+cpAddrs[0].String()+"\n") {
+			t.Fatalf("no control plane first:\n%s", out)
+		}
+		again, _ := ResolvConf(out, cpAddrs)
+		if string(again) != string(out) {
+			t.Fatalf("rerun differs:\n%q\n%q", out, again)
+		}
+		if strings.Contains(old, "# BEGIN appliance-dns") || strings.Contains(old, "\r") {
+			return // a block of ours (or a line scanner's view of CR) is not the file's own
+		}
+		for _, line := range strings.Split(strings.TrimSuffix(old, "\n"), "\n") {
+			if line != "" && !strings.Contains(string(out), line+"\n") {
+				t.Fatalf("line %q of the file lost:\n%s", line, out)
+			}
+		}
+	})
 }
