@@ -37,9 +37,10 @@ const (
 // hostagent.DefaultResync later); it also re-uploads the control-plane certificates under the new
 // certificate key, which only it can. The appliance creates the Secret at once through the API with
 // its admin kubeconfig, unless a control plane has yet to join: that one needs the re-uploaded
-// certificates too, so the token is left to the first control plane, which uploads them first. It returns a detail and whether it created the Secret (a dry run only
-// says it would); "" when there is nothing to do (no Kubernetes, no cluster yet: kubeadm init
-// makes the token). Errors: the API did not answer or refused the Secret.
+// certificates too, so the token is left to the first control plane, which uploads them first.
+// It returns a detail and whether it created the Secret (a dry run only says it would); "" when
+// there is nothing to do (no Kubernetes, no cluster yet: kubeadm init makes the token). Errors:
+// the API did not answer or refused the Secret.
 func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
 	if st.Config == nil || !st.Config.Kubernetes.IsEnabled() || st.Kubeadm.BootstrapToken == "" {
 		return "", false, nil
