@@ -273,6 +273,7 @@ func TestKubernetesE2E(t *testing.T) {
 	k.day2(t, ctx)
 	k.dns(t, ctx)
 	k.upgrade(t, ctx)
+	k.handoff(t, ctx)
 }
 
 // timeline prints the racked → Ready timeline: each phase's duration and share, and per node the
