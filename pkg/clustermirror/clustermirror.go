@@ -48,6 +48,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -194,7 +195,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return fmt.Errorf("--dir: %w", err)
 	}
-	if _, err := atomicfile.CleanStale(c.Dir, ociDir); err != nil {
+	if _, err := atomicfile.CleanStale(c.Dir); err != nil {
 		c.Log.Warn("could not remove temporary files of an earlier run", "err", err)
 	}
 	ln := c.Listener
@@ -310,7 +311,7 @@ func (c *config) syncWithRetry(ctx context.Context, st *state) (*marker, error) 
 // permanent reports whether retrying err cannot help.
 func permanent(err error) bool {
 	return errors.Is(err, ErrMismatch) || errors.Is(err, ErrUpstreamContent) || errors.Is(err, registry.ErrDiskFull) ||
-		errors.Is(err, ErrConfig)
+		errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, ErrConfig)
 }
 
 // contentHandler serves Dir as the appliance serves the bundle, through pkg/server's own handler

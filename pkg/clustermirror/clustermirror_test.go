@@ -98,14 +98,13 @@ func TestSyncResumesAfterKill(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "mirror")
 
 	// First run: stopped at the 6th blob request.
-	var m *mirror
-	var stopOnce sync.Once
+	ctx1, kill1 := context.WithCancel(context.Background())
 	u.setHook(func(r *http.Request) {
 		if strings.Contains(r.URL.Path, "/blobs/") && u.blobGets.Load() == 6 {
-			stopOnce.Do(func() { m.cancel() })
+			kill1()
 		}
 	})
-	m = runMirror(t, ca, dir, u.url)
+	m := runMirrorCtx(t, ctx1, ca, dir, u.url)
 	if err := m.wait(); err != nil {
 		t.Fatalf("cancelled Run: %v", err)
 	}
@@ -116,14 +115,13 @@ func TestSyncResumesAfterKill(t *testing.T) {
 
 	// Second run: stopped at its second .deb request.
 	debsBefore := u.debGets.Load()
-	var stop2 sync.Once
-	var m2 *mirror
+	ctx2, kill2 := context.WithCancel(context.Background())
 	u.setHook(func(r *http.Request) {
 		if strings.HasSuffix(r.URL.Path, ".deb") && u.debGets.Load()-debsBefore == 2 {
-			stop2.Do(func() { m2.cancel() })
+			kill2()
 		}
 	})
-	m2 = runMirror(t, ca, dir, u.url)
+	m2 := runMirrorCtx(t, ctx2, ca, dir, u.url)
 	if err := m2.wait(); err != nil {
 		t.Fatalf("cancelled Run: %v", err)
 	}
@@ -152,7 +150,7 @@ func TestSyncResumesAfterKill(t *testing.T) {
 	}
 	// No temporary file is left in the served trees.
 	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err == nil && strings.Contains(d.Name(), ".tmp-") || strings.HasPrefix(d.Name(), ".partial-") {
+		if err == nil && (strings.Contains(d.Name(), ".tmp-") || strings.HasPrefix(d.Name(), ".partial-")) {
 			t.Errorf("temporary file left: %s", p)
 		}
 		return nil

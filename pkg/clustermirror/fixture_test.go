@@ -85,6 +85,7 @@ type upstream struct {
 	blobGets atomic.Int64
 	debGets  atomic.Int64
 	hook     atomic.Pointer[func(r *http.Request)]
+	written  atomic.Pointer[func(r *http.Request, n int64)] // after each body write: bytes written so far
 	ca       testPKI
 }
 
@@ -179,7 +180,7 @@ func ociImage(t testing.TB, layers int, size int64) v1.Image {
 
 var debMu sync.Mutex
 
-// makeDeb builds a tiny package with the real dpkg-deb (64 KiB of payload, so a copy takes a while).
+// makeDeb builds a package with the real dpkg-deb, uncompressed: 64 KiB of payload, 8 MiB for kubeadm.
 func makeDeb(t testing.TB, dir, pkg string) string {
 	t.Helper()
 	dpkgDeb := labns.RequireTool(t, "dpkg-deb")
@@ -193,7 +194,11 @@ func makeDeb(t testing.TB, dir, pkg string) string {
 	if err := os.WriteFile(filepath.Join(root, "DEBIAN", "control"), []byte(ctl), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	payload := make([]byte, 64<<10)
+	size := 64 << 10
+	if pkg == "kubeadm" {
+		size = 8 << 20 // many writes of the server's 256 KiB copy buffer: a kill cuts it midway
+	}
+	payload := make([]byte, size)
 	for i := range payload {
 		payload[i] = byte(i*7 + len(pkg))
 	}
@@ -245,6 +250,9 @@ func (u *upstream) start(t testing.TB, addr string) {
 			if f := u.hook.Load(); f != nil {
 				(*f)(r)
 			}
+			if f := u.written.Load(); f != nil {
+				w = &countingWriter{ResponseWriter: w, f: func(n int64) { (*f)(r, n) }}
+			}
 			h.ServeHTTP(w, r)
 		}),
 	}
@@ -262,6 +270,24 @@ func (u *upstream) stop() {
 
 func (u *upstream) setHook(f func(r *http.Request)) { u.hook.Store(&f) }
 
+// countingWriter reports the body bytes written so far after every write (and flushes them, so
+// they are on the wire).
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+	f func(int64)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	if fl, ok := c.ResponseWriter.(http.Flusher); ok {
+		fl.Flush()
+	}
+	c.f(c.n)
+	return n, err
+}
+
 // mirror is one Run of the cluster mirror on 127.0.0.1.
 type mirror struct {
 	dir    string
@@ -276,11 +302,17 @@ type mirror struct {
 // runMirror starts Run over dir against upstreamURL, on a fresh 127.0.0.1 port.
 func runMirror(t testing.TB, ca testPKI, dir, upstreamURL string) *mirror {
 	t.Helper()
+	return runMirrorCtx(t, context.Background(), ca, dir, upstreamURL)
+}
+
+// runMirrorCtx is runMirror under parent: cancelling parent stops Run.
+func runMirrorCtx(t testing.TB, parent context.Context, ca testPKI, dir, upstreamURL string) *mirror {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	m := &mirror{dir: dir, addr: ln.Addr().String(), cancel: cancel, done: make(chan struct{}), logs: &bytes.Buffer{}}
 	logw := &lockedWriter{w: m.logs}
 	o := Options{Upstream: upstreamURL, CAFile: ca.caFile, Dir: dir, CertFile: ca.mirrorCert, KeyFile: ca.mirKey,

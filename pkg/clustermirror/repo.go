@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ulikunitz/xz"
@@ -33,7 +34,14 @@ var (
 	suiteDirs   = []string{path.Join(repoSubdir, "dists", bundlecreate.RepoSuite) + "/"} // "debian/dists/stable/"
 )
 
-const maxMeta = 16 << 20 // Release, InRelease, Release.gpg, keyring
+const (
+	maxMeta      = 16 << 20         // Release, InRelease, Release.gpg, keyring
+	stallTimeout = 60 * time.Second // longest wait for the next byte of a repository file
+)
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 var errNotFound = errors.New("not found (404)")
 
@@ -278,11 +286,30 @@ func (c *config) download(ctx context.Context, client *http.Client, rel string, 
 		}
 		c.Log.Warn("local repository file does not match its index; fetching it again", "file", rel)
 	}
-	resp, err := c.get(ctx, client, rel)
+	// A stalled upstream (no byte for stallTimeout) fails the request, which Run then retries.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stalled atomic.Bool
+	timer := time.AfterFunc(stallTimeout, func() { stalled.Store(true); cancel() })
+	defer timer.Stop()
+	resp, err := c.get(rctx, client, rel)
 	if err != nil {
+		if stalled.Load() {
+			return 0, fmt.Errorf("GET /repo/%s: no answer for %s", rel, stallTimeout)
+		}
 		return 0, err
 	}
 	defer resp.Body.Close()
+	body := readerFunc(func(p []byte) (int, error) {
+		n, err := resp.Body.Read(p)
+		if n > 0 {
+			timer.Reset(stallTimeout)
+		}
+		if err != nil && err != io.EOF && stalled.Load() {
+			err = fmt.Errorf("no bytes for %s: %w", stallTimeout, err)
+		}
+		return n, err
+	})
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return 0, err
 	}
@@ -299,7 +326,7 @@ func (c *config) download(ctx context.Context, client *http.Client, rel string, 
 		}
 	}()
 	h := sha256.New()
-	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(resp.Body, size+1), make([]byte, 1<<20))
+	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(body, size+1), make([]byte, 1<<20))
 	got := hex.EncodeToString(h.Sum(nil))
 	switch {
 	case n > size || (n == size && got != sum):
