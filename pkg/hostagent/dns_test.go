@@ -69,7 +69,7 @@ func TestResolvConf(t *testing.T) {
 // control planes first and the lab's server kept after them, and a rerun changes nothing.
 func TestStepDNSWorker(t *testing.T) {
 	root := t.TempDir()
-	write(t, filepath.Join(root, ResolvConfPath), "nameserver 10.100.0.2\n")
+	dnsTestWrite(t, filepath.Join(root, ResolvConfPath), "nameserver 10.100.0.2\n")
 	a := &Agent{opts: Options{Root: root}}
 	a.nc = agentapi.NodeConfig{Node: "w1", DNS: &agentapi.DNSConfig{Zone: "lab.example.com", Nameservers: cpAddrs}}
 	detail, err := a.stepDNS(context.Background())
@@ -98,8 +98,8 @@ func TestStepDNSWorker(t *testing.T) {
 // stub) alone and writes a drop-in routing only the zone to the control planes.
 func TestStepDNSResolved(t *testing.T) {
 	root := t.TempDir()
-	write(t, filepath.Join(root, ResolvedRunDir, "stub-resolv.conf"), "nameserver 127.0.0.53\n")
-	write(t, filepath.Join(root, ResolvConfPath), "nameserver 127.0.0.53\n")
+	dnsTestWrite(t, filepath.Join(root, ResolvedRunDir, "stub-resolv.conf"), "nameserver 127.0.0.53\n")
+	dnsTestWrite(t, filepath.Join(root, ResolvConfPath), "nameserver 127.0.0.53\n")
 	a := &Agent{opts: Options{Root: root}}
 	a.nc = agentapi.NodeConfig{Node: "w1", DNS: &agentapi.DNSConfig{Zone: "lab.example.com", Nameservers: cpAddrs}}
 	detail, err := a.stepDNS(context.Background())
@@ -204,7 +204,7 @@ func TestCoreDNSAnswers(t *testing.T) {
 	}
 }
 
-func write(t *testing.T, path, data string) {
+func dnsTestWrite(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
