@@ -125,7 +125,6 @@ func TestSyncResumesAfterSIGKILL(t *testing.T) {
 	killAt("blob copies", isBlob, 1, 1<<20)
 	killAt(".deb copies", isDeb, 1, 4<<20)
 
-
 	u.setHook(func(*http.Request) {})
 	m := runMirror(t, ca, dir, u.url)
 	h := m.waitSynced(t)
