@@ -127,6 +127,12 @@ func buildUpstream(t testing.TB, ca testPKI) *upstream {
 	if err := p.AppendImage(ociImage(t, 4, 2<<20), ann("registry.k8s.io/kube-apiserver:v1.34.4")); err != nil {
 		t.Fatal(err)
 	}
+	// An image the bundle names by digest only: no tag lists it, so the cluster mirror cannot find it.
+	etcd := ociImage(t, 1, 512)
+	ed, _ := etcd.Digest()
+	if err := p.AppendImage(etcd, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "registry.k8s.io/etcd@" + ed.String()})); err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range u.refs {
 		repo, tag, err := registry.RepositoryFor(r)
 		if err != nil {

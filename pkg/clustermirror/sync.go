@@ -104,6 +104,9 @@ func (c *config) listImages(ctx context.Context, client *http.Client) ([]string,
 	var refs []string
 	for _, repo := range repos {
 		tags, err := c.listPaged(ctx, client, fmt.Sprintf("/v2/%s/tags/list?n=%d", repo, catalogPage), "tags")
+		if errors.Is(err, errNotFound) {
+			err = nil // NAME_UNKNOWN: distribution's answer for a repository without tags
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -151,6 +154,9 @@ func (c *config) listPaged(ctx context.Context, client *http.Client, path, field
 		_ = resp.Body.Close()
 		if err != nil {
 			return nil, fmt.Errorf("GET %s: %w", next, err)
+		}
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, fmt.Errorf("GET %s: %w", next, errNotFound)
 		}
 		if resp.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("GET %s: %s: %s", next, resp.Status, strings.TrimSpace(string(body[:min(len(body), 200)])))
