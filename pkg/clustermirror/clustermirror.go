@@ -32,7 +32,9 @@
 // unreachable upstream (connection refused, timeout, TLS failure, 5xx) and any other failure not
 // listed next is retried with exponential backoff (1 s to 30 s, without limit) and shown by /healthz;
 // a digest or hash mismatch, a bad signature or a malformed index ends Run with an error naming the
-// blob or file (ErrMismatch, ErrUpstreamContent).
+// blob or file (ErrMismatch, ErrUpstreamContent), and so does a full disk (ENOSPC, EDQUOT). A
+// repository without tags (images the bundle names by digest only) is skipped with a warning: no
+// listing names its images.
 package clustermirror
 
 import (

@@ -1,6 +1,7 @@
 package clustermirror
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/debrepo"
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // TestSyncThenServeOffline: against the appliance's real serving stack, the cluster mirror answers
@@ -89,6 +93,30 @@ func TestSyncThenServeOffline(t *testing.T) {
 	m3 := runMirror(t, ca, dir, u.url)
 	m3.waitSynced(t)
 	checkServes(t, u, m3)
+
+	// The real apt-get, as a node runs it after the switch (signed-by the bundle's keyring, the
+	// appliance CA for HTTPS), updates from the mirror and downloads every package, verified.
+	labns.RequireTool(t, "apt-get")
+	aptDir := t.TempDir()
+	res, err := debrepo.Resolve(context.Background(), debrepo.Options{
+		Sources: []debrepo.Source{{URI: "https://" + m3.addr + "/repo/debian", Suite: "stable", Components: []string{"main"},
+			Keyring: filepath.Join(u.dir, "repo", "debian", "appliance-repo.gpg")}},
+		Arch: "amd64", Packages: []string{"containerd", "kubelet", "kubeadm"},
+		StateDir: filepath.Join(aptDir, "state"), CacheDir: filepath.Join(aptDir, "cache"), CAFile: ca.caFile,
+	})
+	if err != nil {
+		t.Fatalf("apt-get against the cluster mirror: %v", err)
+	}
+	if len(res.Packages) != 3 {
+		t.Errorf("apt-get resolved %d packages, want 3", len(res.Packages))
+	}
+	for _, p := range res.Packages {
+		got, _ := os.ReadFile(p.Path)
+		want, _ := os.ReadFile(filepath.Join(u.dir, "repo", "debian", filepath.FromSlash(p.Filename)))
+		if !bytes.Equal(got, want) {
+			t.Errorf("apt-get downloaded %s: %d bytes, differs from the bundle's %d", p.Filename, len(got), len(want))
+		}
+	}
 }
 
 // TestSyncResumesAfterKill: a sync stopped during the blob copies, and another stopped during the
