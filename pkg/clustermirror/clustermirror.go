@@ -191,11 +191,16 @@ func (o Options) load() (*config, error) {
 // listener's error, or the sync's permanent error (ErrMismatch, ErrUpstreamContent, a disk error).
 func Run(ctx context.Context, o Options) error {
 	c, err := o.load()
-	if err != nil {
-		return err
+	if err == nil {
+		if err = os.MkdirAll(c.Dir, 0o755); err != nil {
+			err = fmt.Errorf("--dir: %w", err)
+		}
 	}
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
-		return fmt.Errorf("--dir: %w", err)
+	if err != nil {
+		if o.Listener != nil {
+			_ = o.Listener.Close()
+		}
+		return err
 	}
 	if _, err := atomicfile.CleanStale(c.Dir); err != nil {
 		c.Log.Warn("could not remove temporary files of an earlier run", "err", err)

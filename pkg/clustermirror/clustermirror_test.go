@@ -302,3 +302,32 @@ func BenchmarkSync(b *testing.B) {
 	}
 	b.SetBytes(bytes)
 }
+
+// TestNoRepositoryUpstream: an appliance whose bundle has no package repository (its /repo/ answers
+// 404) is mirrored with its images only: the sync completes with no .deb, and /repo/ answers 404.
+func TestNoRepositoryUpstream(t *testing.T) {
+	ca := newTestPKI(t)
+	u := buildUpstream(t, ca)
+	if err := os.RemoveAll(filepath.Join(u.dir, "repo", "debian")); err != nil {
+		t.Fatal(err)
+	}
+	u.start(t, "127.0.0.1:0")
+	m := runMirror(t, ca, filepath.Join(t.TempDir(), "mirror"), u.url)
+	h := m.waitSynced(t)
+	if h.Images != 4 || h.Debs != 0 {
+		t.Errorf("/healthz: %+v, want 4 images and no .deb", h)
+	}
+	if code, _ := m.get(t, "/repo/debian/dists/stable/InRelease"); code != http.StatusNotFound {
+		t.Errorf("/repo/debian/dists/stable/InRelease: %d, want 404", code)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "https://"+m.addr+"/v2/registry.k8s.io/pause/manifests/3.10", nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := m.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("pause manifest: %d", resp.StatusCode)
+	}
+}
