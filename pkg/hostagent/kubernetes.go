@@ -486,7 +486,9 @@ func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k 
 	if _, err := atomicfile.Write(KubeadmStatePath, b, 0o600); err != nil {
 		return "", err
 	}
-	return "renewed the bootstrap token and re-uploaded the control-plane certificates", nil
+	// The token ID (public; the secret part is not) makes each renewal's report differ from the
+	// last one: the appliance drops a report equal to the step's previous one.
+	return "renewed the bootstrap token " + st.TokenID + " (the control-plane certificates re-uploaded first)", nil
 }
 
 // renderKubeadm renders the node's kubeadm configuration (kubeadm-manifests) for addr, its

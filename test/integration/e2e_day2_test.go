@@ -359,10 +359,9 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 
 	// cp1's hostagent renews the join secrets in the cluster at its next resync, after the route
 	// step of the same pass (hostagent.DefaultResync: within about a minute).
-	k.waitRenewed(t, seen["cp1"])
+	k.waitRenewed(t, seen["cp1"], newID)
 	// The other nodes: no kubeadm again except cp1 renewing the join secrets, no package or
 	// containerd step redone, and no new lifecycle entry.
-	k.waitRenewed(t, seen["cp1"])
 	for _, n := range others {
 		evs, _ := store.Events(n)
 		var steps []string
@@ -401,18 +400,18 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 }
 
 // waitRenewed waits (bounded) until cp1 reported, after its first `since` events, the kubeadm step
-// that re-uploads the certificates and renews the bootstrap token.
-func (k *k8sLab) waitRenewed(t *testing.T, since int) {
+// that re-uploads the certificates and renews the bootstrap token to the one with ID id.
+func (k *k8sLab) waitRenewed(t *testing.T, since int, id string) {
 	t.Helper()
 	store := nodestate.Open(statedir.Nodes(k.state))
 	if err := waitFor(3*time.Minute, func() error {
 		evs, _ := store.Events("cp1")
 		for _, ev := range evs[min(since, len(evs)):] {
-			if ev.Step == agentapi.StepKubeadm && ev.Status == agentapi.StatusDone && strings.HasPrefix(ev.Detail, "renewed the bootstrap token") {
+			if ev.Step == agentapi.StepKubeadm && ev.Status == agentapi.StatusDone && strings.HasPrefix(ev.Detail, "renewed the bootstrap token "+id+" ") {
 				return nil
 			}
 		}
-		return fmt.Errorf("cp1 has not reported renewing the join secrets")
+		return fmt.Errorf("cp1 has not reported renewing the bootstrap token to %s", id)
 	}); err != nil {
 		t.Error(err)
 	}
@@ -574,7 +573,7 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	}); err != nil {
 		t.Error(err)
 	}
-	k.waitRenewed(t, seen["cp1"])
+	k.waitRenewed(t, seen["cp1"], newID)
 	for _, n := range others {
 		evs, _ := store.Events(n)
 		var steps []string
