@@ -225,7 +225,7 @@ func (k *k8sLab) handoff(t *testing.T, ctx context.Context) {
 
 		t.Run("with the bootstrap host off, a deleted image is pulled from the in-cluster mirrors", func(t *testing.T) {
 			fromCluster := pullSeconds(t, cps[0])
-			t.Logf("crictl pull %s on %s: %.2fs from the appliance (before the hand-off), %.2fs from the in-cluster mirrors", busybox, worker, fromAppliance, fromCluster)
+			t.Logf("ctr pull of %s on %s: %.2fs from the appliance (before the hand-off), %.2fs from the in-cluster mirrors", busybox, worker, fromAppliance, fromCluster)
 			// A pod that needs the image, its image deleted, then rescheduled: kubelet pulls it again.
 			manifest := filepath.Join(k.dir, "after-handoff.yaml")
 			mustWrite(t, manifest, `apiVersion: apps/v1
@@ -282,7 +282,11 @@ spec:
 				from = cps[1]
 			}
 			t0 := time.Now()
-			k.scriptEnv(t, []string{"LAB_SSH_FROM=" + from}, "nodes.sh", "reboot", victim)
+			// nodes.sh waits until systemd says the boot is done, and on a control plane that includes
+			// hostagent's notify, sent once the node is configured again: its kube-apiserver ready,
+			// its mirror and CoreDNS answering. Under load that takes longer than nodes.sh's 90 s
+			// default (CI's first run of this subtest: still "starting" at 90 s).
+			k.scriptEnv(t, []string{"LAB_SSH_FROM=" + from, "NODES_READY_TIMEOUT=300"}, "nodes.sh", "reboot", victim)
 			if err := waitFor(5*time.Minute, func() error {
 				out, err := kube("get", "node", victim, "-o", `jsonpath={range .status.conditions[?(@.type=="Ready")]}{.status}{end}`)
 				if err != nil || strings.TrimSpace(out) != "True" {
