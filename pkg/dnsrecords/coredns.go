@@ -12,6 +12,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodeaddr"
 )
@@ -24,10 +25,11 @@ const (
 	// CoreDNSConfigDir is the directory on a control plane that holds the Corefile and the zone
 	// file, mounted read-only into the static pod (a directory, so that files replaced by rename are
 	// seen inside it).
-	CoreDNSConfigDir = "/etc/appliance-dns"
+	// (agentapi's: the node side takes them from the contract.)
+	CoreDNSConfigDir = agentapi.CoreDNSConfigDir
 	// CoreDNSCorefile and CoreDNSZoneFile are the files in CoreDNSConfigDir.
-	CoreDNSCorefile = CoreDNSConfigDir + "/Corefile"
-	CoreDNSZoneFile = CoreDNSConfigDir + "/zone.db"
+	CoreDNSCorefile = agentapi.CoreDNSCorefile
+	CoreDNSZoneFile = agentapi.CoreDNSZoneFile
 	// CoreDNSHealthPort is the port of CoreDNS's health plugin (GET /health answers 200 "OK"), on
 	// 127.0.0.1 only: the static pod's liveness probe. 18080 is where OpenShift's on-prem CoreDNS
 	// answers it too, clear of kubeadm's and the appliance's host-network ports.

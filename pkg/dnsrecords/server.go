@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // Port is the DNS port the server listens on in production, UDP and TCP (RFC 1035 §4.2).
-const Port = 53
+const Port = agentapi.DNSPort
 
 // maxUDPSize caps the EDNS(0) payload size the server answers with: 1232 bytes avoids IP
 // fragmentation on every common path (DNS Flag Day 2020).

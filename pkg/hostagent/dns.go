@@ -16,13 +16,12 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
 )
 
 // Paths of the cluster's DNS on a node (issue 13), each prefixed with Options.Root.
 const (
 	// CoreDNSManifest is a control plane's CoreDNS static pod manifest (kubeadm's manifest
-	// directory); its Corefile and zone file are dnsrecords.CoreDNSCorefile and CoreDNSZoneFile.
+	// directory); its Corefile and zone file are agentapi.CoreDNSCorefile and CoreDNSZoneFile.
 	CoreDNSManifest = "/etc/kubernetes/manifests/appliance-dns.yaml"
 	// CoreDNSPodName is the static pod's name (the mirror pod is appliance-dns-<node>).
 	CoreDNSPodName = "appliance-dns"
@@ -71,10 +70,10 @@ func (a *Agent) stepDNS(ctx context.Context) (string, error) {
 			return "", err
 		}
 		changed = c
-		if err := a.coreDNSAnswers(ctx, netip.AddrPortFrom(s.Listen[0], dnsrecords.Port), d.Zone); err != nil {
+		if err := a.coreDNSAnswers(ctx, netip.AddrPortFrom(s.Listen[0], agentapi.DNSPort), d.Zone); err != nil {
 			return "", &waitError{"waiting for the CoreDNS static pod to answer: " + err.Error()}
 		}
-		done = append(done, fmt.Sprintf("CoreDNS serving %s on %s port %d", d.Zone, joinAddrs(s.Listen), dnsrecords.Port))
+		done = append(done, fmt.Sprintf("CoreDNS serving %s on %s port %d", d.Zone, joinAddrs(s.Listen), agentapi.DNSPort))
 	}
 	c, detail, err := a.writeResolver(ctx, d)
 	if err != nil {
@@ -94,7 +93,7 @@ func (a *Agent) writeCoreDNS(s *agentapi.DNSServer) (bool, error) {
 	if s.Image == "" || s.Corefile == "" || s.ZoneFile == "" || len(s.Listen) == 0 || s.HealthPort == 0 {
 		return false, errors.New("node config dns.server: image, corefile, zoneFile, listen and healthPort are required")
 	}
-	dir := a.path(dnsrecords.CoreDNSConfigDir)
+	dir := a.path(agentapi.CoreDNSConfigDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, err
 	}
@@ -106,8 +105,8 @@ func (a *Agent) writeCoreDNS(s *agentapi.DNSServer) (bool, error) {
 		path, data string
 		mode       os.FileMode
 	}{
-		{dnsrecords.CoreDNSCorefile, s.Corefile, 0o644},
-		{dnsrecords.CoreDNSZoneFile, s.ZoneFile, 0o644},
+		{agentapi.CoreDNSCorefile, s.Corefile, 0o644},
+		{agentapi.CoreDNSZoneFile, s.ZoneFile, 0o644},
 		{CoreDNSManifest, string(CoreDNSPod(s)), 0o600},
 	} {
 		c, err := atomicfile.Write(a.path(f.path), []byte(f.data), f.mode)
@@ -121,7 +120,7 @@ func (a *Agent) writeCoreDNS(s *agentapi.DNSServer) (bool, error) {
 
 // CoreDNSPod is the control plane's CoreDNS static pod manifest (JSON, which kubelet reads as the
 // YAML it is): host network (port 53 of the node's addresses, before and without any CNI), priority
-// class system-node-critical, CoreDNS reading dnsrecords.CoreDNSCorefile from the read-only config
+// class system-node-critical, CoreDNS reading agentapi.CoreDNSCorefile from the read-only config
 // directory, the security context kubeadm gives the cluster DNS (every capability dropped but
 // NET_BIND_SERVICE, read-only root), and a liveness probe on the health plugin's 127.0.0.1 port.
 func CoreDNSPod(s *agentapi.DNSServer) []byte {
@@ -140,8 +139,8 @@ func CoreDNSPod(s *agentapi.DNSServer) []byte {
 				"name":            "coredns",
 				"image":           s.Image,
 				"imagePullPolicy": "IfNotPresent",
-				"args":            []string{"-conf", dnsrecords.CoreDNSCorefile},
-				"volumeMounts":    []any{map[string]any{"name": "config", "mountPath": dnsrecords.CoreDNSConfigDir, "readOnly": true}},
+				"args":            []string{"-conf", agentapi.CoreDNSCorefile},
+				"volumeMounts":    []any{map[string]any{"name": "config", "mountPath": agentapi.CoreDNSConfigDir, "readOnly": true}},
 				"livenessProbe": map[string]any{
 					"httpGet":             map[string]any{"scheme": "HTTP", "host": "127.0.0.1", "port": s.HealthPort, "path": "/health"},
 					"initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 5,
@@ -154,7 +153,7 @@ func CoreDNSPod(s *agentapi.DNSServer) []byte {
 				"resources": map[string]any{"requests": map[string]string{"cpu": "10m", "memory": "32Mi"}},
 			}},
 			"volumes": []any{
-				map[string]any{"name": "config", "hostPath": map[string]string{"path": dnsrecords.CoreDNSConfigDir, "type": "Directory"}},
+				map[string]any{"name": "config", "hostPath": map[string]string{"path": agentapi.CoreDNSConfigDir, "type": "Directory"}},
 			},
 		},
 	}
