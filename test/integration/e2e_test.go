@@ -38,7 +38,12 @@ const (
 
 // k8sNodes are the nodes of the lab's cluster: cp1-3 and w1 from day 1; day2 (e2e_day2_test.go)
 // removes w1 and adds w2, and updates it, so the subtests after it check the cluster as it is.
-var k8sNodes = []string{"cp1", "cp2", "cp3", "w1"}
+// day1Nodes are the nodes of the lab's day-1 configuration, which every newK8sLab starts from.
+var day1Nodes = []string{"cp1", "cp2", "cp3", "w1"}
+
+// k8sNodes are the cluster's nodes as they are now: newK8sLab resets them to day1Nodes, and the
+// day-2 subtests change them as they add and remove nodes.
+var k8sNodes = slices.Clone(day1Nodes)
 
 // fixtureBin is a binary of the Kubernetes fixture (test/fixtures/build-kubernetes.sh).
 func fixtureBin(t *testing.T, name string) string {
@@ -85,6 +90,9 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 			t.Errorf("nodes.sh down: %v\n%s", err, out)
 		}
 	})
+	// A new lab starts from day 1: TestISOJourney runs after TestKubernetesE2E's day 2 changed
+	// k8sNodes (CI run 17: it started w2 instead of w1, and the journey's bootstrap found no w1).
+	k8sNodes = slices.Clone(day1Nodes)
 	n.script(t, "nodes.sh", append([]string{"up"}, k8sNodes...)...)
 	var buf bytes.Buffer
 	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
