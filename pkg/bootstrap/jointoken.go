@@ -28,19 +28,32 @@ const (
 	kubeadmNodeTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
 )
 
+// joinSecretsLeader is the control plane whose hostagent keeps the join secrets in the cluster: the
+// plan's kubeadm leader (plan.RenewsJoinSecrets: the init node, or after its removal the first
+// control plane that joined), or without a plan the first control plane of nodes[].
+func joinSecretsLeader(st *State) string {
+	if st.Plan != nil {
+		if n := st.Plan.JoinSecretsRenewer(); n != "" {
+			return n
+		}
+	}
+	return st.Config.ControlPlaneNodes()[0].Name
+}
+
 // ensureJoinToken makes the bootstrap token of the run's kubeadm join secrets (st.Kubeadm) exist in
-// a cluster that exists already (the first control plane reported its kubeadm step done): when the
-// pki phase renewed the secrets (a run more than pki.BootstrapTokenTTL-KubeadmSecretsMargin after
-// they were made), the nodes about to join carry the new token, and kubeadm join's discovery
-// waits until a token Secret signs cluster-info. The first control plane's hostagent creates it
-// too, with `kubeadm init phase bootstrap-token` (idempotent), but only at its next resync (up to
-// hostagent.DefaultResync later); it also re-uploads the control-plane certificates under the new
-// certificate key, which only it can. The appliance creates the Secret at once through the API with
-// its admin kubeconfig, unless a control plane has yet to join: that one needs the re-uploaded
-// certificates too, so the token is left to the first control plane, which uploads them first.
-// It returns a detail and whether it created the Secret (a dry run only says it would); "" when
-// there is nothing to do (no Kubernetes, no cluster yet: kubeadm init makes the token). Errors:
-// the API did not answer or refused the Secret.
+// a cluster that exists already (the kubeadm leader, joinSecretsLeader, reported its kubeadm step
+// done): when the pki phase renewed the secrets (a run more than
+// pki.BootstrapTokenTTL-KubeadmSecretsMargin after they were made), the nodes about to join carry
+// the new token, and kubeadm join's discovery waits until a token Secret signs cluster-info. The
+// leader's hostagent creates it too, with `kubeadm init phase bootstrap-token` (idempotent), but
+// only at its next resync (up to hostagent.DefaultResync later); it also re-uploads the
+// control-plane certificates under the new certificate key, which only a control plane can. The
+// appliance creates the Secret at once through the API with its admin kubeconfig, unless a control
+// plane has yet to join: that one needs the re-uploaded certificates too, so the token is left to
+// the leader, which uploads them first. The leader is the init node, or after its removal the
+// first control plane that joined. It returns a detail and whether it created the Secret (a dry
+// run only says it would); "" when there is nothing to do (no Kubernetes, no cluster yet: kubeadm
+// init makes the token). Errors: the API did not answer or refused the Secret.
 func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
 	if st.Config == nil || !st.Config.Kubernetes.IsEnabled() || st.Kubeadm.BootstrapToken == "" {
 		return "", false, nil
@@ -49,7 +62,8 @@ func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
 	if len(cps) == 0 {
 		return "", false, nil
 	}
-	s, err := nodestate.Open(statedir.Nodes(st.StateDir)).Get(cps[0].Name)
+	leader := joinSecretsLeader(st)
+	s, err := nodestate.Open(statedir.Nodes(st.StateDir)).Get(leader)
 	if err != nil || s.Steps[agentapi.StepKubeadm].Status != agentapi.StatusDone {
 		return "", false, nil // kubeadm init creates the token
 	}
@@ -73,10 +87,13 @@ func ensureJoinToken(ctx context.Context, st *State) (string, bool, error) {
 	// under the new certificate key; its hostagent does that before it creates the token, so with
 	// the token left to it, kubeadm join's discovery holds the joiner until both are in place.
 	store := nodestate.Open(statedir.Nodes(st.StateDir))
-	for _, cp := range cps[1:] {
+	for _, cp := range cps {
+		if cp.Name == leader {
+			continue
+		}
 		if s, err := store.Get(cp.Name); err != nil || s.Steps[agentapi.StepKubeadm].Status != agentapi.StatusDone {
 			return fmt.Sprintf("join token %s not in the cluster yet: %s creates it at its next resync, with the certificates control plane %s joins with",
-				id, cps[0].Name, cp.Name), false, nil
+				id, leader, cp.Name), false, nil
 		}
 	}
 	expires := st.Kubeadm.Expires(pki.BootstrapTokenTTL).UTC()

@@ -79,8 +79,13 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 		}
 	}
 	var cluster *plan.ClusterSecrets
+	var record clusterRecord
 	if st.ClusterCA != nil {
-		cluster = &plan.ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm}
+		// Pod ranges stable per node name, and the kubeadm leader from the nodes that joined.
+		if record, err = readClusterRecord(st); err != nil {
+			return Result{}, err
+		}
+		cluster = &plan.ClusterSecrets{CA: st.ClusterCA, Kubeadm: st.Kubeadm, PodRanges: record.Ranges, Joined: record.Joined}
 	}
 	// A running cluster keeps the VRID and VRRP version it was bootstrapped with (plan.VRRPFor).
 	recorded, err := plan.ReadRecorded(st.StateDir)
@@ -105,6 +110,15 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 	membership, err := members()
 	if err != nil {
 		return Result{}, err
+	}
+	if cluster != nil {
+		ranges, err := recordPodRanges(st, record)
+		if err != nil {
+			return Result{}, err
+		}
+		if ranges != "" {
+			membership = strings.TrimPrefix(membership+"; "+ranges, "; ")
+		}
 	}
 	files, err := p.Files()
 	if err != nil {

@@ -128,9 +128,113 @@ func pruneForgotten(ctx context.Context, st *State) (string, error) {
 	return "removed " + strings.Join(gone, ", ") + " (--prune)", nil
 }
 
+// clusterRecord is what the state directory records of the cluster's nodes, for the plan
+// (plan.ClusterSecrets PodRanges and Joined).
+type clusterRecord struct {
+	// Ranges is every node of nodes[]'s pod range: the recorded ones kept, new nodes' allocated
+	// (plan.AllocatePodRanges); Recorded what the state directory held before (plan.ReadPodRanges).
+	Ranges, Recorded plan.PodRanges
+	// Joined maps the nodes of nodes[] that have run kubeadm (joinedCluster) to the action their
+	// previous node config gave them (STATE/rendered/<node>/nodeconfig.json; "" if unreadable).
+	Joined map[string]string
+}
+
+// readClusterRecord reads the pod ranges and allocates the new nodes' (nothing is written: see
+// recordPodRanges) and which nodes joined with which kubeadm action. Errors: plan.AllocatePodRanges'
+// refusals (field path networks.pods), unreadable records.
+func readClusterRecord(st *State) (clusterRecord, error) {
+	var r clusterRecord
+	var err error
+	if r.Recorded, err = plan.ReadPodRanges(st.StateDir); err != nil {
+		return r, err
+	}
+	names := make([]string, 0, len(st.Config.Nodes))
+	for _, n := range st.Config.Nodes {
+		names = append(names, n.Name)
+	}
+	if r.Ranges, err = plan.AllocatePodRanges(st.Config.Networks.Pods, names, r.Recorded); err != nil {
+		return r, err
+	}
+	store := nodestate.Open(statedir.Nodes(st.StateDir))
+	for _, n := range names {
+		joined, err := joinedCluster(store, n)
+		if err != nil {
+			return r, err
+		}
+		if !joined {
+			continue
+		}
+		if r.Joined == nil {
+			r.Joined = map[string]string{}
+		}
+		r.Joined[n] = ""
+		b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(st.StateDir, n), statedir.NodeConfigFile))
+		var nc agentapi.NodeConfig
+		if err == nil && json.Unmarshal(b, &nc) == nil && nc.Kubernetes != nil {
+			r.Joined[n] = nc.Kubernetes.Action
+		}
+	}
+	return r, nil
+}
+
+// joinedCluster reports whether node has run kubeadm in the cluster, from its records: not removed
+// since it was last added, and since then reported ready (memberOf) or its kubeadm step is done
+// (a node that joined but has not reported ready yet).
+func joinedCluster(store *nodestate.Store, node string) (bool, error) {
+	hist, err := store.History(node)
+	if err != nil {
+		return false, err
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].Kind == nodestate.Removed {
+			return false, nil
+		}
+		if hist[i].Kind == nodestate.Added {
+			break
+		}
+	}
+	if memberOf(hist) {
+		return true, nil
+	}
+	s, err := store.Get(node)
+	return err == nil && s.Steps[agentapi.StepKubeadm].Status == agentapi.StatusDone, nil
+}
+
+// recordPodRanges writes the allocation of r (plan.WritePodRanges: one atomic write) unless it is a
+// dry run, and says what changed for the render phase's detail: the new nodes' ranges and the ranges
+// freed by nodes nodes[] no longer lists ("" when nothing changed). It runs once --prune's removals
+// are done, so a refused run frees no range of a node still in the cluster.
+func recordPodRanges(st *State, r clusterRecord) (string, error) {
+	added, freed := plan.PodRanges{}, plan.PodRanges{}
+	for n, p := range r.Ranges {
+		if old, ok := r.Recorded[n]; !ok || old != p {
+			added[n] = p
+		}
+	}
+	for n, p := range r.Recorded {
+		if _, ok := r.Ranges[n]; !ok {
+			freed[n] = p
+		}
+	}
+	if !st.Options.DryRun {
+		if _, err := plan.WritePodRanges(st.StateDir, st.Config.Networks.Pods, r.Ranges); err != nil {
+			return "", err
+		}
+	}
+	var parts []string
+	if len(added) > 0 {
+		parts = append(parts, "pod ranges allocated: "+plan.DescribePodRanges(added))
+	}
+	if len(freed) > 0 {
+		parts = append(parts, "pod ranges freed: "+plan.DescribePodRanges(freed))
+	}
+	return strings.Join(parts, "; "), nil
+}
+
 // podRangesKept refuses a plan that gives a node a pod range other than the one its rendered node
-// config holds (STATE/rendered/<node>/nodeconfig.json): pkg/plan numbers the ranges by position in
-// nodes[], so dropping or moving a node before others would renumber them under their running pods.
+// config holds (STATE/rendered/<node>/nodeconfig.json): a running node's range must never change
+// under its pods. The ranges come from the record (plan.AllocatePodRanges keeps them per node name),
+// so this is a safety net for a record that disagrees with what the nodes were given.
 func podRangesKept(stateDir string, p *plan.Plan) error {
 	var moved []string
 	for _, n := range p.Nodes {
@@ -152,6 +256,6 @@ func podRangesKept(stateDir string, p *plan.Plan) error {
 	if len(moved) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the pod ranges of running nodes would change (%s): they are numbered by position in nodes[]; keep every node at its position (remove only the last nodes, add new ones at the end)",
-		strings.Join(moved, "; "))
+	return fmt.Errorf("networks.pods: the pod ranges of running nodes would change (%s): %s disagrees with the rendered node configs; restore it from a backup, or remove it so the next run takes the rendered nodes' ranges",
+		strings.Join(moved, "; "), statedir.PodRanges(stateDir))
 }

@@ -46,8 +46,8 @@ func TestForgottenNodes(t *testing.T) {
 	}
 }
 
-// TestPodRangesKept: a plan that gives a rendered node another pod range (a node before it left
-// nodes[]) is refused naming the node and both ranges; the same range, a new node, or a node
+// TestPodRangesKept: a plan that gives a rendered node another pod range (a record that disagrees
+// with the rendered node configs) is refused naming the node, both ranges and the record; the same range, a new node, or a node
 // without Kubernetes pass.
 func TestPodRangesKept(t *testing.T) {
 	dir := t.TempDir()
@@ -80,7 +80,7 @@ func TestPodRangesKept(t *testing.T) {
 	shifted := &plan.Plan{Nodes: []plan.NodeArtefacts{node("cp3", "10.244.1.0/24"), node("w1", "10.244.2.0/24")}}
 	err := podRangesKept(dir, shifted)
 	if err == nil || !strings.Contains(err.Error(), "cp3 from 10.244.2.0/24 to 10.244.1.0/24; w1 from 10.244.3.0/24 to 10.244.2.0/24") ||
-		!strings.Contains(err.Error(), "keep every node at its position") {
+		!strings.HasPrefix(err.Error(), "networks.pods: ") || !strings.Contains(err.Error(), statedir.PodRanges(dir)) {
 		t.Errorf("shifted ranges: %v", err)
 	}
 }

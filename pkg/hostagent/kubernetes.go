@@ -382,8 +382,9 @@ func leftovers() []string {
 // in /etc/kubernetes/pki and --upload-certs under the appliance's certificate key), join
 // --control-plane on the others, join on workers; each only when the appliance says the node before
 // it is done (Proceed). A finished run is recorded in KubeadmStatePath, so reruns do nothing; a run
-// interrupted before that is undone with `kubeadm reset -f` and repeated. On the first control plane
-// a renewed bootstrap token (a rerun after it expired) is created in the cluster with `kubeadm init
+// interrupted before that is undone with `kubeadm reset -f` and repeated. On the kubeadm leader (the
+// init node, or after its removal the control plane the appliance names: renewsJoinSecrets) a
+// renewed bootstrap token (a rerun after it expired) is created in the cluster with `kubeadm init
 // phase bootstrap-token` and the certificates re-uploaded.
 func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 	if err := a.onHost("kubeadm"); err != nil {
@@ -402,7 +403,7 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if st.Action != "" {
-		if st.Action == agentapi.ActionInit && st.TokenID != tokenID(k.BootstrapToken) {
+		if renewsJoinSecrets(st, k) {
 			return a.renewJoinSecrets(ctx, nc, k, addr, st)
 		}
 		return fmt.Sprintf("unchanged: kubeadm %s done %s", st.Action, st.Done.UTC().Format(time.RFC3339)), nil
@@ -462,11 +463,23 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 	return fmt.Sprintf("kubeadm %s done in %.1fs%s", k.Action, time.Since(start).Seconds(), reset), nil
 }
 
+// renewsJoinSecrets reports whether this node, whose kubeadm record is st, must put the join secrets
+// of its node config k into the cluster: it is a control plane that has run kubeadm (init or
+// join-control-plane), its config makes it the kubeadm leader (a control-plane action without an
+// After node: pkg/plan RenewsJoinSecrets, "the first remaining control plane", which after the init
+// node's removal is a control plane that joined), and the cluster has not got k's bootstrap token
+// from it yet.
+func renewsJoinSecrets(st kubeadmState, k *agentapi.KubernetesConfig) bool {
+	return st.Action != "" && st.Action != agentapi.ActionJoin &&
+		k.Action != agentapi.ActionJoin && k.After == "" && st.TokenID != tokenID(k.BootstrapToken)
+}
+
 // renewJoinSecrets uploads the control-plane certificates under the appliance's current certificate
 // key and then creates its current bootstrap token in the cluster (kubeadm init phases upload-certs
-// and bootstrap-token, with admin.conf), in that order: see below.
+// and bootstrap-token, with admin.conf), in that order: see below. Both phases read an
+// InitConfiguration, also on a leader that joined (Action join-control-plane).
 func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr netip.Addr, st kubeadmState) (string, error) {
-	cfg, err := renderKubeadm(nc, k, addr)
+	cfg, err := renewalConfig(nc, k, addr)
 	if err != nil {
 		return "", err
 	}
@@ -489,6 +502,14 @@ func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k 
 	// The token ID (public; the secret part is not) makes each renewal's report differ from the
 	// last one: the appliance drops a report equal to the step's previous one.
 	return "renewed the bootstrap token " + st.TokenID + " (the control-plane certificates re-uploaded first)", nil
+}
+
+// renewalConfig is the kubeadm configuration renewJoinSecrets runs its init phases with: the node's
+// InitConfiguration (bootstrap token, certificate key, cluster configuration), whatever its Action.
+func renewalConfig(nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr netip.Addr) ([]byte, error) {
+	asInit := *k
+	asInit.Action = agentapi.ActionInit
+	return renderKubeadm(nc, &asInit, addr)
 }
 
 // renderKubeadm renders the node's kubeadm configuration (kubeadm-manifests) for addr, its

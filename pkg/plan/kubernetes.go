@@ -26,25 +26,91 @@ const ImageRepository = "registry.k8s.io"
 // containerd's CRI sandbox_image must match or kubeadm warns and kubelet pulls two pause images.
 const PauseImage = ImageRepository + "/pause:3.10.1"
 
-// ClusterSecrets is the cluster CA and kubeadm join secrets of the pki phase.
+// ClusterSecrets is the cluster CA and kubeadm join secrets of the pki phase, with what the state
+// directory records of the cluster's nodes (PodRanges, Joined).
 type ClusterSecrets struct {
 	CA      *pki.CA
 	Kubeadm pki.KubeadmSecrets
+	// PodRanges is every node's pod range (AllocatePodRanges over the recorded ranges). nil gives
+	// what a first allocation gives: the i-th range of networks.pods to the i-th node of nodes[].
+	PodRanges PodRanges
+	// Joined maps each node that has run kubeadm in this cluster (it was reported ready since it
+	// was last added, or its kubeadm step is done) to the kubeadm action it carried out: its previous
+	// node config's Action, "" when that is unknown. nil or empty: no node has, the cluster is still
+	// to be built.
+	Joined map[string]string
+}
+
+// KubeadmLeader returns the control plane that runs kubeadm first and keeps the cluster's join
+// secrets (see RenewsJoinSecrets), and whether it is told ActionInit. kubeadm has one init node per
+// cluster: the first control plane of nodes[] at the time the cluster was built, which ran `kubeadm
+// init` and, as the one node config with Action init, renewed the join secrets; every other
+// control plane joined it. The leader is, in this order:
+//   - the control plane that carried out ActionInit (joined[name] == ActionInit), while nodes[] lists
+//     it: the init node keeps Action init, so a running cluster's node configs do not change;
+//   - when the init node is gone (removed with `appliance node remove` or --prune) and some control
+//     plane of nodes[] has joined, the first such one in nodes[] order, told
+//     ActionJoinControlPlane: it already joined and must never run `kubeadm init` (that would start
+//     a second cluster); it takes over renewing the join secrets;
+//   - when no control plane has joined (a cluster not built yet), the first control plane of
+//     nodes[], told ActionInit: the rule before the cluster exists, reorders included.
+//
+// "" when cps is empty.
+func KubeadmLeader(cps []config.Node, joined map[string]string) (leader string, init bool) {
+	if len(cps) == 0 {
+		return "", false
+	}
+	for _, cp := range cps {
+		if a, ok := joined[cp.Name]; ok && a == agentapi.ActionInit {
+			return cp.Name, true
+		}
+	}
+	for _, cp := range cps {
+		if _, ok := joined[cp.Name]; ok {
+			return cp.Name, false
+		}
+	}
+	return cps[0].Name, true
+}
+
+// RenewsJoinSecrets reports whether the node with Kubernetes config k is the one that keeps the
+// cluster's join secrets (the bootstrap token and the certificates uploaded under the certificate
+// key) in the cluster once it has run kubeadm: the kubeadm leader (KubeadmLeader), which is the
+// one control plane whose config has no After node. This is "the first remaining control plane",
+// not "Action init": after the init node's removal the leader is a control plane that joined.
+// hostagent applies the same rule.
+func RenewsJoinSecrets(k *agentapi.KubernetesConfig) bool {
+	return k != nil && k.Action != agentapi.ActionJoin && k.After == ""
+}
+
+// JoinSecretsRenewer is the node of the plan for which RenewsJoinSecrets holds ("" without
+// Kubernetes).
+func (p *Plan) JoinSecretsRenewer() string {
+	for _, n := range p.Nodes {
+		if RenewsJoinSecrets(n.NodeConfig.Kubernetes) {
+			return n.Name
+		}
+	}
+	return ""
 }
 
 // kubernetesFor derives node n's KubernetesConfig:
-//   - Action: ActionInit for the first control plane in document order, ActionJoinControlPlane for the
-//     others (each After the control plane before it: etcd grows one member at a time), ActionJoin
-//     for workers (After the first control plane);
+//   - Action: for the kubeadm leader (KubeadmLeader: the init node, or after its removal the first
+//     control plane that joined, or before the cluster exists the first control plane) ActionInit
+//     or, once the init node is gone, ActionJoinControlPlane, without After; the other control
+//     planes ActionJoinControlPlane, each After the control plane before it in the order leader,
+//     then nodes[] order (etcd grows one member at a time); workers ActionJoin After the leader;
 //   - ControlPlaneEndpoint VIP:port, the cluster networks, API certificate SANs (the VIP, every
 //     control plane's static addresses, and with baseDomain api.<cluster>.<baseDomain> and api-int.…);
 //   - the bootstrap token for every node, the certificate key for control planes, and the cluster CA
-//     key for the first control plane only;
-//   - PodCIDR: the i-th /24 (IPv4) or /64 (IPv6) of networks.pods for the i-th node of the inventory,
-//     and PodRoutes to every other node's range via its first workload-plane address.
+//     key for an ActionInit leader only;
+//   - PodCIDR: the node's range of cluster.PodRanges (AllocatePodRanges: stable per node name, the
+//     i-th /24 or /64 of networks.pods for the i-th node on a first allocation), and PodRoutes to
+//     every other node's range via its first workload-plane address.
 //
-// Errors: no cluster secrets, a node without a workload-plane address (Validate refuses those), or a
-// pod network too small for the inventory.
+// Errors: no cluster secrets, a node without a workload-plane address (Validate refuses those), a
+// node without a pod range in cluster.PodRanges, or (PodRanges nil) a pod network too small for the
+// inventory.
 func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *ClusterSecrets) (*agentapi.KubernetesConfig, error) {
 	if cluster == nil || cluster.CA == nil {
 		return nil, errors.New("kubernetes enabled but no cluster CA and join secrets (pki phase)")
@@ -52,6 +118,13 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 	cps := c.ControlPlaneNodes()
 	if len(cps) == 0 {
 		return nil, errors.New("no control-plane node")
+	}
+	ranges := cluster.PodRanges
+	if ranges == nil {
+		var err error
+		if ranges, err = AllocatePodRanges(c.Networks.Pods, nodeNames(c), nil); err != nil {
+			return nil, err
+		}
 	}
 	k := &agentapi.KubernetesConfig{
 		Version:               c.KubernetesVersion,
@@ -80,8 +153,15 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		sans = append(sans, "api."+zone, "api-int."+zone)
 	}
 	k.APIServerCertSANs = sans
-	switch idx := slices.IndexFunc(cps, func(cp config.Node) bool { return cp.Name == n.Name }); {
-	case idx == 0:
+	leader, init := KubeadmLeader(cps, cluster.Joined)
+	order := []string{leader}
+	for _, cp := range cps {
+		if cp.Name != leader {
+			order = append(order, cp.Name)
+		}
+	}
+	switch idx := slices.Index(order, n.Name); {
+	case idx == 0 && init:
 		k.Action = agentapi.ActionInit
 		key, err := cluster.CA.KeyPEM()
 		if err != nil {
@@ -89,16 +169,19 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		}
 		k.CAKeyPEM = string(key)
 		k.CertificateKey = cluster.Kubeadm.CertificateKey
+	case idx == 0:
+		k.Action = agentapi.ActionJoinControlPlane
+		k.CertificateKey = cluster.Kubeadm.CertificateKey
 	case idx > 0:
-		k.Action, k.After = agentapi.ActionJoinControlPlane, cps[idx-1].Name
+		k.Action, k.After = agentapi.ActionJoinControlPlane, order[idx-1]
 		k.CertificateKey = cluster.Kubeadm.CertificateKey
 	default:
-		k.Action, k.After = agentapi.ActionJoin, cps[0].Name
+		k.Action, k.After = agentapi.ActionJoin, leader
 	}
 	for i, node := range c.Nodes {
-		p, err := nthSubnet(c.Networks.Pods, i)
-		if err != nil {
-			return nil, fmt.Errorf("networks.pods: %w", err)
+		p, ok := ranges[node.Name]
+		if !ok {
+			return nil, fmt.Errorf("networks.pods: node %s has no pod range (AllocatePodRanges covers every node of nodes[])", node.Name)
 		}
 		if node.Name == n.Name {
 			k.PodCIDR = p
@@ -111,6 +194,15 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		k.PodRoutes = append(k.PodRoutes, agentapi.PodRoute{Node: node.Name, Prefix: p, Via: via})
 	}
 	return k, nil
+}
+
+// nodeNames lists the names of nodes[] in order.
+func nodeNames(c *config.BootstrapConfiguration) []string {
+	names := make([]string, 0, len(c.Nodes))
+	for _, n := range c.Nodes {
+		names = append(names, n.Name)
+	}
+	return names
 }
 
 // nthSubnet is the i-th /24 (IPv4) or /64 (IPv6) inside pods.

@@ -9,6 +9,7 @@
 //	  pki/                   CA, serving certificate, tokens/<node>, vrrp-auth (PKI)
 //	    kubernetes/          the cluster CA and kubeadm join secrets (ClusterPKI)
 //	  kubernetes/admin.conf  0600 cluster-admin kubeconfig (AdminKubeconfig)
+//	  kubernetes/pod-ranges.json  each node's pod range, allocated once (PodRanges)
 //	  registry/              distribution's filesystem-driver root (Registry)
 //	  rendered/<node>/       what the render phase writes per node (Rendered, RenderedNode)
 //	  nodes/<node>/          pkg/nodestate's records (Nodes)
@@ -37,6 +38,11 @@ func ClusterPKI(state string) string { return filepath.Join(PKI(state), "kuberne
 // AdminKubeconfig is STATE/kubernetes/admin.conf: a cluster-admin kubeconfig (0600) for the operator,
 // server https://VIP:port.
 func AdminKubeconfig(state string) string { return filepath.Join(state, "kubernetes", "admin.conf") }
+
+// PodRanges is STATE/kubernetes/pod-ranges.json: networks.pods and each node's pod range (node name →
+// /24 or /64), allocated by the render phase the first time it sees the node and kept while the node
+// is in nodes[] (pkg/plan AllocatePodRanges, WritePodRanges; 0600, one atomic write).
+func PodRanges(state string) string { return filepath.Join(state, "kubernetes", "pod-ranges.json") }
 
 // Registry is STATE/registry: the distribution filesystem-driver root.
 func Registry(state string) string { return filepath.Join(state, "registry") }
