@@ -21,8 +21,10 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/kubeapi"
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -147,7 +149,9 @@ func startClusterAPI(t *testing.T, ca *pki.CA, caDir string) int {
 // control plane while another control plane has yet to join, creates the renewed token's
 // Secret once the control planes are done (a dry run only says it would), in the format the
 // API server's bootstrap token authenticator accepts (the token authenticates as
-// system:bootstrap:<id> with kubeadm's node group), and finds it there on the next run. Without it a
+// system:bootstrap:<id> with kubeadm's node group), and finds it there on the next run. After the
+// init node cp1's removal it follows the plan's kubeadm leader cp2 (the cluster exists once cp2's
+// kubeadm step is done; a renewed token is left to cp2 while cp4 has yet to join). Without it a
 // day-2 node joined only once the first control plane's hostagent resynced (w2's kubeadm join took
 // 55.8 s against w1's 6.0 s in the e2e).
 func TestEnsureJoinToken(t *testing.T) {
@@ -181,7 +185,7 @@ func TestEnsureJoinToken(t *testing.T) {
 	kubeadmDone := func(node string) {
 		t.Helper()
 		if _, _, err := store.Record(node, []string{agentapi.StepConfig, agentapi.StepKubeadm, agentapi.StepReady},
-			agentapi.Report{BootID: "boot-1", Step: agentapi.StepKubeadm, Status: agentapi.StatusDone, Detail: "kubeadm done in 10.0s"}); err != nil {
+			agentapi.Report{BootID: "boot-" + node, Step: agentapi.StepKubeadm, Status: agentapi.StatusDone, Detail: "kubeadm done in 10.0s"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,5 +239,50 @@ func TestEnsureJoinToken(t *testing.T) {
 
 	if d, ch, err := ensureJoinToken(ctx, st); d != "join token "+id+" in the cluster" || ch || err != nil {
 		t.Errorf("rerun: %q %v %v, want it found unchanged", d, ch, err)
+	}
+
+	// The init node cp1 removed, cp4 appended, the join secrets renewed: the render's plan makes
+	// cp2 (the first control plane that joined) the leader, so the check waits for cp2's kubeadm
+	// step, not cp1's, and leaves the renewed token to cp2 while cp4 has yet to join.
+	st.Config.Nodes = slices.DeleteFunc(slices.Clone(st.Config.Nodes), func(n config.Node) bool { return n.Name == init })
+	cp4 := st.Config.ControlPlaneNodes()[0]
+	cp4.Name, cp4.Addresses = "cp4", []netip.Addr{netip.MustParseAddr("10.100.0.14"), netip.MustParseAddr("10.200.0.14")}
+	st.Config.Nodes = append(st.Config.Nodes, cp4)
+	renewed, _, err := pki.EnsureKubeadmSecrets(t.TempDir(), pki.BootstrapTokenTTL, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Kubeadm = renewed
+	id2, _, _ := strings.Cut(renewed.BootstrapToken, ".")
+	joined := map[string]string{}
+	for _, n := range st.Config.Nodes {
+		if n.Name != "cp4" {
+			joined[n.Name] = map[bool]string{true: agentapi.ActionJoinControlPlane, false: agentapi.ActionJoin}[n.HasRole(config.RoleControlPlane)]
+		}
+	}
+	st.Plan, err = plan.Build(plan.Inputs{Config: st.Config, CA: ca, ApplianceURL: "https://10.100.0.2:8443",
+		ControlPlane: netresolve.Address{Interface: "eth0", Prefix: netip.MustParsePrefix("10.100.0.2/24"), CIDR: netip.MustParsePrefix("10.100.0.0/24")},
+		Cluster:      &plan.ClusterSecrets{CA: ca, Kubeadm: renewed, Joined: joined}, HostagentSHA256: strings.Repeat("0", 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leader := st.Plan.JoinSecretsRenewer(); leader != "cp2" {
+		t.Fatalf("the plan's renewer after cp1's removal: %q, want cp2", leader)
+	}
+	// cp2 rebooted: a new boot starts its step list anew, kubeadm not reported yet.
+	if _, _, err := store.Record("cp2", []string{agentapi.StepConfig, agentapi.StepKubeadm, agentapi.StepReady},
+		agentapi.Report{BootID: "boot-2", Step: agentapi.StepConfig, Status: agentapi.StatusRunning}); err != nil {
+		t.Fatal(err)
+	}
+	if d, ch, err := ensureJoinToken(ctx, st); d != "" || ch || err != nil {
+		t.Errorf("cp2's kubeadm step not reported done: %q %v %v, want nothing (its kubeadm step tells the cluster exists)", d, ch, err)
+	}
+	kubeadmDone("cp2")
+	if d, ch, err := ensureJoinToken(ctx, st); d != "join token "+id2+" not in the cluster yet: cp2 creates it at its next resync, with the certificates control plane cp4 joins with" || ch || err != nil {
+		t.Errorf("with cp4 still to join: %q %v %v", d, ch, err)
+	}
+	kubeadmDone("cp4")
+	if d, ch, err := ensureJoinToken(ctx, st); !strings.HasPrefix(d, "created join token "+id2+" in the cluster") || !ch || err != nil {
+		t.Errorf("after cp1's removal, every control plane joined: %q %v %v", d, ch, err)
 	}
 }

@@ -201,8 +201,9 @@ func joinedCluster(store *nodestate.Store, node string) (bool, error) {
 }
 
 // recordPodRanges writes the allocation of r (plan.WritePodRanges: one atomic write) unless it is a
-// dry run, and says what changed for the render phase's detail: the new nodes' ranges and the ranges
-// freed by nodes nodes[] no longer lists ("" when nothing changed). It runs once --prune's removals
+// dry run, and says what changed for the render phase's detail: the new nodes' ranges, the ranges
+// freed by nodes nodes[] no longer lists, or the ranges a first record took from the rendered node
+// configs ("" when nothing changed). It runs once --prune's removals
 // are done, so a refused run frees no range of a node still in the cluster.
 func recordPodRanges(st *State, r clusterRecord) (string, error) {
 	added, freed := plan.PodRanges{}, plan.PodRanges{}
@@ -216,12 +217,18 @@ func recordPodRanges(st *State, r clusterRecord) (string, error) {
 			freed[n] = p
 		}
 	}
+	wrote := false
 	if !st.Options.DryRun {
-		if _, err := plan.WritePodRanges(st.StateDir, st.Config.Networks.Pods, r.Ranges); err != nil {
+		var err error
+		if wrote, err = plan.WritePodRanges(st.StateDir, st.Config.Networks.Pods, r.Ranges); err != nil {
 			return "", err
 		}
 	}
 	var parts []string
+	if wrote && len(added) == 0 && len(freed) == 0 {
+		// The first record of a state directory rendered before it: the rendered nodes' ranges.
+		parts = append(parts, "pod ranges recorded: "+plan.DescribePodRanges(r.Ranges))
+	}
 	if len(added) > 0 {
 		parts = append(parts, "pod ranges allocated: "+plan.DescribePodRanges(added))
 	}
