@@ -53,8 +53,12 @@ that was killed finishes when run again:
   record  "removed" in the node's day-2 history (appliance status NODE)
   power   ipmi/redfish nodes: power off through the BMC
 
-Then delete NODE from nodes[] and run appliance bootstrap: the other nodes' VRRP peers, firewalls
-and pod routes are re-rendered from nodes[] and their hostagents apply them at their next resync.`,
+Then delete NODE from nodes[] (wherever it stands in the list) and run appliance bootstrap: the
+other nodes' VRRP peers, firewalls and pod routes are re-rendered from nodes[] and their hostagents
+apply them at their next resync. Pod ranges belong to node names (STATE/kubernetes/pod-ranges.json):
+the other nodes keep theirs, NODE's is freed. When NODE is the control plane that ran kubeadm init,
+the first remaining control plane of nodes[] that joined takes over renewing the join secrets
+(bootstrap token, uploaded certificates) for nodes added later; it is never told to init again.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)

@@ -18,7 +18,11 @@
 //
 // The other nodes' VRRP peers, firewalls and pod routes derive from nodes[]: removing the node from
 // the configuration and running `appliance bootstrap` re-renders their configs, which their
-// hostagents fetch at their next resync.
+// hostagents fetch at their next resync. Any node may go, not only the last of nodes[]: pod ranges
+// are recorded per node name (pkg/plan AllocatePodRanges), so the others keep theirs and the
+// removed node's is freed; removing the control plane that ran kubeadm init makes the first
+// remaining control plane that joined the kubeadm leader (pkg/plan KubeadmLeader), which renews the
+// join secrets from then on. The quorum rules are the same for every control plane.
 package noderemove
 
 import (

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,11 +25,11 @@ import (
 // w1 is removed (drained of a real pod, refused from the configuration until removed, reset,
 // deleted, its pod route dropped everywhere), then the worker w2 is appended to nodes[] and only w2
 // is powered and joined, with a bootstrap token the appliance renewed (the join secrets are aged
-// past their TTL first, as a rerun more than two hours after the last one finds them). The order
-// follows the documented rule that pod ranges are numbered by position in nodes[]: remove the last
-// nodes, add at the end. Then cp4 is appended (etcd grows to four members) and removed again. It
-// leaves the cluster Ready with cp1-3 and w2, k.config listing exactly those, and k8sNodes naming
-// them, for the subtests that follow.
+// past their TTL first, as a rerun more than two hours after the last one finds them). Then cp4 is
+// inserted before w2 in nodes[] (etcd grows to four members) and removed again from the middle of
+// nodes[]: pod ranges are allocated per node name (STATE/kubernetes/pod-ranges.json), so neither
+// moves another node's pod range or routes. It leaves the cluster Ready with cp1-3 and w2, k.config
+// listing exactly those, and k8sNodes naming them, for the subtests that follow.
 func (k *k8sLab) day2(t *testing.T, ctx context.Context) {
 	// The day-1 worker's figures, read before its records say it is removed.
 	w1Join, w1Ready := k.joinFigures(t, "w1")
@@ -49,13 +50,16 @@ func (k *k8sLab) day2(t *testing.T, ctx context.Context) {
 		k.addWorker(t, ctx, w1Join, w1Ready)
 	})
 
-	t.Run("adding the control plane cp4: etcd grows to four members, cp1-3 list it as a VRRP peer", func(t *testing.T) {
-		k.addControlPlane(t, ctx)
+	// Every node's pod range and routes before cp4 comes and goes: cp4 is inserted before w2 in
+	// nodes[] and removed from the middle of it, and nobody else's range or routes may move.
+	pods := k.podState(t)
+	t.Run("adding the control plane cp4 before w2 in nodes[]: etcd grows to four members, cp1-3 list it as a VRRP peer, no pod range moves", func(t *testing.T) {
+		k.addControlPlane(t, ctx, pods)
 	})
 	// Also after a failed add: the removal is what brings the cluster back to cp1-3 and w2.
 	if strings.Contains(mustRead(t, k.config), "\n- name: cp4\n") {
-		t.Run("removing the control plane cp4: etcd back to three members, keepalived without it", func(t *testing.T) {
-			k.removeControlPlane(t, ctx)
+		t.Run("removing the control plane cp4 from the middle of nodes[]: etcd back to three members, keepalived without it, every other pod range and route unchanged", func(t *testing.T) {
+			k.removeControlPlane(t, ctx, pods)
 		})
 	}
 }
@@ -91,6 +95,43 @@ func configWithout(t *testing.T, text, node string) string {
 func (k *k8sLab) workerEntry(name, cpAddr, wlAddr string) string {
 	return fmt.Sprintf("- name: %s\n  roles: [worker]\n  addresses: [%s, %s]\n  power: {kind: ssh, privateKeyFile: %s/ssh/id_ed25519, knownHostsFile: %s/ssh/known_hosts}\n",
 		name, cpAddr, wlAddr, k.labDir, k.labDir)
+}
+
+// podRoutes is one node's rendered pod range and routes to the other nodes' ranges.
+type podRoutes struct {
+	CIDR   netip.Prefix
+	Routes []agentapi.PodRoute
+}
+
+// podState reads every node's pod range and routes from the node configs the appliance rendered
+// (STATE/rendered/<node>/nodeconfig.json), for the nodes of k8sNodes.
+func (k *k8sLab) podState(t *testing.T) map[string]podRoutes {
+	t.Helper()
+	out := map[string]podRoutes{}
+	for _, n := range k8sNodes {
+		var nc agentapi.NodeConfig
+		b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, n), statedir.NodeConfigFile))
+		if err != nil || json.Unmarshal(b, &nc) != nil || nc.Kubernetes == nil {
+			t.Fatalf("%s's rendered node config: %v", n, err)
+		}
+		out[n] = podRoutes{nc.Kubernetes.PodCIDR, nc.Kubernetes.PodRoutes}
+	}
+	return out
+}
+
+// samePods reports how now differs from was for the nodes of was, routes to the nodes in extra
+// (cp4) left out of now: "" when every node kept its range and its routes to the others.
+func samePods(was, now map[string]podRoutes, extra ...string) string {
+	var diffs []string
+	for n, w := range was {
+		got, ok := now[n]
+		routes := slices.DeleteFunc(slices.Clone(got.Routes), func(r agentapi.PodRoute) bool { return slices.Contains(extra, r.Node) })
+		if !ok || got.CIDR != w.CIDR || !slices.Equal(routes, w.Routes) {
+			diffs = append(diffs, fmt.Sprintf("%s: range %s routes %v, was %s %v", n, got.CIDR, routes, w.CIDR, w.Routes))
+		}
+	}
+	slices.Sort(diffs)
+	return strings.Join(diffs, "; ")
 }
 
 // podRangeOf returns node's pod range as cp1's rendered node config routes it ("" if none).
@@ -508,13 +549,14 @@ func (k *k8sLab) controlPlaneEntry(name, cpAddr, wlAddr string) string {
 		name, cpAddr, wlAddr, k.labDir, k.labDir)
 }
 
-// addControlPlane appends cp4 to nodes[] and reruns bootstrap with the join secrets aged past their
-// TTL: the appliance leaves the renewed token to cp1, whose hostagent re-uploads the control-plane
-// certificates under the renewed certificate key and then creates the token; only cp4 is powered
-// and joins as a control plane with them, etcd has four voting members,
-// and keepalived and the firewall on cp1-3 list cp4 as a VRRP peer; cp1-3 run no kubeadm again
-// and their histories stay as they were.
-func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
+// addControlPlane inserts cp4 into nodes[] before w2 and reruns bootstrap with the join secrets
+// aged past their TTL: the appliance leaves the renewed token to cp1, whose hostagent re-uploads
+// the control-plane certificates under the renewed certificate key and then creates the token; only
+// cp4 is powered and joins as a control plane with them, etcd has four voting members, and
+// keepalived and the firewall on cp1-3 list cp4 as a VRRP peer; cp1-3 run no kubeadm again and
+// their histories stay as they were. Every other node keeps its pod range and routes (pods, read
+// before) and gains a route to cp4's, which no other node holds.
+func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context, pods map[string]podRoutes) {
 	store := nodestate.Open(statedir.Nodes(k.state))
 	others := []string{"cp1", "cp2", "cp3", "w2"}
 	seen, hist := map[string]int{}, map[string]int{}
@@ -531,7 +573,12 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+k.controlPlaneEntry("cp4", "10.100.0.14", "10.200.0.14"))
+	entry := k.controlPlaneEntry("cp4", "10.100.0.14", "10.200.0.14")
+	if i := strings.Index(string(text), "\n- name: w2\n"); i >= 0 {
+		mustWrite(t, k.config, string(text[:i+1])+entry+string(text[i+1:]))
+	} else {
+		mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+entry)
+	}
 	k8sNodes = append(slices.Clone(k8sNodes), "cp4")
 
 	start := time.Now()
@@ -557,6 +604,16 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	if got := k.etcdVoters(t); !slices.Equal(got, []string{"cp1", "cp2", "cp3", "cp4"}) {
 		t.Errorf("etcd voting members %v, want cp1-4", got)
 	}
+	now := k.podState(t)
+	if d := samePods(pods, now, "cp4"); d != "" {
+		t.Errorf("inserting cp4 before w2 moved pod ranges or routes: %s", d)
+	}
+	for n, p := range pods {
+		if p.CIDR == now["cp4"].CIDR || !slices.ContainsFunc(now[n].Routes, func(r agentapi.PodRoute) bool { return r.Node == "cp4" && r.Prefix == now["cp4"].CIDR }) {
+			t.Errorf("%s: range %s, routes %v; cp4's range %s must be its own and routed", n, p.CIDR, now[n].Routes, now["cp4"].CIDR)
+		}
+	}
+	t.Logf("pod ranges with cp4 inserted before w2: cp4 %s; %v", now["cp4"].CIDR, now)
 	if err := waitFor(3*time.Minute, func() error {
 		for _, n := range []string{"cp1", "cp2", "cp3"} {
 			conf := k.ssh(t, n, "cat /etc/keepalived/keepalived.conf")
@@ -603,11 +660,15 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context) {
 	t.Logf("day-2 control-plane add: bootstrap rerun %.1fs; cp4 kubeadm join-control-plane %.1fs, first report → ready %.1fs", took.Seconds(), join, ready)
 }
 
-// removeControlPlane removes cp4 with appliance node remove (quorum: 4 healthy members, 3 left of
-// the 2 needed), which runs kubeadm reset on it (removing its etcd member), then reruns bootstrap
-// without it: etcd is back to cp1-3, and keepalived on cp1-3 no longer lists cp4.
-func (k *k8sLab) removeControlPlane(t *testing.T, ctx context.Context) {
+// removeControlPlane removes cp4, a node in the middle of nodes[], with appliance node remove
+// (quorum: 4 healthy members, 3 left of the 2 needed), which runs kubeadm reset on it (removing its
+// etcd member), then reruns bootstrap without it: etcd is back to cp1-3, keepalived on cp1-3 no
+// longer lists cp4, every other node's rendered pod range and routes are what they were before cp4
+// came (pods), and on every node the routes to the others' ranges are still in place while the
+// route to cp4's range is gone.
+func (k *k8sLab) removeControlPlane(t *testing.T, ctx context.Context, pods map[string]podRoutes) {
 	appliance := filepath.Join(binDir, "appliance")
+	cp4Range := k.podState(t)["cp4"].CIDR
 	out, err := k.exec("boot", appliance, "node", "remove", "cp4", "--config", k.config, "--yes").CombinedOutput()
 	t.Logf("appliance node remove cp4:\n%s", out)
 	if err != nil {
@@ -626,10 +687,25 @@ func (k *k8sLab) removeControlPlane(t *testing.T, ctx context.Context) {
 	mustWrite(t, k.config, configWithout(t, string(text), "cp4"))
 	k8sNodes = slices.DeleteFunc(slices.Clone(k8sNodes), func(n string) bool { return n == "cp4" })
 	k.mustBootstrap(ctx)
+	if d := samePods(pods, k.podState(t)); d != "" {
+		t.Errorf("removing cp4 from the middle of nodes[] moved pod ranges or routes: %s", d)
+	}
 	if err := waitFor(3*time.Minute, func() error {
 		for _, n := range []string{"cp1", "cp2", "cp3"} {
 			if conf := k.ssh(t, n, "cat /etc/keepalived/keepalived.conf"); strings.Contains(conf, "10.100.0.14") {
 				return fmt.Errorf("%s: keepalived still lists cp4 (10.100.0.14)", n)
+			}
+		}
+		// The nodes' routes (their hostagents resync with the new configs): cp4's range gone,
+		// every other one still via its node.
+		for n, p := range pods {
+			if out, err := k.run(n, "ip", "route", "show", cp4Range.String()); err != nil || strings.TrimSpace(out) != "" {
+				return fmt.Errorf("%s still routes cp4's pod range %s: %q %v", n, cp4Range, out, err)
+			}
+			for _, r := range p.Routes {
+				if out, err := k.run(n, "ip", "route", "show", r.Prefix.String()); err != nil || !strings.Contains(out, "via "+r.Via.String()) {
+					return fmt.Errorf("%s: no route to %s's pod range %s via %s: %q %v", n, r.Node, r.Prefix, r.Via, out, err)
+				}
 			}
 		}
 		return nil
