@@ -200,7 +200,8 @@ func createPod(t *testing.T, c *kubeapi.Client, ns, name, node string, meta map[
 }
 
 // TestRemoveAgainstAPIServer runs removals against a real kube-apiserver: a control plane whose
-// removal would lose etcd quorum is refused with the numbers and nothing changes; a control plane
+// removal would lose etcd quorum (cp2, and cp1, the init node, alike) is refused with the numbers
+// and nothing changes; a control plane
 // the appliance cannot reach over SSH is refused; a worker is drained (its own pod evicted, the
 // DaemonSet and static pods left), its Node deleted and its removal recorded, its unreachable host
 // skipped; a rerun changes nothing; a dry run only says what it would do; a PodDisruptionBudget
@@ -267,6 +268,12 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	var cp2 node
 	if err := json.Unmarshal(mustDo(t, c, http.MethodGet, "/api/v1/nodes/cp2", nil), &cp2); err != nil || cp2.Spec.Unschedulable {
 		t.Errorf("a refused removal changed cp2: unschedulable %v (%v)", cp2.Spec.Unschedulable, err)
+	}
+	// cp1, the first control plane of nodes[] (kubeadm's init node), is under the same rule: the
+	// removal knows no init node (the next render makes the first remaining control plane that
+	// joined the one that renews the join secrets, pkg/plan KubeadmLeader).
+	if _, err := Remove(ctx, opts("cp1")); !errors.Is(err, ErrRefused) || err.Error() != "refused: 3 etcd members, 1 unhealthy (cp3): removing cp1 leaves 1 healthy of the 2 needed; fix cp3 first" {
+		t.Errorf("remove cp1: %v", err)
 	}
 	// cp3 may go as far as quorum is concerned, but only kubeadm reset on it removes its member.
 	if _, err := Remove(ctx, opts("cp3")); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "cp3 runs an etcd member, which only `kubeadm reset` on it removes here, and it does not answer over SSH") {
