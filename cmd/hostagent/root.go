@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -92,7 +93,20 @@ func (o *runOptions) run(cmd *cobra.Command, logger func(io.Writer) *slog.Logger
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := a.Run(ctx); err != nil && ctx.Err() == nil {
+	err = a.Run(ctx)
+	if errors.Is(err, hostagent.ErrRestart) && ctx.Err() == nil {
+		// The agent replaced its executable (a self-upgrade): become the new one, same arguments,
+		// same PID (systemd's MainPID, the lab kit's init), so nothing restarts around it.
+		stop()
+		exe, xerr := os.Executable()
+		if xerr != nil {
+			return fmt.Errorf("restart into the upgraded hostagent: %w", xerr)
+		}
+		if xerr = syscall.Exec(exe, os.Args, os.Environ()); xerr != nil {
+			return fmt.Errorf("restart into the upgraded hostagent %s: %w", exe, xerr)
+		}
+	}
+	if err != nil && ctx.Err() == nil {
 		return err
 	}
 	return nil

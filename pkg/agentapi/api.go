@@ -13,7 +13,20 @@ const (
 	// ReportPathV1: POST a Report (JSON) → 204. Reports are idempotent: the same (BootID, Step,
 	// Status) twice records once.
 	ReportPathV1 = "/agent/v1/report"
+	// ConfigWaitParam is the query parameter of a watch on ConfigPathV1: GET
+	// ConfigPathV1?wait=<ETag> answers as soon as the node's config differs from the one that ETag
+	// (the response header of an earlier GET, quoted as sent) names, or after ConfigWaitMax with
+	// the same config; without it, or with another ETag, it answers at once. Every answer carries
+	// the ETag of the config it holds. A hostagent watches between its resyncs so that a config
+	// change (a join order's Proceed, a hand-off stage, an upgrade) reaches it in about a second, not
+	// at its next resync. An appliance that predates the watch ignores the parameter and answers at
+	// once: the hostagent then waits a few seconds between requests.
+	ConfigWaitParam = "wait"
 )
+
+// ConfigWaitMax is how long the appliance holds a watch (ConfigWaitParam) on an unchanged config
+// before answering with it: below the hostagent client's 30 s request timeout.
+const ConfigWaitMax = 25 * time.Second
 
 // NodeConfig is everything a node's hostagent needs to configure the node, derived by the
 // appliance from bootstrap.yaml and its state. It holds secrets (VRRP auth): keep it 0600.
@@ -48,7 +61,27 @@ type NodeConfig struct {
 	// served by CoreDNS static pods on the control planes, and the node's resolver pointed at them.
 	// The hostagent's dns step (StepDNS) acts on it.
 	DNS *DNSConfig `json:"dns,omitempty"`
+	// AgentUpgrade is set by the appliance's upgrade phase on the one node it is upgrading in place
+	// (issue 15, "a node runs the hostagent of the appliance that serves it"): a hostagent whose own
+	// build differs downloads the executable, checks it, replaces its own and restarts into it.
+	// nil otherwise.
+	AgentUpgrade *AgentUpgrade `json:"agentUpgrade,omitempty"`
 }
+
+// AgentUpgrade names the hostagent build a node must run and where the appliance serves it.
+type AgentUpgrade struct {
+	// Version is the build's version (pkg/version.String of `hostagent version`).
+	Version string `json:"version"`
+	// SHA256 is the hex SHA-256 of the executable; the download must match it.
+	SHA256 string `json:"sha256"`
+	// Path is the executable's path on the appliance front (HostagentArtifactPath), fetched over the
+	// same pinned HTTPS as the agent API.
+	Path string `json:"path"`
+}
+
+// HostagentArtifactPath is where the appliance front serves the hostagent executable (the one
+// Ignition installs at a first boot, verified by its SHA-256).
+const HostagentArtifactPath = "/artifacts/hostagent"
 
 // DNSConfig is the node's part of the cluster's DNS (pkg/dnsrecords).
 type DNSConfig struct {

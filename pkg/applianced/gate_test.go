@@ -1,11 +1,14 @@
 package applianced
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 func TestKubeadmGate(t *testing.T) {
@@ -61,4 +64,51 @@ func TestKubeadmGate(t *testing.T) {
 	check("After done after reboot", k, true, "")
 	// The init node is untouched by anyone's state.
 	check("init node again", initK, true, "")
+}
+
+// TestAgentUpgradeGate: the node the upgrade record names, and only it, is served
+// NodeConfig.AgentUpgrade with the record's build and the hostagent artifact path; nobody is when
+// serve serves no hostagent executable, when there is no record (cleared), or when it is unreadable.
+func TestAgentUpgradeGate(t *testing.T) {
+	state := t.TempDir()
+	served := agentUpgradeGate(state, true)
+	get := func(gate func(string, *agentapi.NodeConfig), node string) *agentapi.AgentUpgrade {
+		nc := agentapi.NodeConfig{Node: node}
+		gate(node, &nc)
+		return nc.AgentUpgrade
+	}
+	if up := get(served, "w1"); up != nil {
+		t.Errorf("no record: w1 gets %+v", up)
+	}
+	rec := AgentUpgradeRecord{Node: "w1", Version: "v2", SHA256: strings.Repeat("ab", 32)}
+	if err := WriteAgentUpgrade(state, rec); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := ReadAgentUpgrade(state); err != nil || !ok || got != rec {
+		t.Fatalf("ReadAgentUpgrade: %+v %v %v, want %+v", got, ok, err, rec)
+	}
+	if up := get(served, "w1"); up == nil || up.Version != "v2" || up.SHA256 != rec.SHA256 || up.Path != agentapi.HostagentArtifactPath {
+		t.Errorf("w1 gets %+v, want the record's build at %s", up, agentapi.HostagentArtifactPath)
+	}
+	if up := get(served, "cp1"); up != nil {
+		t.Errorf("cp1, not named, gets %+v", up)
+	}
+	if up := get(agentUpgradeGate(state, false), "w1"); up != nil {
+		t.Errorf("without a served hostagent, w1 gets %+v", up)
+	}
+	if err := os.WriteFile(statedir.AgentUpgrade(state), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if up := get(served, "w1"); up != nil {
+		t.Errorf("an unreadable record: w1 gets %+v", up)
+	}
+	if err := ClearAgentUpgrade(state); err != nil {
+		t.Fatal(err)
+	}
+	if err := ClearAgentUpgrade(state); err != nil {
+		t.Errorf("clearing twice: %v", err)
+	}
+	if _, ok, err := ReadAgentUpgrade(state); ok || err != nil {
+		t.Errorf("after Clear: ok %v err %v", ok, err)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
@@ -97,7 +98,12 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	store := nodestate.Open(statedir.Nodes(stateDir))
 	agent := server.NewAgentAPI(statedir.Rendered(stateDir), tokens, store, log.With("component", "agent"))
-	agent.Gate = kubeadmGate(store)
+	kubeadm := kubeadmGate(store)
+	upgrade := agentUpgradeGate(stateDir, o.HostagentBinary != "")
+	agent.Gate = func(node string, nc *agentapi.NodeConfig) {
+		kubeadm(node, nc)
+		upgrade(node, nc)
+	}
 	srv, err := server.New(server.Options{
 		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
 		Certificate: cert,

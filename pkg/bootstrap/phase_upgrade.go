@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/applianced"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -34,9 +35,14 @@ import (
 //     restart and the new agent adopts it (hostagent.Options.DetachKeepalived, KillMode=process), and
 //     every step of an already configured node finds nothing to change, so kube-apiserver, etcd and
 //     the VIP stay where they are.
-//   - BMC-booted (Ignition) nodes get hostagent from Ignition at their first boot only; the phase
-//     does not reinstall a running node, so they are named in the detail with what to do and left
-//     on their build.
+//   - BMC-booted (Ignition) nodes, which the appliance does not reach over SSH, upgrade themselves
+//     by pull: the node's record is set to booting the same way, the phase records the node and the
+//     build in STATE/agent-upgrade.json (applianced.WriteAgentUpgrade), and `appliance serve` adds
+//     agentapi.NodeConfig.AgentUpgrade to that node's config alone; its hostagent, which watches
+//     its config, downloads the served executable over the pinned HTTPS, checks its SHA-256 and
+//     that it runs, replaces its own and restarts into it (hostagent.ErrRestart). Its keepalived
+//     outlives the restart as above. The record is removed once the node is done; a run killed
+//     before leaves it, so the node still upgrades and the next run finds it on the new build.
 //
 // The next node starts only after the previous one reported ready with the served build and, with
 // Kubernetes, is ready in Kubernetes' terms again (kubeNotReady: Node Ready, kube-proxy, and on a
@@ -71,33 +77,19 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 		}
 	}
 	p := planUpgrade(st.Config.Nodes, status, served)
-	var notes []string
-	if len(p.Reinstall) > 0 {
-		notes = append(notes, fmt.Sprintf("not upgraded in place (BMC-booted: Ignition installs hostagent at the first boot only; reinstall the node to upgrade it: `appliance node remove NODE`, then add it back): %s",
-			strings.Join(p.Reinstall, ", ")))
-		if st.Options.Logger != nil {
-			st.Options.Logger.Warn("nodes run another hostagent build and cannot be upgraded in place", "nodes", p.Reinstall, "served", served.String())
-		}
-	}
-	withNotes := func(detail string) string {
-		if len(notes) > 0 {
-			detail += "; " + strings.Join(notes, "; ")
-		}
-		return detail
-	}
 	if len(p.NotReady) > 0 {
 		return Result{}, fmt.Errorf("hostagent upgrade to %s: %s not ready; the upgrade re-provisions ready nodes only, one at a time: let converge finish (rerun without --skip-phases converge)",
 			served, strings.Join(p.NotReady, ", "))
 	}
 	if len(p.Targets) == 0 {
-		return Result{Detail: withNotes(fmt.Sprintf("every node runs the served hostagent %s", served))}, nil
+		return Result{Detail: fmt.Sprintf("every node runs the served hostagent %s", served)}, nil
 	}
 	var names []string
 	for _, t := range p.Targets {
 		names = append(names, fmt.Sprintf("%s (from %s)", t.Node.Name, t.From))
 	}
 	if st.Options.DryRun {
-		return Result{Changed: true, Detail: withNotes(fmt.Sprintf("would upgrade hostagent to %s one node at a time: %s", served, strings.Join(names, ", ")))}, nil
+		return Result{Changed: true, Detail: fmt.Sprintf("would upgrade hostagent to %s one node at a time: %s", served, strings.Join(names, ", "))}, nil
 	}
 	bin, err := os.ReadFile(st.Options.HostagentBinary)
 	if err != nil {
@@ -130,7 +122,7 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 		fmt.Fprintf(progress, "      %-12s upgraded in %.1fs\n", t.Node.Name, took)
 		done = append(done, fmt.Sprintf("%s %.1fs", t.Node.Name, took))
 	}
-	return Result{Changed: true, Detail: withNotes(fmt.Sprintf("upgraded hostagent to %s on %d nodes, one at a time: %s", served, len(done), strings.Join(done, ", ")))}, nil
+	return Result{Changed: true, Detail: fmt.Sprintf("upgraded hostagent to %s on %d nodes, one at a time: %s", served, len(done), strings.Join(done, ", "))}, nil
 }
 
 // upgradeTarget is a node the upgrade phase re-provisions, with the build it reported.
@@ -143,8 +135,6 @@ type upgradeTarget struct {
 type upgradePlan struct {
 	// Targets are the nodes to upgrade, in order.
 	Targets []upgradeTarget
-	// Reinstall names the BMC-booted nodes on another build ("cp4 (v1 (sha256 …))"): not upgraded.
-	Reinstall []string
 	// NotReady names nodes on another build that are not ready ("w2 (booting)"): the upgrade refuses
 	// to start while there are any.
 	NotReady []string
@@ -155,8 +145,8 @@ type upgradePlan struct {
 // phase's business): a node differs when its reported SHA-256 differs from served's, or, when it
 // reported no hash, its version differs, or when it reported neither (a hostagent older than build
 // reports). Ready ssh nodes that differ are Targets, workers first in configuration order, then
-// control planes in reverse configuration order; BMC-booted ones go to Reinstall; any that is not
-// ready goes to NotReady.
+// control planes in reverse configuration order (ssh and BMC-booted nodes alike: upgradeNode picks
+// the way); any that is not ready goes to NotReady.
 func planUpgrade(nodes []config.Node, status map[string]agentapi.NodeStatus, served nodestate.AgentBuild) upgradePlan {
 	var p upgradePlan
 	var workers, controlPlanes []upgradeTarget
@@ -172,8 +162,6 @@ func planUpgrade(nodes []config.Node, status map[string]agentapi.NodeStatus, ser
 		switch {
 		case s.State != agentapi.StateReady:
 			p.NotReady = append(p.NotReady, fmt.Sprintf("%s (%s)", n.Name, s.State))
-		case n.Power.Kind != config.PowerSSH:
-			p.Reinstall = append(p.Reinstall, fmt.Sprintf("%s (%s)", n.Name, from))
 		case n.HasRole(config.RoleControlPlane):
 			controlPlanes = append([]upgradeTarget{{Node: n, From: from}}, controlPlanes...)
 		default:
@@ -214,7 +202,8 @@ func upgradedYet(s agentapi.NodeStatus, served nodestate.AgentBuild) (done bool,
 	return false, ""
 }
 
-// upgradeNode re-provisions one ssh node with bin and waits until it is ready again with it.
+// upgradeNode upgrades one node to served, over SSH with bin or, for a BMC-booted node, by pull
+// (the phase's doc), and waits until it is ready again with it.
 func upgradeNode(ctx context.Context, st *State, store *nodestate.Store, t upgradeTarget, served nodestate.AgentBuild, bin []byte) error {
 	timeout := st.Options.ConvergeTimeout
 	if timeout == 0 {
@@ -226,7 +215,13 @@ func upgradeNode(ctx context.Context, st *State, store *nodestate.Store, t upgra
 	if _, err := store.Set(t.Node.Name, agentapi.StateBooting, fmt.Sprintf("upgrading hostagent from %s to %s", t.From, served)); err != nil {
 		return err
 	}
-	if _, _, err := provisionSSHRetried(ctx, st, nil, t.Node, bin); err != nil {
+	pull := t.Node.Power.Kind != config.PowerSSH
+	if pull {
+		// The node's agent pulls the build (NodeConfig.AgentUpgrade, set by serve from this record).
+		if err := applianced.WriteAgentUpgrade(st.StateDir, applianced.AgentUpgradeRecord{Node: t.Node.Name, Version: served.Version, SHA256: served.SHA256}); err != nil {
+			return fmt.Errorf("record the upgrade for serve: %w", err)
+		}
+	} else if _, _, err := provisionSSHRetried(ctx, st, nil, t.Node, bin); err != nil {
 		_, _ = store.Set(t.Node.Name, agentapi.StateFailed, "hostagent upgrade: "+err.Error())
 		return fmt.Errorf("install the new hostagent over SSH: %w", err)
 	}
@@ -236,6 +231,9 @@ func upgradeNode(ctx context.Context, st *State, store *nodestate.Store, t upgra
 		if err == nil {
 			last = s
 			done, failed := upgradedYet(s, served)
+			if failed == "" && pull && s.State == agentapi.StateFailed && strings.Contains(s.Reason, "hostagent upgrade") {
+				failed = s.Reason // the old agent could not install the new build: it says why
+			}
 			if failed != "" {
 				return fmt.Errorf("the new hostagent failed: %s", failed)
 			}
@@ -251,6 +249,11 @@ func upgradeNode(ctx context.Context, st *State, store *nodestate.Store, t upgra
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if pull {
+		if err := applianced.ClearAgentUpgrade(st.StateDir); err != nil {
+			return fmt.Errorf("remove the upgrade record: %w", err)
 		}
 	}
 	if !st.Config.Kubernetes.IsEnabled() {

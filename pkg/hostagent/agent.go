@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -64,8 +65,12 @@ type Options struct {
 	// agent (agentapi.HostagentUnitContents). `hostagent run` sets it; false (tests) stops keepalived
 	// when Run returns.
 	DetachKeepalived bool
-	// Resync is the period of re-checks after ready; 0 means DefaultResync.
+	// Resync is the period of re-checks after ready; 0 means DefaultResync. Between re-checks the
+	// agent watches its config (agentapi.ConfigWaitParam) and re-checks at once when it changes.
 	Resync time.Duration
+	// Executable is the hostagent executable that a self-upgrade (NodeConfig.AgentUpgrade) replaces;
+	// "" = this process's own (os.Executable).
+	Executable string
 	// RetryInitial and RetryMax bound the exponential backoff between retries towards the appliance
 	// (defaults 500 ms and 30 s).
 	RetryInitial, RetryMax time.Duration
@@ -88,6 +93,8 @@ type Agent struct {
 	cp, wl netresolve.Address
 	keep   *keepalivedSupervisor
 	last   map[string]agentapi.Report // last report per step, to report changes only
+	// fetched: the config step applied a config fetched from the appliance now (not a cached one).
+	fetched bool
 }
 
 // New checks opts and returns an agent. Errors: missing node, URL, pin or token.
@@ -188,7 +195,8 @@ func (a *Agent) backoff() backoff.BackOff {
 // reporting only what changed, and restarts keepalived when it dies. On return it stops the
 // children it started (keepalived, unless Options.DetachKeepalived) and flushes pending reports for
 // a moment.
-// Errors: a refused token (ErrUnauthorized) or a bad pin; otherwise only ctx's error.
+// Errors: a refused token (ErrUnauthorized) or a bad pin; ErrRestart after a self-upgrade
+// (NodeConfig.AgentUpgrade); otherwise only ctx's error.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown()
 	caPEM, err := a.ensureCA(ctx)
@@ -201,8 +209,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.client = client
 	a.rep = newReporter(client, a.backoff, a.log)
-	go a.rep.run(ctx)
-	defer a.rep.drain(5 * time.Second)
+	// The reporter stops with Run, also when Run returns while ctx lives on (ErrRestart, a refused
+	// token); what it still holds is then sent with a bounded context.
+	rctx, stopReporter := context.WithCancel(ctx)
+	go a.rep.run(rctx)
+	defer func() {
+		stopReporter()
+		a.rep.drain(5 * time.Second)
+	}()
 
 	notified := false
 	var failWait time.Duration // backoff between attempts while a step fails
@@ -212,7 +226,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err := a.converge(ctx); errors.As(err, &waiting) {
 			wait = min(2*time.Second, a.opts.Resync) // another node goes first: look again soon
 		} else if err != nil {
-			if errors.Is(err, ErrUnauthorized) || ctx.Err() != nil {
+			if errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrRestart) || ctx.Err() != nil {
 				return err
 			}
 			// A failed step is retried with exponential backoff (RetryInitial doubling up to
@@ -234,9 +248,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		if a.keep != nil {
 			died = a.keep.died()
 		}
+		wctx, stopWatch := context.WithCancel(ctx)
+		var changed <-chan struct{}
+		if wait == a.opts.Resync {
+			changed = a.watchConfig(wctx)
+		}
 		select {
 		case <-ctx.Done():
+			stopWatch()
 			return ctx.Err()
+		case <-changed:
+			a.log.Info("node config changed; re-checking now")
 		case <-time.After(wait):
 		case <-died:
 			// A keepalived killed with SIGKILL leaves the VIP on the interface, where the kernel keeps
@@ -248,7 +270,41 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			a.log.Warn("keepalived exited; restarting it")
 		}
+		stopWatch()
 	}
+}
+
+// watchMinInterval spaces config watches that come back at once (an appliance that predates the
+// watch, or one that cannot be reached): at most one request per this interval.
+const watchMinInterval = 5 * time.Second
+
+// watchConfig watches the node's config (Client.WaitConfig) until ctx ends and returns a channel
+// closed when the appliance serves another config than the one last fetched. Errors only space the
+// requests (the next re-check reports what is wrong); an appliance that sent no ETag ends the watch.
+func (a *Agent) watchConfig(ctx context.Context) <-chan struct{} {
+	changed := make(chan struct{})
+	go func() {
+		for ctx.Err() == nil {
+			start := time.Now()
+			ok, err := a.client.WaitConfig(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil && ok:
+				close(changed)
+				return
+			case errors.Is(err, ErrNoWatch):
+				return
+			}
+			if time.Since(start) < watchMinInterval {
+				select {
+				case <-ctx.Done():
+				case <-time.After(watchMinInterval - time.Since(start)):
+				}
+			}
+		}
+	}()
+	return changed
 }
 
 // ensureCA returns the pinned CA: ROOT/etc/hostagent/ca.crt when it matches the pin, else FetchCA
@@ -302,6 +358,9 @@ func (a *Agent) converge(ctx context.Context) error {
 	funcs := a.stepFuncs()
 	if err := a.report(ctx, agentapi.StepConfig, funcs[agentapi.StepConfig]); err != nil {
 		return err
+	}
+	if up := a.nc.AgentUpgrade; up != nil && a.fetched && a.needsUpgrade(*up) {
+		return a.upgradeSelf(ctx, *up)
 	}
 	for _, name := range agentapi.Plan(a.nc)[1:] {
 		run, ok := funcs[name]
@@ -418,6 +477,7 @@ func (a *Agent) stepConfig(ctx context.Context) (string, error) {
 	}
 	a.mu.Lock()
 	a.nc, a.cp, a.wl = nc, cp, wl
+	a.fetched = !strings.Contains(source, "cached") && !strings.HasPrefix(source, "unchanged: kept")
 	a.mu.Unlock()
 	return fmt.Sprintf("%s node config; control plane %s, workload plane %s", source, cp, wl), nil
 }
@@ -519,4 +579,121 @@ func (r *reporter) pending() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.queue)
+}
+
+// ErrRestart is returned by Agent.Run once the agent replaced its executable with the build its
+// config names (agentapi.NodeConfig.AgentUpgrade): the caller starts the new executable in its
+// place (`hostagent run` execs it with the same arguments, keeping its PID for systemd and the lab
+// kit's init). A detached keepalived (Options.DetachKeepalived) keeps running and the new agent
+// adopts it.
+var ErrRestart = errors.New("hostagent replaced its executable with the build its config names: start the new one")
+
+// needsUpgrade reports whether up names another build than this process's: by SHA-256 when this
+// executable could be hashed, else by version.
+func (a *Agent) needsUpgrade(up agentapi.AgentUpgrade) bool {
+	if a.build.sha256 != "" {
+		return !strings.EqualFold(up.SHA256, a.build.sha256)
+	}
+	return up.Version != a.build.version
+}
+
+func (a *Agent) executable() (string, error) {
+	if a.opts.Executable != "" {
+		return a.opts.Executable, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(exe)
+}
+
+// upgradeSelf replaces this agent's executable with the build up names (issue 15: a node runs the
+// hostagent of the appliance that serves it; the way for nodes the appliance cannot reach over SSH,
+// such as BMC-booted ones): it reports the config step running ("upgrading hostagent from A to B"),
+// downloads up.Path from the appliance over the pinned HTTPS into a temporary file beside the
+// executable, refuses it unless its SHA-256 is up.SHA256, runs it once (`NEW version`, 30 s at
+// most) so that a file this machine cannot execute never replaces a working agent, then renames it
+// over the executable (atomic: a kill leaves the old file or the new one, and at worst a temporary
+// file, which the next attempt removes) and returns ErrRestart. A failure
+// reports the config step failed with the reason and leaves the executable as it was; Run retries
+// with backoff.
+func (a *Agent) upgradeSelf(ctx context.Context, up agentapi.AgentUpgrade) error {
+	from := agentBuildString(a.build.version, a.build.sha256)
+	to := agentBuildString(up.Version, up.SHA256)
+	a.send(agentapi.Report{Step: agentapi.StepConfig, Status: agentapi.StatusRunning, Detail: fmt.Sprintf("upgrading hostagent from %s to %s", from, to)})
+	err := a.replaceExecutable(ctx, up)
+	if err != nil {
+		err = fmt.Errorf("hostagent upgrade to %s: %w", to, err)
+		a.last[agentapi.StepConfig] = agentapi.Report{Step: agentapi.StepConfig, Status: agentapi.StatusFailed, Detail: err.Error()}
+		a.send(a.last[agentapi.StepConfig])
+		return err
+	}
+	a.log.Info("hostagent executable replaced; restarting into it", "from", from, "to", to)
+	return ErrRestart
+}
+
+func agentBuildString(version, sum string) string {
+	if len(sum) > 12 {
+		sum = sum[:12]
+	}
+	return fmt.Sprintf("%s (sha256 %s)", version, sum)
+}
+
+func (a *Agent) replaceExecutable(ctx context.Context, up agentapi.AgentUpgrade) error {
+	if up.Path == "" || !strings.HasPrefix(up.Path, "/") {
+		return fmt.Errorf("the appliance named no download path (%q)", up.Path)
+	}
+	exe, err := a.executable()
+	if err != nil {
+		return fmt.Errorf("locate this executable: %w", err)
+	}
+	pattern := "." + filepath.Base(exe) + ".upgrade-*"
+	if stale, _ := filepath.Glob(filepath.Join(filepath.Dir(exe), pattern)); len(stale) > 0 {
+		for _, p := range stale { // left by an attempt killed mid-download
+			_ = os.Remove(p)
+		}
+	}
+	f, err := os.CreateTemp(filepath.Dir(exe), pattern)
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	keep := false
+	defer func() {
+		if !keep {
+			_ = os.Remove(tmp)
+		}
+	}()
+	sum, err := a.client.Download(ctx, up.Path, f)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("download %s: %w", up.Path, err)
+	}
+	if !strings.EqualFold(sum, up.SHA256) {
+		return fmt.Errorf("the appliance served %s with SHA-256 %s, the config names %s: not installed", up.Path, sum, up.SHA256)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(vctx, tmp, "version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("the downloaded hostagent does not run here (`version`: %v: %s): not installed", err, strings.TrimSpace(string(out)))
+	}
+	if err := os.Rename(tmp, exe); err != nil {
+		return err
+	}
+	keep = true
+	if d, err := os.Open(filepath.Dir(exe)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
 }

@@ -45,6 +45,12 @@ type appliance struct {
 
 func newAppliance(t *testing.T, nc agentapi.NodeConfig) *appliance {
 	t.Helper()
+	return newApplianceWith(t, nc, nil)
+}
+
+// newApplianceWith is newAppliance that also serves artifacts (name under /artifacts/ → file).
+func newApplianceWith(t *testing.T, nc agentapi.NodeConfig, artifacts map[string]string) *appliance {
+	t.Helper()
 	ca, cert := testPKI(t)
 	state := t.TempDir()
 	nc.CAPEM = string(ca.CertPEM)
@@ -63,7 +69,7 @@ func newAppliance(t *testing.T, nc agentapi.NodeConfig) *appliance {
 	store := nodestate.Open(filepath.Join(state, "nodes"))
 	srv, err := server.New(server.Options{
 		Listen: "127.0.0.1:0", Certificate: cert,
-		Agent: server.NewAgentAPI(rendered, tokens, store, nil), CAPEM: ca.CertPEM,
+		Agent: server.NewAgentAPI(rendered, tokens, store, nil), CAPEM: ca.CertPEM, Artifacts: artifacts,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +102,13 @@ func (a *appliance) start(addr string) {
 	a.t.Cleanup(ts.Close)
 }
 
-func (a *appliance) stop() { a.ts.Close() }
+// stop closes the listener and every connection, a config watch's too (an httptest.Server's Close
+// waits for requests in progress, and a watch waits up to agentapi.ConfigWaitMax).
+func (a *appliance) stop() {
+	a.ts.Listener.Close()
+	a.ts.CloseClientConnections()
+	a.ts.Close()
+}
 
 func (a *appliance) config() agentapi.Configuration {
 	return agentapi.Configuration{Node: a.node, Roles: []string{"worker"}, ApplianceURL: "https://" + a.addr,

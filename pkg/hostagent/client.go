@@ -3,14 +3,18 @@ package hostagent
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -29,6 +33,9 @@ type Client struct {
 	token  string
 	bootID string
 	hc     *http.Client
+
+	mu   sync.Mutex
+	etag string // of the last node config fetched (ETag header), for WaitConfig
 }
 
 // NewClient returns a client for applianceURL (https://host:port) that trusts only caPEM and sends
@@ -53,9 +60,15 @@ func NewClient(applianceURL string, caPEM []byte, token, bootID string) (*Client
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	data, _, err := c.doHeader(ctx, method, path, body)
+	return data, err
+}
+
+// doHeader is do that also returns the response's header.
+func (c *Client) doHeader(ctx context.Context, method, path string, body []byte) ([]byte, http.Header, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if c.bootID != "" {
@@ -66,31 +79,95 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]by
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxNodeConfigBytes))
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
-		return nil, fmt.Errorf("%s %s: %w (check token in the hostagent config)", method, path, ErrUnauthorized)
+		return nil, nil, fmt.Errorf("%s %s: %w (check token in the hostagent config)", method, path, ErrUnauthorized)
 	case resp.StatusCode >= 300:
-		return nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))
+		return nil, nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))
 	}
-	return data, nil
+	return data, resp.Header, nil
 }
 
 // NodeConfig fetches the node's configuration (GET agentapi.ConfigPathV1) and returns it with its
 // raw JSON. Errors: ErrUnauthorized; HTTP and network errors; bad JSON.
 func (c *Client) NodeConfig(ctx context.Context) (agentapi.NodeConfig, []byte, error) {
-	data, err := c.do(ctx, http.MethodGet, agentapi.ConfigPathV1, nil)
+	data, h, err := c.doHeader(ctx, http.MethodGet, agentapi.ConfigPathV1, nil)
 	if err != nil {
 		return agentapi.NodeConfig{}, nil, err
 	}
 	nc, err := parseNodeConfig(data)
+	if err == nil {
+		c.mu.Lock()
+		c.etag = h.Get("ETag")
+		c.mu.Unlock()
+	}
 	return nc, data, err
+}
+
+// ErrNoWatch is returned by WaitConfig when there is nothing to watch: no config fetched yet, or the
+// appliance sent no ETag with it (an appliance that predates the watch).
+var ErrNoWatch = errors.New("no node config ETag to watch")
+
+// WaitConfig watches the node's config (GET agentapi.ConfigPathV1?wait=ETAG, agentapi.ConfigWaitParam)
+// from the last one NodeConfig fetched: it returns true as soon as the appliance serves another
+// config, false when the appliance answered with the same one (after agentapi.ConfigWaitMax, or at
+// once from an appliance that does not hold watches). It does not apply or cache what it received:
+// the caller fetches with NodeConfig. Errors: ErrNoWatch; ErrUnauthorized; HTTP and network errors.
+func (c *Client) WaitConfig(ctx context.Context) (changed bool, err error) {
+	c.mu.Lock()
+	etag := c.etag
+	c.mu.Unlock()
+	if etag == "" {
+		return false, ErrNoWatch
+	}
+	_, h, err := c.doHeader(ctx, http.MethodGet, agentapi.ConfigPathV1+"?"+url.Values{agentapi.ConfigWaitParam: {etag}}.Encode(), nil)
+	if err != nil {
+		return false, err
+	}
+	return h.Get("ETag") != etag, nil
+}
+
+// maxAgentExecutableBytes bounds a hostagent executable download (today's is about 40 MB).
+const maxAgentExecutableBytes = 512 << 20
+
+// Download fetches path from the appliance front (GET, the same pinned TLS, no token: artifacts are
+// public) into w and returns the hex SHA-256 of what it wrote. It allows up to 10 minutes (a
+// download of tens of megabytes over a slow management network). Errors: HTTP status ≥ 300; more
+// than 512 MiB; network and write errors.
+func (c *Client) Download(ctx context.Context, path string, w io.Writer) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return "", err
+	}
+	hc := *c.hc
+	hc.Timeout = 0 // bounded by ctx
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return "", fmt.Errorf("GET %s: HTTP %d: %s", path, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(resp.Body, maxAgentExecutableBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("GET %s: %w", path, err)
+	}
+	if n > maxAgentExecutableBytes {
+		return "", fmt.Errorf("GET %s: larger than %d bytes", path, maxAgentExecutableBytes)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func parseNodeConfig(data []byte) (agentapi.NodeConfig, error) {

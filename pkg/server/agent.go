@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
@@ -97,7 +99,10 @@ func headerBearer(r *http.Request) string {
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
 //	                            rendered (passed through Gate when set); reading it records nothing
-//	                            (a node moves only by its reports)
+//	                            (a node moves only by its reports). Its ETag is the served bytes'
+//	                            SHA-256 (first 128 bits, hex, quoted); with ?wait=<that ETag> the
+//	                            answer waits until the served config differs, up to
+//	                            agentapi.ConfigWaitMax, or until EndWatches (server shutdown)
 //	POST agentapi.ReportPathV1  one agentapi.Report (one JSON object and nothing after it, at most
 //	                            MaxReportBytes, unknown fields refused) recorded by the node store →
 //	                            204; a bad report → 400
@@ -118,6 +123,30 @@ type AgentAPI struct {
 	Gate func(node string, nc *agentapi.NodeConfig)
 
 	tokens tokenSet
+
+	watchMu  sync.Mutex
+	watchEnd chan struct{} // closed by EndWatches; watches in progress answer at once
+}
+
+// EndWatches makes every config watch in progress answer now with the config it has (the server
+// is shutting down: a watch would hold a graceful shutdown for up to agentapi.ConfigWaitMax).
+// Watches that start later wait as usual.
+func (a *AgentAPI) EndWatches() {
+	a.watchMu.Lock()
+	defer a.watchMu.Unlock()
+	if a.watchEnd != nil {
+		close(a.watchEnd)
+		a.watchEnd = nil
+	}
+}
+
+func (a *AgentAPI) watchEndCh() chan struct{} {
+	a.watchMu.Lock()
+	defer a.watchMu.Unlock()
+	if a.watchEnd == nil {
+		a.watchEnd = make(chan struct{})
+	}
+	return a.watchEnd
 }
 
 // NewAgentAPI returns the agent API for the rendered dir, accepting the given node tokens (node
@@ -157,7 +186,7 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	if want == http.MethodGet {
-		a.config(w, node)
+		a.config(w, r, node)
 		return
 	}
 	a.report(w, r, node)
@@ -176,12 +205,52 @@ func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, er
 	return b, &nc, nil
 }
 
-func (a *AgentAPI) config(w http.ResponseWriter, node string) {
+// served is the node's config as served now: the rendered file, passed through Gate.
+func (a *AgentAPI) served(node string) ([]byte, error) {
 	data, nc, err := a.readNodeConfig(node)
-	if err == nil && a.Gate != nil && nc.Kubernetes != nil {
-		a.Gate(node, nc)
-		data, err = json.MarshalIndent(nc, "", "  ")
-		data = append(data, '\n')
+	if err != nil || a.Gate == nil {
+		return data, err
+	}
+	a.Gate(node, nc)
+	data, err = json.MarshalIndent(nc, "", "  ")
+	return append(data, '\n'), err
+}
+
+// configETag is the ETag of served config bytes: their SHA-256's first 128 bits in hex, quoted
+// (RFC 9110 section 8.8.3, a strong validator).
+func configETag(data []byte) string {
+	sum := sha256.Sum256(data)
+	return `"` + hex.EncodeToString(sum[:16]) + `"`
+}
+
+func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
+	data, err := a.served(node)
+	if wait := r.URL.Query().Get(agentapi.ConfigWaitParam); wait != "" && err == nil && configETag(data) == wait {
+		// A watch on the config the node has: poll the rendered file and the gate (both cheap, and
+		// changed by other processes: `appliance bootstrap` renders, other nodes' reports move the
+		// gate) until the served bytes differ, the wait ends or the client goes away.
+		deadline := time.NewTimer(agentapi.ConfigWaitMax)
+		defer deadline.Stop()
+		tick := time.NewTicker(configWatchPoll)
+		defer tick.Stop()
+		ending := a.watchEndCh()
+	watch:
+		for {
+			select {
+			case <-r.Context().Done():
+				return // nobody to answer
+			case <-deadline.C:
+				break watch
+			case <-ending:
+				break watch
+			case <-tick.C:
+			}
+			next, nerr := a.served(node)
+			if nerr != nil || configETag(next) != wait {
+				data, err = next, nerr
+				break
+			}
+		}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		http.Error(w, "no node config rendered for this node; rerun `appliance bootstrap` (render phase)", http.StatusNotFound)
@@ -192,8 +261,12 @@ func (a *AgentAPI) config(w http.ResponseWriter, node string) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("ETag", configETag(data))
 	_, _ = w.Write(data)
 }
+
+// configWatchPoll is how often a watch (agentapi.ConfigWaitParam) looks at the node's config.
+const configWatchPoll = 500 * time.Millisecond
 
 func (a *AgentAPI) report(w http.ResponseWriter, r *http.Request, node string) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxReportBytes))

@@ -210,3 +210,72 @@ func TestAgentReport(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentConfigWatch: GET config carries the served bytes' ETag; ?wait=<that ETag> answers only
+// once the served config changes (the body is the new config, which did not exist when the request
+// was sent), ?wait=<another ETag> answers at once, and EndWatches (server shutdown) answers a watch
+// in progress with the config it has. A watch that ends unchanged still answers 200 with the config.
+func TestAgentConfigWatch(t *testing.T) {
+	s, _, dir := newAgentServer(t)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	get := func(query string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+agentapi.ConfigPathV1+query, nil)
+		req.Header.Set("Authorization", "Bearer tok-cp1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("ETag"), string(b)
+	}
+	code, etag, body := get("")
+	if code != http.StatusOK || !strings.HasPrefix(etag, `"`) || len(etag) != 34 || !strings.Contains(body, `"cp1"`) {
+		t.Fatalf("GET config: %d ETag %q %s", code, etag, body)
+	}
+	if code, etag2, _ := get("?wait=%22other%22"); code != http.StatusOK || etag2 != etag {
+		t.Errorf("a watch on another ETag: %d %q, want 200 at once with %q", code, etag2, etag)
+	}
+
+	// A watch on the current config, then the rendered file changes.
+	type answer struct {
+		code       int
+		etag, body string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		c, e, b := get("?wait=" + etag)
+		got <- answer{c, e, b}
+	}()
+	time.Sleep(300 * time.Millisecond) // let the watch start on the old config (if it answered at once, it answers that)
+	nc, _ := json.Marshal(agentapi.NodeConfig{Node: "cp1", Roles: []string{"worker"}, CAPEM: "PEM", ClusterName: "changed"})
+	if err := os.WriteFile(filepath.Join(dir, "rendered", "cp1", statedir.NodeConfigFile), nc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.code != http.StatusOK || a.etag == etag || !strings.Contains(a.body, `"changed"`) {
+		t.Errorf("the watch answered %d ETag %q (old %q) %s, want the changed config", a.code, a.etag, etag, a.body)
+	}
+
+	// A watch in progress ends with EndWatches, unchanged.
+	go func() {
+		c, e, b := get("?wait=" + a.etag)
+		got <- answer{c, e, b}
+	}()
+	guard := time.After(agentapi.ConfigWaitMax - 5*time.Second) // a hang guard, not a timing assertion
+	for {
+		select {
+		case b := <-got:
+			if b.code != http.StatusOK || b.etag != a.etag || !strings.Contains(b.body, `"changed"`) {
+				t.Errorf("the watch ended by EndWatches answered %d %q %s, want 200 with the same config", b.code, b.etag, b.body)
+			}
+			return
+		case <-guard:
+			t.Fatal("EndWatches did not end the watch in progress")
+		case <-time.After(100 * time.Millisecond):
+			s.opts.Agent.EndWatches() // again until the watch, which may start late, has ended
+		}
+	}
+}

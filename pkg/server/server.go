@@ -168,6 +168,9 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready chan<
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelDebug),
 	}
+	if s.opts.Agent != nil {
+		hs.RegisterOnShutdown(s.opts.Agent.EndWatches) // config watches answer now, not after their wait
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.ServeTLS(ln, "", "") }()
 	if ready != nil {

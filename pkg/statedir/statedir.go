@@ -15,6 +15,7 @@
 //	  nodes/<node>/          pkg/nodestate's records (Nodes)
 //	  serve/                 pid and serve.log of a detached `appliance serve` (Serve)
 //	  appliance/             the bootstrap host's own rendered firewall.json and keepalived.json (Appliance)
+//	  agent-upgrade.json     the node being upgraded by pull (AgentUpgrade)
 //	  keepalived/            keepalived's runtime files (config, pid files, running.json, keepalived.log) and the VIP hand-off marker (Keepalived)
 package statedir
 
@@ -77,6 +78,11 @@ func ApplianceImage(state string) string { return filepath.Join(state, "applianc
 // Handoff is STATE/handoff: the hand-off's record (state.json) and the serving certificates the
 // appliance issued for the control planes' in-cluster mirrors.
 func Handoff(state string) string { return filepath.Join(state, "handoff") }
+
+// AgentUpgrade is STATE/agent-upgrade.json: the node the upgrade phase is upgrading in place by
+// pull (node, version, sha256), which `appliance serve` adds to that node's config as
+// agentapi.NodeConfig.AgentUpgrade; removed once the node runs the build.
+func AgentUpgrade(state string) string { return filepath.Join(state, "agent-upgrade.json") }
 
 // File and folder names inside RenderedNode (written by the render phase from pkg/plan, read by the
 // HTTPS front and the power phase) and inside Appliance.

@@ -4,8 +4,6 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,10 +20,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
-
-// upgradeVersion is the version the second build of appliance + hostagent carries (-ldflags -X of
-// pkg/version), so that its hostagent's SHA-256 differs from the first build's.
-const upgradeVersion = "v0.0.0-e2e-upgrade"
 
 // upgrade is issue 15's "upgrade of the appliance": a second build of appliance + hostagent replaces
 // the first in binDir (as an operator upgrading the appliance would; the subtests after this one run
@@ -213,32 +207,6 @@ func (k *k8sLab) upgrade(t *testing.T, ctx context.Context) {
 			}
 		}
 	})
-}
-
-// buildUpgrade builds appliance and hostagent with Version upgradeVersion into a new directory.
-func buildUpgrade(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, b := range []string{"appliance", "hostagent"} {
-		cmd := exec.Command("go", "build", "-ldflags", "-X github.com/airgap-appliance/appliance/pkg/version.Version="+upgradeVersion,
-			"-o", filepath.Join(dir, b), "./cmd/"+b)
-		cmd.Dir = repoRoot
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b, err, out)
-		}
-	}
-	return dir
-}
-
-func fileSum(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
 }
 
 // bootstrapKilledMidUpgrade runs bootstrap and SIGKILLs it once a node's record says its upgrade

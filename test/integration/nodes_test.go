@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
 // nodeLab is a lab whose node namespaces are real hosts (test/lab/nodes.sh): cp1..cp3 are
@@ -294,6 +296,60 @@ func TestNodesConverge(t *testing.T) {
 			return fmt.Errorf("cp3: %s boot %s", s.State, s.BootID)
 		}); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("a newer appliance upgrades every hostagent: over SSH on the hosts, pulled by the BMC-booted w1 without a reboot", func(t *testing.T) {
+		nodes := []string{"cp1", "cp2", "cp3", "w1"}
+		before := n.statuses(t)
+		oldSum := fileSum(t, filepath.Join(binDir, "hostagent"))
+		for _, node := range nodes {
+			if s := before[node]; s.State != agentapi.StateReady || s.AgentSHA256 != oldSum {
+				t.Fatalf("before the upgrade %s is %s with hostagent %.12s, want ready with %.12s", node, s.State, s.AgentSHA256, oldSum)
+			}
+		}
+		restore := swapBinaries(t, buildUpgrade(t))
+		defer restore()
+		newSum := fileSum(t, filepath.Join(binDir, "hostagent"))
+		start := time.Now()
+		r := n.mustBootstrap(ctx)
+		up, _ := r.phase("upgrade")
+		t.Logf("upgrade phase (%.1fs of a %.1fs bootstrap): %s", up.Duration, time.Since(start).Seconds(), up.Detail)
+		if !up.Changed || !strings.Contains(up.Detail, "on 4 nodes") || !strings.Contains(up.Detail, "w1 ") {
+			t.Errorf("upgrade phase: %+v, want the 4 nodes upgraded, w1 among them", up)
+		}
+		after := n.statuses(t)
+		for _, node := range nodes {
+			if s := after[node]; s.State != agentapi.StateReady || s.AgentSHA256 != newSum || !strings.HasPrefix(s.AgentVersion, upgradeVersion) {
+				t.Errorf("after the upgrade %s is %s with hostagent %s %.12s, want ready with %s %.12s", node, s.State, s.AgentVersion, s.AgentSHA256, upgradeVersion, newSum)
+			}
+		}
+		// w1 pulled it: its own (old) agent reported the upgrade starting, in the same boot (no
+		// power cycle, no reinstall), and the appliance's record of the pull is gone.
+		if after["w1"].BootID != before["w1"].BootID {
+			t.Errorf("w1 booted again (%s → %s): the upgrade must not power-cycle it", before["w1"].BootID, after["w1"].BootID)
+		}
+		evs, err := nodestate.Open(statedir.Nodes(n.state)).Events("w1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pulled := false
+		for _, ev := range evs {
+			if ev.Step == agentapi.StepConfig && ev.Status == agentapi.StatusRunning && strings.HasPrefix(ev.Detail, "upgrading hostagent from ") && ev.Time.After(start) {
+				pulled = true
+				t.Logf("w1 reported: %s", ev.Detail)
+			}
+		}
+		if !pulled {
+			t.Error("w1's agent never reported pulling the upgrade")
+		}
+		if _, err := os.Stat(statedir.AgentUpgrade(n.state)); !os.IsNotExist(err) {
+			t.Errorf("the pull record %s is still there (%v)", statedir.AgentUpgrade(n.state), err)
+		}
+		// A rerun finds every node on the served build.
+		r = n.mustBootstrap(ctx)
+		if up, _ := r.phase("upgrade"); up.Changed {
+			t.Errorf("a rerun after the upgrade: upgrade phase %+v, want nothing to do", up)
 		}
 	})
 
