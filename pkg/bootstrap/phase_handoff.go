@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -350,8 +351,7 @@ func verifyMirrors(ctx context.Context, st *State, rec *HandoffRecord) ([]Mirror
 	if err != nil {
 		return nil, fmt.Errorf("bundle.path: %w", err)
 	}
-	repoRoot := filepath.Dir(b.RepoDir())
-	repo, err := hashTree(repoRoot)
+	repo, err := repoSums(b)
 	if err != nil {
 		return nil, err
 	}
@@ -378,27 +378,32 @@ func verifyMirrors(ctx context.Context, st *State, rec *HandoffRecord) ([]Mirror
 	return out, nil
 }
 
-// hashTree maps every regular file under root (slash-separated relative path) to its hex SHA-256.
-func hashTree(root string) (map[string]string, error) {
+// repoSums maps every file of the bundle's package repository (path relative to the repo/ folder
+// the mirrors serve under /repo/, slash-separated) to its hex SHA-256, from the bundle's SHA256SUMS:
+// the signed list the bundle phase verified every file against, so nothing is read or hashed again,
+// and the mirrors are held to what the bundle's signer published. Errors: SHA256SUMS unreadable or
+// invalid (bundle.ErrSums), or listing no repository file.
+func repoSums(b *bundle.Bundle) (map[string]string, error) {
+	f, err := os.Open(filepath.Join(b.Dir, bundle.SumsFile))
+	if err != nil {
+		return nil, fmt.Errorf("bundle.path: %w", err)
+	}
+	defer f.Close()
+	sums, err := bundle.ParseSums(f)
+	if err != nil {
+		return nil, fmt.Errorf("bundle.path: %s: %w", bundle.SumsFile, err)
+	}
+	prefix := path.Dir(bundle.RepoPath) + "/" // "repo/": the mirrors serve it as /repo/
 	out := map[string]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
+	for _, s := range sums {
+		if rel, ok := strings.CutPrefix(s.Path, prefix); ok {
+			out[rel] = s.SHA256
 		}
-		rel, _ := filepath.Rel(root, p)
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			return err
-		}
-		out[filepath.ToSlash(rel)] = hex.EncodeToString(h.Sum(nil))
-		return nil
-	})
-	return out, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bundle.path: %s lists no file under %s: no package repository to hand off", bundle.SumsFile, prefix)
+	}
+	return out, nil
 }
 
 // verifyRepo GETs every file of files from base and compares its SHA-256.

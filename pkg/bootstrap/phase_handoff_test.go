@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -64,5 +65,32 @@ func TestHandoffRefusedOnUnhealthyCluster(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(handoffRecordPath(st.StateDir)); string(after) != string(before) {
 		t.Errorf("a rerun after the hand-off changed its record")
+	}
+}
+
+// TestRepoSums: the hand-off holds the mirrors' repo files to the bundle's SHA256SUMS, keyed as the
+// mirrors serve them (relative to repo/), images and other files left out; a SHA256SUMS without a
+// repository is refused, naming bundle.path.
+func TestRepoSums(t *testing.T) {
+	dir := t.TempDir()
+	a, b, c := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, bundle.SumsFile), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(a + "  images/index.json\n" + b + "  repo/debian/dists/stable/InRelease\n" + c + "  repo/debian/pool/main/k/kubelet.deb\n" + a + "  bundle.yaml\n")
+	got, err := repoSums(&bundle.Bundle{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"debian/dists/stable/InRelease": b, "debian/pool/main/k/kubelet.deb": c}
+	if len(got) != len(want) || got["debian/dists/stable/InRelease"] != b || got["debian/pool/main/k/kubelet.deb"] != c {
+		t.Errorf("repoSums = %v, want %v", got, want)
+	}
+	write(a + "  images/index.json\n")
+	if _, err := repoSums(&bundle.Bundle{Dir: dir}); err == nil || !strings.Contains(err.Error(), "bundle.path") || !strings.Contains(err.Error(), "no package repository") {
+		t.Errorf("a bundle without a repository: %v", err)
 	}
 }

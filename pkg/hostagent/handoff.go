@@ -185,15 +185,15 @@ func ClusterMirrorPod(m *agentapi.ClusterMirror) []byte {
 // clusterMirrorHealth asks the local in-cluster mirror for /healthz (TLS, trusting only the appliance
 // CA; its certificate names 127.0.0.1) and returns its answer when it says the copy is complete.
 func (a *Agent) clusterMirrorHealth(ctx context.Context, caPEM string, port uint16) (string, error) {
+	if ns := a.nsPath(); ns != "" {
+		return "", errors.New("the hand-off step acts on the host itself, not in a network namespace")
+	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
 		return "", errors.New("no CA certificate in the node config")
 	}
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Proxy: nil}
 	defer tr.CloseIdleConnections()
-	if ns := a.nsPath(); ns != "" {
-		return "", errors.New("the hand-off step acts on the host itself, not in a network namespace")
-	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	url := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))) + "/healthz"

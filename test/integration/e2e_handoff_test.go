@@ -263,6 +263,36 @@ spec:
 			}
 		})
 
+		t.Run("with the bootstrap host off, a new kubelet serving CSR is approved in the cluster", func(t *testing.T) {
+			// The worker's kubelet loses its serving certificate and asks again (serverTLSBootstrap);
+			// with the appliance off only the control planes' csr-approver containers can approve.
+			t0 := time.Now().UTC().Add(-2 * time.Second)
+			k.scriptEnv(t, []string{"LAB_SSH_FROM=" + cps[0]}, "nodes.sh", "ssh", worker,
+				"rm -f /var/lib/kubelet/pki/kubelet-server-*.pem && systemctl restart kubelet")
+			if err := waitFor(3*time.Minute, func() error {
+				out, err := kube("get", "csr", "-o", `jsonpath={range .items[*]}{.metadata.creationTimestamp} {.spec.signerName} {.spec.username} {.status.conditions[0].type}/{.status.conditions[0].reason} {.status.certificate}{"\n"}{end}`)
+				if err != nil {
+					return fmt.Errorf("kubectl get csr: %v", err)
+				}
+				for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+					f := strings.Fields(line)
+					if len(f) < 4 || f[1] != "kubernetes.io/kubelet-serving" || f[2] != "system:node:"+worker {
+						continue
+					}
+					if created, err := time.Parse(time.RFC3339, f[0]); err != nil || created.Before(t0) {
+						continue
+					}
+					if f[3] == "Approved/AutoApproved" && len(f) == 5 && f[4] != "" {
+						return nil
+					}
+					return fmt.Errorf("%s's new serving CSR: %s", worker, line)
+				}
+				return fmt.Errorf("no serving CSR of %s since %s yet:\n%s", worker, t0.Format(time.RFC3339), out)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
+
 		t.Run("with the bootstrap host off, a rebooted control plane comes back Ready", func(t *testing.T) {
 			// A control plane that does not hold the VIP: the VIP's own failover is the vipFailover
 			// subtest's; here the VIP must answer every poll.
