@@ -180,13 +180,7 @@ func steps(evs []nodestate.Event, boot string) []string {
 func TestAgentWorkerAgainstAppliance(t *testing.T) {
 	labns.RequireRoot(t)
 	ns, _ := nodeNS(t, "10.77.0.2/24", "10.77.0.1/24")
-	nc := agentapi.NodeConfig{
-		Node: "w1", Roles: []string{"worker"}, ClusterName: "lab",
-		ControlPlaneCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
-		WorkloadPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
-		NodeNetworks:       []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
-		ApplianceAddress:   netip.MustParseAddr("10.77.0.1"), APIServerPort: 6443,
-	}
+	nc := workerNodeConfig("10.77.0")
 	app := newAppliance(t, nc)
 	// The mirrors name the appliance's real address, known only now: rewrite the node config.
 	nc.Mirrors = []agentapi.Mirror{{Registry: "registry.k8s.io", Endpoint: "https://" + app.addr + "/v2/registry.k8s.io"}}
@@ -195,14 +189,7 @@ func TestAgentWorkerAgainstAppliance(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(app.stateD, "rendered", "w1", statedir.NodeConfigFile), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	root := t.TempDir()
-	cfgToml := filepath.Join(root, "etc/containerd/config.toml")
-	if err := os.MkdirAll(filepath.Dir(cfgToml), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgToml, []byte("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"\"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root, cfgToml := nodeRoot(t, "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"\"\n")
 	opts := Options{Config: app.config(), Root: root, NetNS: ns.Name, BootID: "boot-1",
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Resync: time.Hour}
 
@@ -326,6 +313,32 @@ func TestAgentControlPlaneKeepalived(t *testing.T) {
 	if p := readPid(t, filepath.Join(root, KeepalivedDir, "keepalived.pid")); p == pid {
 		t.Errorf("keepalived pid unchanged (%d) after the kill", p)
 	}
+}
+
+// workerNodeConfig is worker w1's node config on the /24 network NET (e.g. "10.77.0"): both planes
+// and the node networks NET.0/24, the appliance at NET.1, no mirrors, no Kubernetes.
+func workerNodeConfig(network string) agentapi.NodeConfig {
+	p := netip.MustParsePrefix(network + ".0/24")
+	return agentapi.NodeConfig{
+		Node: "w1", Roles: []string{"worker"}, ClusterName: "lab",
+		ControlPlaneCIDRs: []netip.Prefix{p}, WorkloadPlaneCIDRs: []netip.Prefix{p}, NodeNetworks: []netip.Prefix{p},
+		ApplianceAddress: netip.MustParseAddr(network + ".1"), APIServerPort: 6443,
+	}
+}
+
+// nodeRoot is a node root (Options.Root) holding only /etc/containerd/config.toml with content;
+// it returns the root and that file's path.
+func nodeRoot(t *testing.T, content string) (root, cfgToml string) {
+	t.Helper()
+	root = t.TempDir()
+	cfgToml = filepath.Join(root, "etc/containerd/config.toml")
+	if err := os.MkdirAll(filepath.Dir(cfgToml), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgToml, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root, cfgToml
 }
 
 // cpNodeConfig is control plane cp1's node config on the /24 network NET (e.g. "10.78.0"): control-plane

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,13 +67,7 @@ func TestAgentSelfUpgrade(t *testing.T) {
 	}
 
 	ns, _ := nodeNS(t, "10.78.0.2/24", "10.78.0.1/24")
-	nc := agentapi.NodeConfig{
-		Node: "w1", Roles: []string{"worker"}, ClusterName: "lab",
-		ControlPlaneCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
-		WorkloadPlaneCIDRs: []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
-		NodeNetworks:       []netip.Prefix{netip.MustParsePrefix("10.78.0.0/24")},
-		ApplianceAddress:   netip.MustParseAddr("10.78.0.1"), APIServerPort: 6443,
-	}
+	nc := workerNodeConfig("10.78.0")
 	app := newApplianceWith(t, nc, map[string]string{"hostagent": newBin, "broken": broken})
 	nc.CAPEM = string(app.ca.CertPEM)
 	serve := func(up *agentapi.AgentUpgrade) {
@@ -86,14 +79,7 @@ func TestAgentSelfUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	root := t.TempDir()
-	cfgToml := filepath.Join(root, "etc/containerd/config.toml")
-	if err := os.MkdirAll(filepath.Dir(cfgToml), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgToml, []byte("version = 2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root, _ := nodeRoot(t, "version = 2\n")
 	// The executable the agent replaces: not this test binary (which the agent reports as its own
 	// build), a file of its own in a directory of its own.
 	exeDir := t.TempDir()
