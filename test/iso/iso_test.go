@@ -137,7 +137,7 @@ func TestISOBoot(t *testing.T) {
 
 	v := m.boot(t, "bios", false)
 	ca, took := m.waitHealthz(t, v)
-	t.Logf("BIOS: power-on → /healthz in %.1f s (%s); CA pin %s", took.Seconds(), isovm.Shares(v.Log()), agentapi.PinOf(ca))
+	t.Logf("BIOS: power-on → /healthz in %.1f s (%s); CA pin %s", took.Seconds(), v.Shares("serve"), agentapi.PinOf(ca))
 	if !strings.Contains(v.Log(), "is blank: formatting it ext4") {
 		t.Errorf("first boot: the blank state disk was not formatted; console:\n%s", isovm.Tail(v.Log(), 40))
 	}
@@ -156,7 +156,7 @@ func TestISOBoot(t *testing.T) {
 
 	v = m.boot(t, "uefi", true)
 	ca3, took := m.waitHealthz(t, v)
-	t.Logf("UEFI (OVMF): power-on → /healthz in %.1f s (%s)", took.Seconds(), isovm.Shares(v.Log()))
+	t.Logf("UEFI (OVMF): power-on → /healthz in %.1f s (%s)", took.Seconds(), v.Shares("serve"))
 	if agentapi.PinOf(ca3) != agentapi.PinOf(ca) {
 		t.Errorf("UEFI boot: CA %s, want %s", agentapi.PinOf(ca3), agentapi.PinOf(ca))
 	}

@@ -7,13 +7,16 @@ package isovm
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,7 +139,20 @@ type VM struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	output  bytes.Buffer
+
+	mu    sync.Mutex
+	lines []Line // the console's complete lines, as the watcher saw them
 }
+
+// Line is one console line and when the watcher saw it.
+type Line struct {
+	At   time.Duration // since power-on (VM.Start); up to watchInterval after QEMU wrote it
+	CPU  time.Duration // QEMU's host CPU time then (CPUTime)
+	Text string        // without carriage returns and the line end; terminal escapes kept
+}
+
+// watchInterval is how often the watcher reads the console: the resolution of Line.At.
+const watchInterval = 100 * time.Millisecond
 
 // Boot starts QEMU; the VM is killed (by its PID) when the test ends, or by Halt.
 func Boot(t testing.TB, o Options) *VM {
@@ -190,6 +206,7 @@ func Boot(t testing.TB, o Options) *VM {
 	}
 	v.exited = make(chan struct{})
 	go func() { _ = v.cmd.Wait(); close(v.exited) }()
+	go v.watch()
 	t.Cleanup(v.Halt)
 	fw := "BIOS"
 	if o.UEFI {
@@ -197,6 +214,53 @@ func Boot(t testing.TB, o Options) *VM {
 	}
 	t.Logf("%s: QEMU pid %d (%s), console %s", o.Name, v.cmd.Process.Pid, fw, v.Console)
 	return v
+}
+
+// watch reads the console every watchInterval until QEMU exits and records each complete line with
+// the time since power-on and QEMU's CPU time (Lines): the boot's timeline on the host's clock, which
+// Shares splits into firmware, kernel, initramfs and systemd.
+func (v *VM) watch() {
+	var off int64
+	var partial []byte
+	tick := time.NewTicker(watchInterval)
+	defer tick.Stop()
+	for {
+		exited := false
+		select {
+		case <-v.exited:
+			exited = true
+		case <-tick.C:
+		}
+		if f, err := os.Open(v.Console); err == nil {
+			buf, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<40))
+			_ = f.Close()
+			off += int64(len(buf))
+			if len(buf) > 0 {
+				at, cpu := time.Since(v.Start), v.CPUTime()
+				partial = append(partial, buf...)
+				v.mu.Lock()
+				for {
+					i := bytes.IndexByte(partial, '\n')
+					if i < 0 {
+						break
+					}
+					v.lines = append(v.lines, Line{At: at, CPU: cpu, Text: strings.Trim(string(partial[:i]), "\r")})
+					partial = partial[i+1:]
+				}
+				v.mu.Unlock()
+			}
+		}
+		if exited {
+			return
+		}
+	}
+}
+
+// Lines are the console's complete lines so far, oldest first.
+func (v *VM) Lines() []Line {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.lines)
 }
 
 // Halt kills the VM (its PID) and waits for it.
@@ -268,18 +332,99 @@ func Tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Shares reads the boot's phases from the console: the initramfs start, the medium verified, the
-// switch to systemd (seconds since the kernel started).
-func Shares(console string) string {
+// uptimeLine is a console line journald forwarded (or the kernel printed): "[   14.252623] TEXT",
+// stamped with CLOCK_MONOTONIC, the seconds since the kernel started. Not anchored: a login prompt
+// may precede it on the same line.
+var uptimeLine = regexp.MustCompile(`\[\s*([0-9]+\.[0-9]+)\] (.*)$`)
+
+// phaseLine is a phase's result line of appliance bootstrap: "[4/11] bundle: DETAIL 8.9s".
+var phaseLine = regexp.MustCompile(`appliance\[\d+\]: \[(\d+)/(\d+)\] ([a-z-]+): .* ([0-9.]+)s$`)
+
+// Shares splits the boot, from power-on, into its shares on the host's clock, read from the
+// console (Lines):
+//   - firmware: SeaBIOS or OVMF, then GRUB loading the kernel and initramfs from the medium, until
+//     the kernel started (the initramfs's first line's time less the uptime it prints);
+//   - kernel: until the initramfs's /init started;
+//   - initramfs: modules, the medium found and verified (iso/init), the root mounted, until
+//     switch_root to systemd;
+//   - systemd: until appliance-firstboot.service started;
+//   - firstboot: until it started appliance-bootstrap.service;
+//   - then each phase of `appliance bootstrap` up to and including upTo ("" for every phase that
+//     finished), from the uptime journald stamps its lines with.
+//
+// A share whose mark is not on the console (yet) is left out. Seconds, one decimal; the marks are
+// up to watchInterval late.
+func (v *VM) Shares(upTo string) string { return shares(v.Lines(), upTo) }
+
+func shares(lines []Line, upTo string) string {
 	var parts []string
-	for _, p := range []struct{ name, re string }{
-		{"initramfs start", `APPLIANCE-INIT: start \([^,]+, ([0-9.]+)s`},
-		{"medium verified", `medium verified \(\d+ files\) at ([0-9.]+)s`},
-		{"systemd", `switching to systemd at ([0-9.]+)s`},
-	} {
-		if m := regexp.MustCompile(p.re).FindStringSubmatch(console); m != nil {
-			parts = append(parts, p.name+" at "+m[1]+" s")
+	kernelAt := -1.0 // seconds from power-on to the kernel's start
+	var mark float64 // the end of the last share, seconds from power-on
+	add := func(name string, end float64, extra string) {
+		parts = append(parts, fmt.Sprintf("%s %.1f s%s", name, end-mark, extra))
+		mark = end
+	}
+	initStart := regexp.MustCompile(`APPLIANCE-INIT: start \([^,]+, ([0-9.]+)s`)
+	verified := regexp.MustCompile(`APPLIANCE-INIT: medium verified \(\d+ files\) at ([0-9.]+)s`)
+	switched := regexp.MustCompile(`APPLIANCE-INIT: switching to systemd at ([0-9.]+)s`)
+	var verifiedAt float64
+	firstbootStarted, bootstrapStarted := false, false
+	for _, l := range lines {
+		if m := initStart.FindStringSubmatch(l.Text); m != nil && kernelAt < 0 {
+			up, _ := strconv.ParseFloat(m[1], 64)
+			kernelAt = l.At.Seconds() - up
+			add("firmware", kernelAt, "")
+			add("kernel", kernelAt+up, "")
+			continue
+		}
+		if kernelAt < 0 {
+			continue
+		}
+		if m := verified.FindStringSubmatch(l.Text); m != nil {
+			verifiedAt, _ = strconv.ParseFloat(m[1], 64)
+		} else if m := switched.FindStringSubmatch(l.Text); m != nil {
+			up, _ := strconv.ParseFloat(m[1], 64)
+			extra := ""
+			if verifiedAt > 0 {
+				extra = fmt.Sprintf(" (medium verified at %.1f s)", kernelAt+verifiedAt)
+			}
+			add("initramfs", kernelAt+up, extra)
+		} else if !firstbootStarted && strings.Contains(stripEscapes(l.Text), "Starting appliance-firstbo") {
+			firstbootStarted = true
+			add("systemd → firstboot", l.At.Seconds(), "")
+		} else if m := uptimeLine.FindStringSubmatch(l.Text); m != nil {
+			up, _ := strconv.ParseFloat(m[1], 64)
+			at := kernelAt + up
+			if !bootstrapStarted && strings.Contains(m[2], "firstboot: started appliance-bootstrap") {
+				bootstrapStarted = true
+				add("firstboot", at, "")
+			} else if p := phaseLine.FindStringSubmatch(m[2]); p != nil && bootstrapStarted {
+				add(p[3], at, "")
+				if p[3] == upTo {
+					break
+				}
+			}
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+var escape = regexp.MustCompile("\x1b\\[[0-9;]*[A-Za-z]")
+
+// stripEscapes removes terminal escapes (systemd's colours) from a console line.
+func stripEscapes(s string) string { return escape.ReplaceAllString(s, "") }
+
+// Timeline is the console's lines of `appliance bootstrap` and firstboot (its phases, and the nodes'
+// progress while it converges), each with the seconds since power-on and QEMU's host CPU seconds so
+// far, for the reader of a test log.
+func (v *VM) Timeline() string {
+	var b strings.Builder
+	for _, l := range v.Lines() {
+		m := uptimeLine.FindStringSubmatch(l.Text)
+		if m == nil || !strings.Contains(m[2], "appliance[") {
+			continue
+		}
+		fmt.Fprintf(&b, "  %6.1f s  cpu %5.1f s  %s\n", l.At.Seconds(), l.CPU.Seconds(), m[2])
+	}
+	return b.String()
 }
