@@ -215,6 +215,7 @@ func TestAgentReport(t *testing.T) {
 // once the served config changes (the body is the new config, which did not exist when the request
 // was sent), ?wait=<another ETag> answers at once, and EndWatches (server shutdown) answers a watch
 // in progress with the config it has. A watch that ends unchanged still answers 200 with the config.
+// Watches stay out of the request latency histogram.
 func TestAgentConfigWatch(t *testing.T) {
 	s, _, dir := newAgentServer(t)
 	ts := httptest.NewServer(s.Handler())
@@ -270,6 +271,13 @@ func TestAgentConfigWatch(t *testing.T) {
 		case b := <-got:
 			if b.code != http.StatusOK || b.etag != a.etag || !strings.Contains(b.body, `"changed"`) {
 				t.Errorf("the watch ended by EndWatches answered %d %q %s, want 200 with the same config", b.code, b.etag, b.body)
+			}
+			// Four requests counted; the latency histogram holds only the one that was not a watch.
+			_, metrics := doBody(t, s.Handler(), "GET", "/metrics", "", "")
+			for _, want := range []string{`appliance_http_requests_total{code="200",service="agent"} 4`, `appliance_http_request_duration_seconds_count{service="agent"} 1`} {
+				if !strings.Contains(metrics, want) {
+					t.Errorf("metrics lack %s", want)
+				}
 			}
 			return
 		case <-guard:

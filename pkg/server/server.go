@@ -5,6 +5,7 @@
 //	/ignition/<node>    per-node Ignition configs, bearer-token (or ?token=) authenticated
 //	/artifacts/<name>   binaries nodes install (hostagent), verified by hash in their Ignition config
 //	/agent/v1/          the hostagent API (AgentAPI), bearer-token authenticated
+//	/agent/v1/enroll    enrolment of BMC-booted machines (Enrollment): no token, a signed request
 //	/ca.crt             the appliance CA certificate (public; nodes check it against their pin)
 //	/healthz            liveness plus the served generation (JSON)
 //	/metrics            Prometheus metrics (own registry, never the global one)
@@ -31,6 +32,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // Options configures a Server. Listen, Certificate and at least one of the content sources are
@@ -48,6 +51,8 @@ type Options struct {
 	Ignition *IgnitionStore
 	// Agent serves /agent/v1/ (hostagent config and reports).
 	Agent *AgentAPI
+	// Enroll serves agentapi.EnrollPathV1 (BMC-booted machines enrol for their credential).
+	Enroll *Enrollment
 	// CAPEM is served at /ca.crt when not empty.
 	CAPEM []byte
 	// Artifacts maps a name under /artifacts/ to a file path.
@@ -94,6 +99,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Agent != nil {
 		mux.Handle("/agent/", s.instrument("agent", opts.Agent))
+	}
+	if opts.Enroll != nil {
+		mux.Handle(agentapi.EnrollPathV1, s.instrument("enroll", opts.Enroll))
 	}
 	if len(opts.CAPEM) > 0 {
 		mux.Handle("/ca.crt", s.instrument("ca", caHandler(opts.CAPEM)))
@@ -290,7 +298,11 @@ func (s *Server) instrument(service string, h http.Handler) http.Handler {
 			rec.code = http.StatusOK
 		}
 		d := time.Since(start)
-		hist.Observe(d.Seconds())
+		// A config watch (agentapi.ConfigWaitParam) lasts as long as the config stays the same, up to
+		// agentapi.ConfigWaitMax: its duration says nothing about the server's latency.
+		if service != "agent" || !r.URL.Query().Has(agentapi.ConfigWaitParam) {
+			hist.Observe(d.Seconds())
+		}
 		bytes.Add(float64(rec.bytes))
 		s.metrics.requests.WithLabelValues(service, strconv.Itoa(rec.code)).Inc()
 		if log.Enabled(r.Context(), slog.LevelDebug) {
