@@ -111,6 +111,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
 		Ignition:    server.NewIgnitionStore(statedir.Rendered(stateDir), tokens),
 		Agent:       agent,
+		Enroll:      server.NewEnrollment(statedir.Rendered(stateDir), filepath.Join(stateDir, "enrolment"), enrollNodes(cfg), store, log.With("component", "enroll")),
 		CAPEM:       caPEM,
 		Artifacts:   artifacts,
 		Generation:  o.Generation,
@@ -255,4 +256,14 @@ func serveDNS(cfg *config.BootstrapConfiguration, configPath string, addr netip.
 	}
 	log.Info("answering DNS queries for the cluster's zone", "zone", z.Origin, "address", srv.Addr().String())
 	return srv, nil
+}
+
+// enrollNodes is the inventory as the enrolment endpoint sees it (pkg/server.Enrollment).
+func enrollNodes(cfg *config.BootstrapConfiguration) []server.EnrollNode {
+	out := make([]server.EnrollNode, 0, len(cfg.Nodes))
+	for _, n := range cfg.Nodes {
+		out = append(out, server.EnrollNode{Name: n.Name, MAC: n.MAC, SystemUUID: n.SystemUUID,
+			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish})
+	}
+	return out
 }

@@ -148,6 +148,9 @@ func setNodeDefaults(n *Node) {
 	if hw, err := net.ParseMAC(n.MAC); err == nil && len(hw) == 6 {
 		n.MAC = hw.String() // lowercase, colon-separated
 	}
+	if validUUID(n.SystemUUID) {
+		n.SystemUUID = strings.ToLower(n.SystemUUID)
+	}
 	p := &n.Power
 	switch p.Kind {
 	case PowerSSH:

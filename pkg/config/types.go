@@ -301,6 +301,12 @@ type Node struct {
 	// MAC is the PXE/boot interface's 48-bit MAC ("52:54:00:00:00:11"); SetDefaults lowercases it.
 	// Optional, unique.
 	MAC string `yaml:"mac,omitempty"`
+	// SystemUUID is the machine's SMBIOS system UUID (SMBIOS type 1 "UUID", what Linux shows in
+	// /sys/class/dmi/id/product_uuid and `dmidecode -s system-uuid`), 8-4-4-4-12 hex digits;
+	// SetDefaults lowercases it. Optional, unique, for BMC-powered nodes (power.kind ipmi or
+	// redfish) only: when set, the node's enrolment (agentapi.EnrollPathV1) is accepted only from a
+	// machine that reports this UUID, besides its MAC.
+	SystemUUID string `yaml:"systemUUID,omitempty"`
 	// Ignition lists Ignition config files merged into this node's config only.
 	Ignition []string `yaml:"ignition,omitempty"`
 	// Power says how the appliance turns the node on. Required.

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
@@ -599,6 +600,7 @@ func (v *validator) nodes() {
 	names := map[string]string{}
 	addrs := map[netip.Addr]string{}
 	macs := map[string]string{}
+	uuids := map[string]string{}
 	nets := v.nodeNetworks()
 	for i, n := range nodes {
 		path := fmt.Sprintf("nodes[%d]", i)
@@ -644,6 +646,21 @@ func (v *validator) nodes() {
 					v.errorf(path+".mac", "%q is also %s: MAC addresses must be unique", n.MAC, first)
 				} else {
 					macs[hw.String()] = path + ".mac"
+				}
+			}
+		}
+		if n.SystemUUID != "" {
+			up := path + ".systemUUID"
+			switch {
+			case !validUUID(n.SystemUUID):
+				v.errorf(up, "%q is not a UUID: write the SMBIOS system UUID as 8-4-4-4-12 hex digits, as `cat /sys/class/dmi/id/product_uuid` or `dmidecode -s system-uuid` prints it", n.SystemUUID)
+			case n.Power.Kind != PowerIPMI && n.Power.Kind != PowerRedfish:
+				v.errorf(up, "is set but power.kind is %q: only BMC-powered nodes (ipmi, redfish) enrol and have their system UUID checked; remove it", n.Power.Kind)
+			default:
+				if first, dup := uuids[strings.ToLower(n.SystemUUID)]; dup {
+					v.errorf(up, "%q is also %s: system UUIDs must be unique", n.SystemUUID, first)
+				} else {
+					uuids[strings.ToLower(n.SystemUUID)] = up
 				}
 			}
 		}
@@ -853,3 +870,9 @@ func (v *validator) privateKey(path, name string) {
 
 // ipv4Broadcast is the limited broadcast address 255.255.255.255 (RFC 919).
 var ipv4Broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// validUUID reports whether s is a UUID in its 36-character string form (RFC 9562 §4), any case.
+func validUUID(s string) bool {
+	_, err := uuid.Parse(s)
+	return err == nil && len(s) == 36
+}

@@ -164,6 +164,19 @@ func TestValidateErrors(t *testing.T) {
 			c.Nodes[0].MAC = "52:54:00:00:00:AA"
 			c.Nodes[2].MAC = "52-54-00-00-00-aa"
 		}, []string{"nodes[2].mac"}, "is also nodes[0].mac"},
+		{"valid system UUID on a BMC node", func(c *BootstrapConfiguration) { c.Nodes[3].SystemUUID = "4C4C4544-0042-3510-8052-B2C04F4D3732" }, nil, ""},
+		{"system UUID not a UUID", func(c *BootstrapConfiguration) { c.Nodes[3].SystemUUID = "4c4c4544-0042-3510-8052-b2c04f" },
+			[]string{"nodes[3].systemUUID"}, "is not a UUID: write the SMBIOS system UUID as 8-4-4-4-12 hex digits"},
+		{"system UUID in braces", func(c *BootstrapConfiguration) { c.Nodes[3].SystemUUID = "{4c4c4544-0042-3510-8052-b2c04f4d3732}" },
+			[]string{"nodes[3].systemUUID"}, "is not a UUID"},
+		{"system UUID on an ssh node", func(c *BootstrapConfiguration) { c.Nodes[0].SystemUUID = "4c4c4544-0042-3510-8052-b2c04f4d3732" },
+			[]string{"nodes[0].systemUUID"}, `is set but power.kind is "ssh": only BMC-powered nodes`},
+		{"duplicate system UUID ignoring case", func(c *BootstrapConfiguration) {
+			c.Nodes[2].Power = c.Nodes[3].Power
+			c.Nodes[2].Power.Address = "10.100.0.122"
+			c.Nodes[2].SystemUUID = "4C4C4544-0042-3510-8052-B2C04F4D3732"
+			c.Nodes[3].SystemUUID = "4c4c4544-0042-3510-8052-b2c04f4d3732"
+		}, []string{"nodes[3].systemUUID"}, "is also nodes[2].systemUUID"},
 		{"no roles", func(c *BootstrapConfiguration) { c.Nodes[3].Roles = nil },
 			[]string{"nodes[3].roles"}, "is required"},
 		{"unknown role", func(c *BootstrapConfiguration) { c.Nodes[3].Roles = []Role{"master"} },

@@ -1,0 +1,394 @@
+package server
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+)
+
+// EnrollNode is what Enrollment knows of one node of the inventory (bootstrap.yaml nodes[]).
+type EnrollNode struct {
+	// Name is nodes[].name.
+	Name string
+	// BMC is true for power.kind ipmi or redfish: only those enrol.
+	BMC bool
+	// MAC is nodes[].mac, lowercase colon-separated (config.SetDefaults); empty: the node cannot enrol.
+	MAC string
+	// SystemUUID is nodes[].systemUUID, lowercase; empty: not checked.
+	SystemUUID string
+}
+
+// EnrollRecord is the binding of a node to the key it enrolled with for one power-on, kept in
+// Enrollment.RecordDir/<node>.json (0600, written atomically).
+type EnrollRecord struct {
+	Node string `json:"node"`
+	// PublicKey is the Ed25519 public key, standard base64 (agentapi.EnrollRequest.PublicKey).
+	PublicKey string `json:"publicKey"`
+	// KeyFingerprint is "sha256:<hex>" of the public key's 32 bytes.
+	KeyFingerprint string `json:"keyFingerprint"`
+	// PoweredOn is the time of the power phase's "powering" record this enrolment answers.
+	PoweredOn time.Time `json:"poweredOn"`
+	// Enrolled is when the first request was accepted; Answered when the last one was.
+	Enrolled time.Time `json:"enrolled"`
+	Answered time.Time `json:"answered"`
+	// MACs and SystemUUID are the first accepted request's.
+	MACs       []string `json:"macs"`
+	SystemUUID string   `json:"systemUUID,omitempty"`
+	// Nonces are the nonces of every accepted request: none of them is accepted again.
+	Nonces []string `json:"nonces"`
+}
+
+// maxRecordNonces bounds EnrollRecord.Nonces (a node retries a handful of times).
+const maxRecordNonces = 64
+
+// maxSeenNonces bounds the in-memory replay cache; entries leave it agentapi.EnrollClockSkew after
+// their timestamp (a request older than that is refused by its timestamp anyway).
+const maxSeenNonces = 8192
+
+// Enrollment serves POST agentapi.EnrollPathV1 (see the agentapi package for the exchange). A
+// request is checked in this order, and the first failure answers:
+//
+//  1. shape and signature (agentapi.EnrollRequest.Check) → 400;
+//  2. timestamp within agentapi.EnrollClockSkew of the appliance's clock → 403;
+//  3. exactly one node of the inventory whose nodes[].mac is among the request's MACs → 403
+//     "no node of the inventory has these MACs" (no node is named: the requester proved none);
+//  4. that node is BMC-powered → 403; its nodes[].systemUUID, when set, equals the request's → 403;
+//  5. the nonce was not seen (in memory, and in the node's record across restarts) → 403 (replay);
+//  6. the appliance's power phase powered it on (its last "powering" event) within Window, and it
+//     has not reported since (no hostagent report after that event) → 403;
+//  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
+//     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409.
+//
+// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.Note), as is the
+// first acceptance; steps 1 to 3 are logged only (no node is proven). Store failures answer 500
+// (the appliance's fault, never the client's input). The node token and keys are never logged.
+type Enrollment struct {
+	// Dir is the rendered dir (STATE/rendered): Dir/<node>/hostagent.yaml is the answer.
+	Dir string
+	// RecordDir holds the bindings, <node>.json (STATE/enrolment).
+	RecordDir string
+	// Nodes is the node store: the power phase's records (window) and the events.
+	Nodes *nodestate.Store
+	// Window is how long after a power-on a node may enrol; zero means agentapi.EnrollWindow.
+	Window time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Log receives refusals (without keys or tokens); nil discards.
+	Log *slog.Logger
+
+	mu    sync.Mutex
+	nodes []EnrollNode
+	seen  map[string]time.Time // nonce → when it may be forgotten
+}
+
+// NewEnrollment returns the enrolment endpoint for the inventory nodes.
+func NewEnrollment(dir, recordDir string, nodes []EnrollNode, store *nodestate.Store, log *slog.Logger) *Enrollment {
+	e := &Enrollment{Dir: dir, RecordDir: recordDir, Nodes: store, Log: log}
+	e.SetNodes(nodes)
+	return e
+}
+
+// SetNodes replaces the inventory.
+func (e *Enrollment) SetNodes(nodes []EnrollNode) {
+	e.mu.Lock()
+	e.nodes = slices.Clone(nodes)
+	e.mu.Unlock()
+}
+
+func (e *Enrollment) now() time.Time {
+	if e.Now != nil {
+		return e.Now().UTC()
+	}
+	return time.Now().UTC()
+}
+
+func (e *Enrollment) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Log
+}
+
+// enrollError is a refusal: the HTTP status and the text the requester reads.
+type enrollError struct {
+	code int
+	msg  string
+}
+
+func (e *enrollError) Error() string { return e.msg }
+
+func refuse(code int, format string, args ...any) *enrollError {
+	return &enrollError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+func (e *Enrollment) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "method not allowed: POST an enrolment request (JSON) to "+agentapi.EnrollPathV1, http.StatusMethodNotAllowed)
+		return
+	}
+	var req agentapi.EnrollRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, agentapi.MaxEnrollBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		http.Error(w, fmt.Sprintf("bad enrolment request: want one JSON object of at most %d bytes (agentapi.EnrollRequest): %v", agentapi.MaxEnrollBytes, err), http.StatusBadRequest)
+		return
+	}
+	if dec.More() {
+		http.Error(w, "bad enrolment request: one JSON object and nothing after it", http.StatusBadRequest)
+		return
+	}
+	resp, err := e.Enroll(req, r.RemoteAddr)
+	var refusal *enrollError
+	if errors.As(err, &refusal) {
+		http.Error(w, refusal.msg, refusal.code)
+		return
+	} else if err != nil {
+		e.log().Error("enrolment", "error", err)
+		http.Error(w, "internal error: the appliance could not record the enrolment (see its log)", http.StatusInternalServerError)
+		return
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
+}
+
+// Enroll checks req as ServeHTTP does and returns the answer. A refusal is an error whose text is
+// what the requester reads (and that HTTPStatus maps to a 4xx); any other error is the appliance's.
+func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi.EnrollResponse, error) {
+	pub, macs, err := req.Check()
+	if err != nil {
+		e.log().Info("enrolment refused", "remote", remote, "reason", err.Error())
+		return agentapi.EnrollResponse{}, refuse(http.StatusBadRequest, "%v", err)
+	}
+	now := e.now()
+	if d := now.Sub(req.Timestamp); d > agentapi.EnrollClockSkew || d < -agentapi.EnrollClockSkew {
+		e.log().Info("enrolment refused", "remote", remote, "reason", "timestamp", "skew", d.String())
+		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
+			"enrolment refused: timestamp %s is %s from the appliance's clock (%s; at most %s either way): set the machine's clock (BIOS/RTC), or this is a replayed request",
+			req.Timestamp.UTC().Format(time.RFC3339), d.Round(time.Second), now.Format(time.RFC3339), agentapi.EnrollClockSkew)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var matched []EnrollNode
+	for _, n := range e.nodes {
+		if n.MAC != "" && slices.Contains(macs, n.MAC) {
+			matched = append(matched, n)
+		}
+	}
+	switch len(matched) {
+	case 0:
+		e.log().Warn("enrolment refused: no node of the inventory has these MACs", "remote", remote, "macs", strings.Join(macs, ","))
+		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
+			"enrolment refused: no node of the inventory has one of the MACs %s (the appliance's nodes[].mac must name this machine's boot NIC)", strings.Join(macs, ", "))
+	case 1:
+	default:
+		e.log().Warn("enrolment refused: the MACs belong to several nodes", "remote", remote, "macs", strings.Join(macs, ","))
+		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
+			"enrolment refused: the MACs %s are the nodes[].mac of more than one node of the inventory: one machine is one node", strings.Join(macs, ", "))
+	}
+	n := matched[0]
+	fp := keyFingerprint(pub)
+	deny := func(code int, format string, args ...any) (agentapi.EnrollResponse, error) {
+		r := refuse(code, format, args...)
+		e.log().Warn("enrolment refused", "node", n.Name, "remote", remote, "key", fp, "reason", r.msg)
+		if err := e.Nodes.Note(n.Name, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
+			e.log().Error("record the refused enrolment", "node", n.Name, "error", err)
+		}
+		return agentapi.EnrollResponse{}, r
+	}
+	if !n.BMC {
+		return deny(http.StatusForbidden, "enrolment refused: node %s is not BMC-powered (its power.kind is ssh): it gets its credential over SSH, not by enrolment", n.Name)
+	}
+	if n.SystemUUID != "" && !strings.EqualFold(n.SystemUUID, req.SystemUUID) {
+		got := req.SystemUUID
+		if got == "" {
+			got = "none"
+		}
+		return deny(http.StatusForbidden, "enrolment refused: the machine's SMBIOS system UUID (%s) is not node %s's nodes[].systemUUID", got, n.Name)
+	}
+	rec, found, err := e.readRecord(n.Name)
+	if err != nil {
+		return agentapi.EnrollResponse{}, err
+	}
+	if e.seenNonce(req.Nonce, now) || (found && slices.Contains(rec.Nonces, req.Nonce)) {
+		return deny(http.StatusForbidden, "enrolment refused: nonce already used (a replayed request); every request, retries included, needs a new nonce")
+	}
+	e.rememberNonce(req.Nonce, req.Timestamp.Add(agentapi.EnrollClockSkew), now)
+	poweredOn, reported, err := e.powerOn(n.Name)
+	if err != nil {
+		return agentapi.EnrollResponse{}, err
+	}
+	window := e.Window
+	if window <= 0 {
+		window = agentapi.EnrollWindow
+	}
+	if poweredOn.IsZero() {
+		return deny(http.StatusForbidden, "enrolment refused: the appliance has not powered node %s on (run `appliance bootstrap`: its power phase powers the node on and opens a %s enrolment window)", n.Name, window)
+	}
+	if reported {
+		return deny(http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s; power it on again through the appliance to enrol anew", n.Name, poweredOn.Format(time.RFC3339))
+	}
+	if now.Sub(poweredOn) > window {
+		return deny(http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: power it on again through the appliance (`appliance bootstrap`) to enrol", n.Name, poweredOn.Format(time.RFC3339), window)
+	}
+	if found && rec.PoweredOn.Equal(poweredOn) {
+		if subtle.ConstantTimeCompare([]byte(rec.PublicKey), []byte(req.PublicKey)) != 1 {
+			return deny(http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s; a second machine claims its identity, or the machine lost its key: power it on again through the appliance to enrol anew",
+				n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339))
+		}
+	} else {
+		rec = EnrollRecord{Node: n.Name, PublicKey: req.PublicKey, KeyFingerprint: fp, PoweredOn: poweredOn, Enrolled: now,
+			MACs: macs, SystemUUID: strings.ToLower(req.SystemUUID)}
+		found = false
+	}
+	cfg, err := os.ReadFile(filepath.Join(e.Dir, n.Name, statedir.AgentConfigFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return deny(http.StatusNotFound, "enrolment refused: no hostagent configuration rendered for node %s yet; rerun `appliance bootstrap` (render phase)", n.Name)
+	} else if err != nil {
+		return agentapi.EnrollResponse{}, fmt.Errorf("read the hostagent configuration of %s: %w", n.Name, err)
+	}
+	rec.Answered = now
+	rec.Nonces = append(rec.Nonces, req.Nonce)
+	if len(rec.Nonces) > maxRecordNonces {
+		rec.Nonces = rec.Nonces[len(rec.Nonces)-maxRecordNonces:]
+	}
+	if err := e.writeRecord(rec); err != nil {
+		return agentapi.EnrollResponse{}, err
+	}
+	what := "enrolled"
+	if found {
+		what = "enrolment answered again (same key)"
+	}
+	e.log().Info(what, "node", n.Name, "remote", remote, "key", fp)
+	if err := e.Nodes.Note(n.Name, what+" with key "+fp+" from "+remote); err != nil {
+		e.log().Error("record the enrolment", "node", n.Name, "error", err)
+	}
+	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp}, nil
+}
+
+// HTTPStatus is the status ServeHTTP answers err from Enroll with: the refusal's 4xx, else 500.
+func HTTPStatus(err error) int {
+	var refusal *enrollError
+	if errors.As(err, &refusal) {
+		return refusal.code
+	}
+	return http.StatusInternalServerError
+}
+
+// keyFingerprint is "sha256:<hex>" of an Ed25519 public key's bytes.
+func keyFingerprint(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// powerOn returns the time of node's last "powering" event (the power phase's Set before it powers a
+// BMC node on; zero when there is none) and whether the node reported (an event with a step) after it.
+func (e *Enrollment) powerOn(node string) (time.Time, bool, error) {
+	evs, err := e.Nodes.Events(node)
+	if err != nil && len(evs) == 0 {
+		return time.Time{}, false, err
+	}
+	var at time.Time
+	reported := false
+	for _, ev := range evs {
+		switch {
+		case ev.Step == "" && ev.State == agentapi.StatePowering:
+			at, reported = ev.Time, false
+		case ev.Step != "" && !at.IsZero():
+			reported = true
+		}
+	}
+	return at, reported, nil
+}
+
+func (e *Enrollment) recordPath(node string) string { return filepath.Join(e.RecordDir, node+".json") }
+
+// ReadRecord returns node's binding; found is false when it has none.
+func (e *Enrollment) ReadRecord(node string) (EnrollRecord, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.readRecord(node)
+}
+
+func (e *Enrollment) readRecord(node string) (EnrollRecord, bool, error) {
+	b, err := os.ReadFile(e.recordPath(node))
+	if errors.Is(err, fs.ErrNotExist) {
+		return EnrollRecord{}, false, nil
+	} else if err != nil {
+		return EnrollRecord{}, false, fmt.Errorf("read the enrolment record of %s: %w", node, err)
+	}
+	var rec EnrollRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return EnrollRecord{}, false, fmt.Errorf("%s is corrupt (delete it and power the node on again): %w", e.recordPath(node), err)
+	}
+	return rec, true, nil
+}
+
+func (e *Enrollment) writeRecord(rec EnrollRecord) error {
+	if err := os.MkdirAll(e.RecordDir, 0o700); err != nil {
+		return fmt.Errorf("enrolment records: %w", err)
+	}
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	if _, err := atomicfile.Write(e.recordPath(rec.Node), append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write the enrolment record of %s: %w", rec.Node, err)
+	}
+	return nil
+}
+
+// seenNonce reports whether nonce is in the replay cache (e.mu held).
+func (e *Enrollment) seenNonce(nonce string, now time.Time) bool {
+	until, ok := e.seen[nonce]
+	return ok && now.Before(until)
+}
+
+// rememberNonce keeps nonce until until (e.mu held); past maxSeenNonces it drops expired entries
+// first, then the ones that expire soonest.
+func (e *Enrollment) rememberNonce(nonce string, until, now time.Time) {
+	if e.seen == nil {
+		e.seen = map[string]time.Time{}
+	}
+	if len(e.seen) >= maxSeenNonces {
+		for k, t := range e.seen {
+			if !now.Before(t) {
+				delete(e.seen, k)
+			}
+		}
+		for len(e.seen) >= maxSeenNonces {
+			var oldest string
+			for k, t := range e.seen {
+				if oldest == "" || t.Before(e.seen[oldest]) {
+					oldest = k
+				}
+			}
+			delete(e.seen, oldest)
+		}
+	}
+	e.seen[nonce] = until
+}
