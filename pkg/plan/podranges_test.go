@@ -353,3 +353,53 @@ func TestKubeadmLeader(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAllocatePodRanges: for any inventory (names from the input, duplicates dropped) and any
+// record (each listed node may carry any range of a /22, which holds four), AllocatePodRanges
+// either refuses under networks.pods or gives every node exactly one /24 inside the pod network,
+// no range to two nodes, and every valid recorded range back to its node; allocating again from
+// its own result changes nothing.
+func FuzzAllocatePodRanges(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3}, []byte{0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{3, 1, 4, 1, 5}, []byte{2, 0xff, 0, 1})
+	f.Add([]byte{7, 6}, []byte{1, 1})
+	f.Fuzz(func(t *testing.T, names, record []byte) {
+		pods := pfx("10.244.0.0/22")
+		var nodes []string
+		for _, b := range names {
+			if n := fmt.Sprintf("n%d", b%8); !slices.Contains(nodes, n) {
+				nodes = append(nodes, n)
+			}
+		}
+		rec := PodRanges{}
+		for i, b := range record {
+			if i < len(nodes) && b != 0xff {
+				rec[nodes[i]] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, b % 6, 0}), 24) // .4, .5: outside
+			}
+		}
+		got, err := AllocatePodRanges(pods, nodes, rec)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "networks.pods: ") {
+				t.Fatalf("refusal without its field path: %v", err)
+			}
+			return
+		}
+		if len(got) != len(nodes) {
+			t.Fatalf("%d ranges for %d nodes", len(got), len(nodes))
+		}
+		held := map[netip.Prefix]bool{}
+		for _, n := range nodes {
+			p, ok := got[n]
+			if !ok || p.Bits() != 24 || !pods.Contains(p.Addr()) || held[p] {
+				t.Fatalf("node %s: %s (ok %v, already held %v)", n, p, ok, held[p])
+			}
+			held[p] = true
+			if r, ok := rec[n]; ok && r != p {
+				t.Fatalf("node %s: recorded %s, got %s", n, r, p)
+			}
+		}
+		if again, err := AllocatePodRanges(pods, nodes, got); err != nil || !maps.Equal(again, got) {
+			t.Fatalf("reallocating from the result: %v %v, want %v", again, err, got)
+		}
+	})
+}
