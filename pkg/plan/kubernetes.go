@@ -43,9 +43,11 @@ type ClusterSecrets struct {
 
 // KubeadmLeader returns the control plane that runs kubeadm first and keeps the cluster's join
 // secrets (see RenewsJoinSecrets), and whether it is told ActionInit. kubeadm has one init node per
-// cluster: the first control plane of nodes[] at the time the cluster was built, which ran `kubeadm
-// init` and, as the one node config with Action init, renewed the join secrets; every other
-// control plane joined it. The leader is, in this order:
+// cluster: the first control plane of nodes[] when the cluster was built, which ran `kubeadm init`;
+// every other control plane joined it. Position alone cannot say which node that is once nodes[]
+// has changed, so the appliance reads it from its records (ClusterSecrets.Joined: the nodes that
+// joined and the Action their rendered node config gave them), and hostagent from its own kubeadm
+// record. The leader is, in this order:
 //   - the control plane that carried out ActionInit (joined[name] == ActionInit), while nodes[] lists
 //     it: the init node keeps Action init, so a running cluster's node configs do not change;
 //   - when the init node is gone (removed with `appliance node remove` or --prune) and some control
