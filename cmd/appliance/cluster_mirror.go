@@ -57,5 +57,6 @@ copy again.`,
 	f.StringVar(&o.Listen, "listen", o.Listen, "address:port to serve HTTPS on")
 	f.StringVar(&o.CertFile, "cert-file", "", "serving certificate (PEM) signed by the appliance CA, SANs = this node's addresses (required)")
 	f.StringVar(&o.KeyFile, "key-file", "", "private key (PEM) of --cert-file (required)")
+	f.StringVar(&o.ImagesFile, "images-file", "", "JSON array of image references to copy besides those the upstream's tags list (images named by digest only)")
 	return cmd
 }

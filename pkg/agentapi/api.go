@@ -143,6 +143,10 @@ type ClusterMirror struct {
 	// static pod runs beside the mirror (`appliance csr-approve`, the rule of pkg/csrapprove), so that
 	// serving certificates are still approved after the bootstrap host is switched off.
 	Inventory []InventoryNode `json:"inventory,omitempty"`
+	// Images are the references the mirror copies besides those the appliance registry's tags list:
+	// the images the bundle names by digest only ("registry.k8s.io/etcd@sha256:…"), which no listing
+	// shows (`appliance cluster-mirror --images-file`). Empty when the bundle has none.
+	Images []string `json:"images,omitempty"`
 }
 
 // InventoryNode is one node of ClusterMirror.Inventory.

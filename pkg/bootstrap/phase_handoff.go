@@ -104,7 +104,8 @@ func handoffCertDir(state, node string) string {
 }
 
 // handoffInputs is the render phase's view of the hand-off (nil before it started): the image, port,
-// each control plane's mirror certificate and whether the nodes are switched.
+// each control plane's mirror certificate, the images the mirrors must copy by digest (those the
+// registry serves under no tag) and whether the nodes are switched.
 func handoffInputs(st *State) (*plan.Handoff, error) {
 	rec, err := ReadHandoff(st.StateDir)
 	if err != nil || rec == nil {
@@ -112,6 +113,11 @@ func handoffInputs(st *State) (*plan.Handoff, error) {
 	}
 	h := &plan.Handoff{Image: rec.Image, Port: rec.Port, Certs: map[string]plan.CertPair{},
 		Switched: rec.Stage == HandoffSwitched || rec.Stage == HandoffDone}
+	for _, img := range st.Images.Images {
+		if img.Tag == "" {
+			h.DigestOnlyImages = append(h.DigestOnlyImages, img.Ref)
+		}
+	}
 	for _, cp := range st.Config.ControlPlaneNodes() {
 		dir := handoffCertDir(st.StateDir, cp.Name)
 		c, err1 := os.ReadFile(filepath.Join(dir, pki.ServingCertFile))

@@ -33,14 +33,15 @@
 // listed next is retried with exponential backoff (1 s to 30 s, without limit) and shown by /healthz;
 // a digest or hash mismatch, a bad signature or a malformed index ends Run with an error naming the
 // blob or file (ErrMismatch, ErrUpstreamContent), and so does a full disk (ENOSPC, EDQUOT). A
-// repository without tags (images the bundle names by digest only) is skipped with a warning: no
-// listing names its images.
+// repository without tags (images the bundle names by digest only) is copied only for the references
+// Options.ImagesFile names (no listing shows them); otherwise it is skipped with a warning.
 package clustermirror
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,7 +62,7 @@ import (
 )
 
 // Options configures Run. The flags of `appliance cluster-mirror` have the same names in kebab-case
-// (--upstream, --ca-file, --dir, --listen, --cert-file, --key-file).
+// (--upstream, --ca-file, --dir, --listen, --cert-file, --key-file, --images-file).
 type Options struct {
 	// Upstream is the appliance's HTTPS base URL, e.g. https://10.100.0.2:8443 (no path).
 	Upstream string
@@ -75,6 +76,10 @@ type Options struct {
 	// CertFile and KeyFile are the serving certificate (PEM, signed by the CA of CAFile, SANs = the
 	// node's addresses) and its private key (PEM).
 	CertFile, KeyFile string
+	// ImagesFile, optional, is a JSON array of image references the mirror copies besides those the
+	// upstream's tags list: the images a bundle names by digest only ("registry.k8s.io/etcd@sha256:…"),
+	// which no registry listing shows. The hand-off writes it from the appliance's image list.
+	ImagesFile string
 	// Log receives progress (Info), retries (Warn) and failures; nil discards them.
 	Log *slog.Logger
 	// Listener, when set, is served instead of listening on Listen (tests, socket activation); Run
@@ -111,6 +116,8 @@ type config struct {
 	caPEM []byte
 	roots *x509.CertPool
 	cert  tls.Certificate
+	// extra are the references of ImagesFile.
+	extra []string
 }
 
 // load checks o and reads its files; every problem is reported at once, each naming its flag.
@@ -174,6 +181,19 @@ func (o Options) load() (*config, error) {
 			if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: c.roots, Intermediates: inter,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 				bad("cert-file", "%s is not a serving certificate of the CA in --ca-file (nodes trust only that CA): %v", o.CertFile, err)
+			}
+		}
+	}
+	if o.ImagesFile != "" {
+		if b, err := os.ReadFile(o.ImagesFile); err != nil {
+			bad("images-file", "%v", err)
+		} else if err := json.Unmarshal(b, &c.extra); err != nil {
+			bad("images-file", "%s is not a JSON array of image references: %v", o.ImagesFile, err)
+		} else {
+			for i, ref := range c.extra {
+				if _, _, err := registry.RepositoryFor(ref); err != nil {
+					bad("images-file", "%s: entry %d, %q: %v", o.ImagesFile, i, ref, err)
+				}
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package clustermirror
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -11,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/airgap-appliance/appliance/pkg/debrepo"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -329,5 +333,59 @@ func TestNoRepositoryUpstream(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("pause manifest: %d", resp.StatusCode)
+	}
+}
+
+// TestDigestOnlyImagesFromFile: an image the bundle names by digest only is listed by no tag, so
+// the mirror copies it only when --images-file names it; then it serves it by digest, byte for byte
+// the bundle's manifest, counts it among its images and warns about nothing. A file that is not a
+// JSON array of references is refused, naming the flag.
+func TestDigestOnlyImagesFromFile(t *testing.T) {
+	ca := newTestPKI(t)
+	u := buildUpstream(t, ca)
+	u.start(t, "127.0.0.1:0")
+	imagesFile := filepath.Join(t.TempDir(), "images.json")
+	b, _ := json.Marshal([]string{u.digestOnly, "registry.k8s.io/pause:3.10"}) // a listed one too: copied once
+	if err := os.WriteFile(imagesFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := runMirrorWith(t, context.Background(), ca, filepath.Join(t.TempDir(), "mirror"), u.url, func(o *Options) { o.ImagesFile = imagesFile })
+	if h := m.waitSynced(t); h.Images != 5 {
+		t.Errorf("/healthz after sync: %d images, want 5 (the 4 tagged and the digest-only one)", h.Images)
+	}
+	checkServes(t, u, m)
+	_, digest, _ := strings.Cut(u.digestOnly, "@")
+	ref, err := name.ParseReference(m.addr + "/registry.k8s.io/etcd@" + digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Get(ref, remote.WithTransport(m.client.Transport))
+	if err != nil {
+		t.Fatalf("pull %s from the mirror: %v", u.digestOnly, err)
+	}
+	hex := strings.TrimPrefix(digest, "sha256:")
+	want, err := os.ReadFile(filepath.Join(u.dir, "oci", "blobs", "sha256", hex))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(desc.Manifest, want) || desc.Digest.String() != digest {
+		t.Errorf("the mirror's %s differs from the bundle's manifest", u.digestOnly)
+	}
+	if err := m.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if logs := m.logs.String(); strings.Contains(logs, "not copied") {
+		t.Errorf("a named digest-only image was reported as not copied:\n%s", logs)
+	}
+
+	for _, bad := range []string{`{"not": "an array"}`, `["registry.k8s.io/Bad Name"]`} {
+		if err := os.WriteFile(imagesFile, []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := Run(context.Background(), Options{Upstream: u.url, CAFile: ca.caFile, Dir: t.TempDir(), Listen: "127.0.0.1:0",
+			CertFile: ca.mirrorCert, KeyFile: ca.mirKey, ImagesFile: imagesFile})
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--images-file") {
+			t.Errorf("images file %s: %v, want a configuration error naming --images-file", bad, err)
+		}
 	}
 }

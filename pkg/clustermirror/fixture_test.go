@@ -78,6 +78,8 @@ type upstream struct {
 	dir      string // bundle: oci/, repo/, registry/
 	refs     []string
 	repos    []string // registry repositories with their tags, "repo:tag"
+	// digestOnly is the image the bundle names by digest only ("registry.k8s.io/etcd@sha256:…").
+	digestOnly string
 	debs     []string // pool files relative to repo/debian
 	url      string
 	hs       *http.Server
@@ -130,7 +132,8 @@ func buildUpstream(t testing.TB, ca testPKI) *upstream {
 	// An image the bundle names by digest only: no tag lists it, so the cluster mirror cannot find it.
 	etcd := ociImage(t, 1, 512)
 	ed, _ := etcd.Digest()
-	if err := p.AppendImage(etcd, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "registry.k8s.io/etcd@" + ed.String()})); err != nil {
+	u.digestOnly = "registry.k8s.io/etcd@" + ed.String()
+	if err := p.AppendImage(etcd, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": u.digestOnly})); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range u.refs {
@@ -314,6 +317,12 @@ func runMirror(t testing.TB, ca testPKI, dir, upstreamURL string) *mirror {
 // runMirrorCtx is runMirror under parent: cancelling parent stops Run.
 func runMirrorCtx(t testing.TB, parent context.Context, ca testPKI, dir, upstreamURL string) *mirror {
 	t.Helper()
+	return runMirrorWith(t, parent, ca, dir, upstreamURL, nil)
+}
+
+// runMirrorWith is runMirrorCtx with edit applied to the options (nil: none).
+func runMirrorWith(t testing.TB, parent context.Context, ca testPKI, dir, upstreamURL string, edit func(*Options)) *mirror {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -323,6 +332,9 @@ func runMirrorCtx(t testing.TB, parent context.Context, ca testPKI, dir, upstrea
 	logw := &lockedWriter{w: m.logs}
 	o := Options{Upstream: upstreamURL, CAFile: ca.caFile, Dir: dir, CertFile: ca.mirrorCert, KeyFile: ca.mirKey,
 		Listener: ln, Log: slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if edit != nil {
+		edit(&o)
+	}
 	go func() { m.err = Run(ctx, o); close(m.done) }()
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}}
 	m.client = &http.Client{Transport: tr}

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -59,6 +60,7 @@ func (c *config) sync(ctx context.Context, st *state) (*marker, error) {
 	if err != nil {
 		return nil, err
 	}
+	refs = mergeRefs(refs, c.extra)
 	st.update(func(s *state) { s.imagesTotal = len(refs) })
 	res, fetchedImages, err := c.syncImages(ctx, refs, st)
 	if err != nil {
@@ -111,7 +113,9 @@ func (c *config) listImages(ctx context.Context, client *http.Client) ([]string,
 			return nil, err
 		}
 		if len(tags) == 0 {
-			c.Log.Warn("repository has no tags; its digest-only images are not copied", "repository", repo)
+			if !c.namesRepository(repo) {
+				c.Log.Warn("repository has no tags; its digest-only images are not copied (--images-file names none of them)", "repository", repo)
+			}
 			continue
 		}
 		first, rest, ok := strings.Cut(repo, "/")
@@ -318,4 +322,26 @@ func sha256File(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// mergeRefs is listed plus the references of extra it lacks, sorted.
+func mergeRefs(listed, extra []string) []string {
+	out := slices.Clone(listed)
+	for _, r := range extra {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// namesRepository reports whether ImagesFile names an image of the mirror repository repo.
+func (c *config) namesRepository(repo string) bool {
+	for _, r := range c.extra {
+		if rr, _, err := registry.RepositoryFor(r); err == nil && rr == repo {
+			return true
+		}
+	}
+	return false
 }

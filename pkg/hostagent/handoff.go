@@ -94,6 +94,10 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 	if err != nil {
 		return false, err
 	}
+	images, err := json.MarshalIndent(m.Images, "", "  ")
+	if err != nil {
+		return false, err
+	}
 	changed := false
 	for _, f := range []struct {
 		path string
@@ -104,8 +108,12 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 		{ClusterMirrorConfigDir + "/tls.crt", m.CertPEM, 0o644},
 		{ClusterMirrorConfigDir + "/tls.key", m.KeyPEM, 0o600},
 		{ClusterMirrorConfigDir + "/inventory.json", string(inventory), 0o644},
+		{ClusterMirrorConfigDir + "/images.json", string(images), 0o644},
 		{ClusterMirrorManifest, string(ClusterMirrorPod(m)), 0o600},
 	} {
+		if f.path == ClusterMirrorConfigDir+"/images.json" && len(m.Images) == 0 {
+			continue
+		}
 		c, err := atomicfile.Write(a.path(f.path), []byte(f.data), f.mode)
 		if err != nil {
 			return false, fmt.Errorf("write %s: %w", a.path(f.path), err)
@@ -126,6 +134,16 @@ func (a *Agent) writeClusterMirror(nc agentapi.NodeConfig, m *agentapi.ClusterMi
 // kubelet restarts both whenever they exit, with or without the API server.
 func ClusterMirrorPod(m *agentapi.ClusterMirror) []byte {
 	port := strconv.Itoa(int(m.Port))
+	mirrorCmd := []string{"/appliance", "cluster-mirror",
+		"--upstream", m.Upstream,
+		"--ca-file", ClusterMirrorConfigDir + "/ca.crt",
+		"--cert-file", ClusterMirrorConfigDir + "/tls.crt",
+		"--key-file", ClusterMirrorConfigDir + "/tls.key",
+		"--dir", ClusterMirrorDataDir,
+		"--listen", ":" + port}
+	if len(m.Images) > 0 { // the images no tag lists (writeClusterMirror writes the file)
+		mirrorCmd = append(mirrorCmd, "--images-file", ClusterMirrorConfigDir+"/images.json")
+	}
 	pod := map[string]any{
 		"apiVersion": "v1",
 		"kind":       "Pod",
@@ -140,13 +158,7 @@ func ClusterMirrorPod(m *agentapi.ClusterMirror) []byte {
 				"name":            "mirror",
 				"image":           m.Image,
 				"imagePullPolicy": "IfNotPresent",
-				"command": []string{"/appliance", "cluster-mirror",
-					"--upstream", m.Upstream,
-					"--ca-file", ClusterMirrorConfigDir + "/ca.crt",
-					"--cert-file", ClusterMirrorConfigDir + "/tls.crt",
-					"--key-file", ClusterMirrorConfigDir + "/tls.key",
-					"--dir", ClusterMirrorDataDir,
-					"--listen", ":" + port},
+				"command":         mirrorCmd,
 				"volumeMounts": []any{
 					map[string]any{"name": "config", "mountPath": ClusterMirrorConfigDir, "readOnly": true},
 					map[string]any{"name": "data", "mountPath": ClusterMirrorDataDir},

@@ -88,6 +88,24 @@ func TestStepHandoff(t *testing.T) {
 	if c := pod.Spec.Containers[1]; c.Image != m.Image || !strings.Contains(strings.Join(c.Command, " "), "csr-approve --kubeconfig /etc/kubernetes/admin.conf --inventory "+ClusterMirrorConfigDir+"/inventory.json") {
 		t.Errorf("approver container: %+v", c)
 	}
+	if strings.Contains(cmd, "--images-file") {
+		t.Errorf("no digest-only image, yet the mirror is given --images-file: %s", cmd)
+	}
+	if _, err := os.Stat(filepath.Join(root, ClusterMirrorConfigDir, "images.json")); !os.IsNotExist(err) {
+		t.Errorf("no digest-only image, yet images.json was written (%v)", err)
+	}
+	// With an image the bundle names by digest only, the mirror is told about it in a file.
+	m.Images = []string{"registry.k8s.io/etcd@sha256:" + strings.Repeat("b", 64)}
+	if _, err := a.stepHandoff(ctx); !errors.As(err, &w) {
+		t.Fatalf("while the mirror copies: %v", err)
+	}
+	b, _ = os.ReadFile(filepath.Join(root, ClusterMirrorManifest))
+	if err := json.Unmarshal(b, &pod); err != nil || !strings.Contains(strings.Join(pod.Spec.Containers[0].Command, " "), "--images-file "+ClusterMirrorConfigDir+"/images.json") {
+		t.Errorf("the mirror is not given --images-file: %v %v", pod.Spec.Containers[0].Command, err)
+	}
+	if imgs, err := os.ReadFile(filepath.Join(root, ClusterMirrorConfigDir, "images.json")); err != nil || !strings.Contains(string(imgs), m.Images[0]) {
+		t.Errorf("images.json: %v %s", err, imgs)
+	}
 	synced.Store(true)
 	detail, err := a.stepHandoff(ctx)
 	if err != nil || !strings.Contains(detail, "in-cluster mirror serving") {

@@ -25,6 +25,9 @@ type Handoff struct {
 	// Certs maps each control plane to its mirror's serving certificate and key (PEM; the key is
 	// secret). A control plane without one gets no mirror.
 	Certs map[string]CertPair
+	// DigestOnlyImages are the images the appliance serves under no tag (the bundle names them by
+	// digest only), which the mirrors must be told to copy (ClusterMirror.Images).
+	DigestOnlyImages []string
 	// Switched: every digest was pulled from at least two mirrors, so every node's containerd mirrors
 	// and apt source now point at the control planes' mirrors instead of the appliance.
 	Switched bool
@@ -56,7 +59,7 @@ func handoffFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.No
 	hc := &agentapi.HandoffConfig{}
 	if cert, ok := h.Certs[n.Name]; ok && n.HasRole(config.RoleControlPlane) {
 		hc.Mirror = &agentapi.ClusterMirror{Image: h.Image, Port: h.Port, Upstream: applianceURL,
-			CertPEM: string(cert.CertPEM), KeyPEM: string(cert.KeyPEM)}
+			CertPEM: string(cert.CertPEM), KeyPEM: string(cert.KeyPEM), Images: slices.Clone(h.DigestOnlyImages)}
 		for _, o := range c.Nodes {
 			hc.Mirror.Inventory = append(hc.Mirror.Inventory, agentapi.InventoryNode{Name: o.Name, Addresses: slices.Clone(o.Addresses)})
 		}

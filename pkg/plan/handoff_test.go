@@ -2,6 +2,7 @@ package plan
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -12,7 +13,8 @@ import (
 func TestBuildHandoff(t *testing.T) {
 	in := labInputs(t)
 	h := &Handoff{Image: "appliance.local/airgap-appliance/appliance@sha256:aa", Port: 5443,
-		Certs: map[string]CertPair{"cp1": {[]byte("c1"), []byte("k1")}, "cp2": {[]byte("c2"), []byte("k2")}}}
+		Certs:            map[string]CertPair{"cp1": {[]byte("c1"), []byte("k1")}, "cp2": {[]byte("c2"), []byte("k2")}},
+		DigestOnlyImages: []string{"registry.k8s.io/etcd@sha256:" + strings.Repeat("e", 64)}}
 	in.Handoff = h
 	p, err := Build(in)
 	if err != nil {
@@ -26,7 +28,8 @@ func TestBuildHandoff(t *testing.T) {
 		m := nc.Handoff.Mirror
 		switch n.Name {
 		case "cp1", "cp2":
-			if m == nil || m.Image != h.Image || m.Port != 5443 || m.Upstream != in.ApplianceURL || m.CertPEM != "c"+n.Name[2:] || m.KeyPEM != "k"+n.Name[2:] {
+			if m == nil || m.Image != h.Image || m.Port != 5443 || m.Upstream != in.ApplianceURL || m.CertPEM != "c"+n.Name[2:] || m.KeyPEM != "k"+n.Name[2:] ||
+				!slices.Equal(m.Images, h.DigestOnlyImages) {
 				t.Errorf("%s: mirror %+v", n.Name, m)
 			}
 		default:
