@@ -157,7 +157,8 @@ type InventoryNode struct {
 
 // kubeadm actions, in the order a cluster is built (kubeadm init, then joins).
 const (
-	// ActionInit: `kubeadm init` on the first control plane of the inventory.
+	// ActionInit: `kubeadm init` on the first control plane of the inventory, before any control plane
+	// has joined. Not the mark of the kubeadm leader: see KubernetesConfig.After.
 	ActionInit = "init"
 	// ActionJoinControlPlane: `kubeadm join --control-plane` on the other control planes, one at a time.
 	ActionJoinControlPlane = "join-control-plane"
@@ -211,8 +212,11 @@ type KubernetesConfig struct {
 	// plane); WaitingFor then names that node. A node that has already run kubeadm ignores it.
 	Proceed    bool   `json:"proceed"`
 	WaitingFor string `json:"waitingFor,omitempty"`
-	// After is the node whose kubeadm step must be done before this one runs kubeadm ("" for the
-	// first control plane); the appliance derives Proceed and WaitingFor from it.
+	// After is the node whose kubeadm step must be done before this one runs kubeadm; the appliance
+	// derives Proceed and WaitingFor from it. "" on a control plane marks the kubeadm leader (the init
+	// node, or after its removal the first remaining control plane that joined: plan.KubeadmLeader),
+	// the one whose hostagent keeps the join secrets (bootstrap token, uploaded certificates) renewed
+	// in the cluster (plan.RenewsJoinSecrets); a leader that joined keeps ActionJoinControlPlane.
 	After string `json:"after,omitempty"`
 }
 
