@@ -142,7 +142,7 @@ func Build(in Inputs) (*Plan, error) {
 		}
 		a.NodeConfigJSON = append(nc, '\n')
 		if n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish {
-			a.KernelCmdline = []byte(KernelCmdline(in.ApplianceURL, pin, n.Name, in.Tokens[n.Name]) + "\n")
+			a.KernelCmdline = []byte(KernelCmdline(in.ApplianceURL, pin) + "\n")
 		}
 		doc, err := ignition.Render(ignition.Params{
 			Node: n.Name, ApplianceURL: in.ApplianceURL, CAPEM: in.CA.CertPEM, Mirrors: mirrors,
@@ -215,12 +215,15 @@ func (p *Plan) Node(name string) (NodeArtefacts, bool) {
 	return p.Nodes[i], true
 }
 
-// KernelCmdline is the kernel command line of a node booted by its BMC: the appliance URL and CA
-// pin (the node fetches the CA and accepts it only if its SubjectPublicKeyInfo hashes to the pin),
-// and Ignition's config URL with the node token.
-func KernelCmdline(applianceURL, caPin, node, token string) string {
-	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin +
-		" ignition.config.url=" + applianceURL + "/ignition/" + node + "?token=" + token
+// KernelCmdline is the kernel command line of a node booted by its BMC, public data only (issue 12
+// item 5): appliance.url=<the appliance front> and appliance.ca_pin=<sha256 pin of its CA> (the node
+// fetches the CA and accepts it only if its SubjectPublicKeyInfo hashes to the pin). No node token
+// and no Ignition URL: the booted machine runs `hostagent enroll` (agentapi.EnrollPathV1), which
+// proves it is the machine the appliance powered on and receives the node's credential, then fetches
+// its Ignition config with the token in the Authorization header. The same arguments as the
+// network-boot script's (pkg/netboot KernelArgs).
+func KernelCmdline(applianceURL, caPin string) string {
+	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin
 }
 
 // ApplianceKeepalived is the bootstrap host's VRRP instance for the API VIP: unicast from its

@@ -89,7 +89,7 @@ func AgentUpgrade(state string) string { return filepath.Join(state, "agent-upgr
 const (
 	AgentConfigFile   = "hostagent.yaml"  // agentapi.Configuration; holds the node token
 	NodeConfigFile    = "nodeconfig.json" // agentapi.NodeConfig the agent API serves
-	KernelCmdlineFile = "kernel-cmdline"  // BMC-booted nodes only; holds the node token
+	KernelCmdlineFile = "kernel-cmdline"  // BMC-booted nodes only; public data (URL, CA pin), no token
 	IgnitionDir       = "ignition"        // <spec version>.json, one per supported Ignition version
 	FirewallFile      = "firewall.json"   // Appliance: the bootstrap host's firewall.Spec
 	KeepalivedFile    = "keepalived.json" // Appliance: the bootstrap host's keepalived.Config (VRRP secret)
