@@ -28,6 +28,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/kubeapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -429,5 +430,107 @@ func TestDrainWaitsForEvictedPodsToBeDeleted(t *testing.T) {
 	}
 	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/namespaces/default/pods/job", nil); err != nil {
 		t.Errorf("the finished pod: %v, want it left alone", err)
+	}
+}
+
+// TestRemovePowersOffThroughBMC: a worker powered through a Redfish BMC (issue 15 item 2, "powered
+// off through its BMC when it has one") is drained, deleted and powered off: the real kube-apiserver
+// holds its Node, and the BMC is sushy-tools (OpenStack's Redfish emulator, fake driver, TLS with a
+// pinned CA, basic auth), whose system the test powers on first. A rerun finds it already off.
+func TestRemovePowersOffThroughBMC(t *testing.T) {
+	stateDir := t.TempDir()
+	c := startAPIServer(t, stateDir)
+	sushy := labns.StartSushy(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	caFile, passFile := filepath.Join(dir, "bmc-ca.crt"), filepath.Join(dir, "bmc-password")
+	if err := os.WriteFile(caFile, sushy.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(passFile, []byte(sushy.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Example()
+	cfg.StateDir = stateDir
+	var w2 config.Node
+	for i := range cfg.Nodes {
+		if cfg.Nodes[i].Name == "w2" {
+			cfg.Nodes[i].Power = config.Power{Kind: config.PowerRedfish, Address: fmt.Sprintf("https://127.0.0.1:%d", sushy.Port),
+				Username: sushy.User, PasswordFile: passFile, CAFile: caFile}
+			w2 = cfg.Nodes[i]
+		}
+	}
+	if w2.Name == "" {
+		t.Fatal("config.Example has no w2")
+	}
+	target, err := bootstrap.PowerTarget(w2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func() power.State {
+		t.Helper()
+		b, err := power.New(ctx, target, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		s, err := b.PowerState(ctx)
+		if err != nil {
+			t.Fatalf("power state through sushy-tools: %v", err)
+		}
+		return s
+	}
+	b, err := power.New(ctx, target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PowerOn(ctx); err != nil {
+		t.Fatalf("power on through sushy-tools: %v", err)
+	}
+	b.Close()
+	// The fake driver applies a power change 1-11 s after the request, like real hardware.
+	waitState := func(want power.State) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) { // a hang guard
+			if s := state(); s == want {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("w2 is %s through its BMC, want %s", s, want)
+			}
+		}
+	}
+	waitState(power.StateOn)
+	mustDo(t, c, http.MethodPost, "/api/v1/nodes", map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "w2"}})
+
+	o := Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: "w2", PowerTarget: bootstrap.PowerTarget, DrainTimeout: time.Minute}
+	res, err := Remove(ctx, o)
+	if err != nil {
+		t.Fatalf("remove w2: %v", err)
+	}
+	got := map[string]Step{}
+	for _, s := range res.Steps {
+		got[s.Name] = s
+	}
+	if s := got["power"]; !s.Changed || s.Detail != "powered off (redfish)" {
+		t.Errorf("power step: %+v, want powered off (redfish)", s)
+	}
+	if d := got["reset"].Detail; !strings.HasPrefix(d, "skipped: no shell on it (power.kind redfish)") {
+		t.Errorf("reset: %q", d)
+	}
+	waitState(power.StateOff)
+	if _, err := c.Do(ctx, http.MethodGet, "/api/v1/nodes/w2", nil); !errors.Is(err, kubeapi.ErrNotFound) {
+		t.Errorf("Node w2 after the removal: %v", err)
+	}
+	res, err = Remove(ctx, o)
+	if err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	for _, s := range res.Steps {
+		if s.Changed {
+			t.Errorf("rerun changed %s: %s", s.Name, s.Detail)
+		}
+		if s.Name == "power" && s.Detail != "already off (redfish)" {
+			t.Errorf("rerun's power step: %q, want already off", s.Detail)
+		}
 	}
 }

@@ -1,0 +1,128 @@
+package labns
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
+)
+
+// sushyDir finds OpenStack's Redfish emulator, kept beside the project (shared/peers/sushy-tools,
+// see shared/peers/README.md): $SUSHY_TOOLS_DIR, else ../shared/peers/sushy-tools from the repository,
+// else /work/shared/peers/sushy-tools (this workplace's machines; a CI clone may live elsewhere).
+func sushyDir(t testing.TB) string {
+	_, file, _, _ := runtime.Caller(0)
+	candidates := []string{os.Getenv("SUSHY_TOOLS_DIR"),
+		filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "peers", "sushy-tools"),
+		"/work/shared/peers/sushy-tools"}
+	for _, p := range candidates {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(p, "sushy_tools", "emulator", "main.py")); err == nil {
+			return p
+		}
+	}
+	if InCI() {
+		t.Fatalf("REAL PEER MISSING: sushy-tools in none of %q (set SUSHY_TOOLS_DIR)", candidates)
+	}
+	t.Skipf("SKIPPED: sushy-tools in none of %q (set SUSHY_TOOLS_DIR)", candidates)
+	return ""
+}
+
+// Sushy is a running sushy-emulator: its HTTPS port on 127.0.0.1, the CA its certificate chains to
+// (PEM), and the HTTP basic-auth credentials it accepts.
+type Sushy struct {
+	Port           int
+	CAPEM          []byte
+	User, Password string
+}
+
+// StartSushy runs sushy-emulator (the fake driver: one system "fake", powered off) on 127.0.0.1 with
+// TLS from a throwaway CA and HTTP basic auth (an htpasswd file with a bcrypt hash), with Debian's
+// python and its packages (python3-flask, -requests, -tenacity, -bcrypt, -webob, -pbr). Its service
+// root has no SessionService: the case the basic-auth fallback exists for. Stopped (by PID) at the end.
+func StartSushy(t testing.TB) Sushy {
+	t.Helper()
+	dir := sushyDir(t)
+	py := "/usr/bin/python3"
+	if out, err := exec.Command(py, "-c", "import flask, requests, tenacity, bcrypt, webob, pbr").CombinedOutput(); err != nil {
+		if InCI() {
+			t.Fatalf("REAL PEER MISSING: sushy-tools needs Debian's python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr (`make deps`): %s", out)
+		}
+		t.Skipf("SKIPPED: sushy-tools' python modules missing (`make deps`): %s", out)
+	}
+	tmp := t.TempDir()
+	ca, leaf := pkitest.Issue(t)
+	certFile, keyFile := pkitest.WritePEM(t, tmp, leaf)
+	user, password := "admin", "sushy-"+strconv.FormatInt(time.Now().UnixNano()%100000, 10)
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	if err := os.WriteFile(filepath.Join(tmp, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\nSUSHY_EMULATOR_FAKE_DRIVER = True\n",
+		port, certFile, keyFile, filepath.Join(tmp, "htpasswd"))
+	if err := os.WriteFile(filepath.Join(tmp, "emulator.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(tmp, "sushy.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "-m", "sushy_tools.emulator.main", "--config", filepath.Join(tmp, "emulator.conf"))
+	// TMPDIR: its persistent state (memoize.py keeps systems in $TMPDIR/sushy-emulator) starts fresh.
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir, "TMPDIR="+tmp)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = logf.Close()
+	})
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(tmp, "sushy.log"))
+			t.Fatalf("sushy-emulator exited:\n%s", b)
+		default:
+		}
+		if resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/redfish/v1/", port)); err == nil {
+			_ = resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(tmp, "sushy.log"))
+			t.Fatalf("sushy-emulator not answering:\n%s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return Sushy{Port: port, CAPEM: ca, User: user, Password: password}
+}
