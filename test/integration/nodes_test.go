@@ -3,11 +3,15 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"text/template"
@@ -101,6 +105,10 @@ kubernetes:
 # (e2e_test.go, make e2e).
 kubernetes: {enabled: false}
 {{- end}}
+{{- if not .K8s}}
+# w1 has a mac, so network boot would default to proxy DHCP; the lab boots the VM's kit directly.
+boot: {dhcp: "off"}
+{{- end}}
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
   workloadPlane: {cidrs: [10.200.0.0/24]}
@@ -130,6 +138,9 @@ nodes:
 {{- if .K8s}}
   power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
 {{- else}}
+  # The VM's boot NIC and SMBIOS UUID (test/lab/vm/chassis.sh): what w1 proves when it enrols.
+  mac: 52:54:00:01:64:00
+  systemUUID: 52540001-6400-4000-8000-525400016400
   power: {kind: ipmi, address: 10.100.0.121, username: admin, passwordFile: {{.Lab}}/bmc/w1.password}
 {{- end}}
 {{- if .Bad}}
@@ -218,6 +229,10 @@ func TestNodesConverge(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+
+	t.Run("w1 booted with public data only, enrolled once, and a second machine claiming w1 is refused", func(t *testing.T) {
+		testW1Enrolment(t, n)
+	})
 
 	t.Run("hostagent runs under systemd, told it ready (sd_notify), and applied the node firewall", func(t *testing.T) {
 		if out := strings.TrimSpace(n.script(t, "nodes.sh", "ssh", "cp1", "systemctl is-active hostagent")); out != "active" {
@@ -423,4 +438,108 @@ nodes:
 			t.Errorf("after the appliance restart: %v, want the bootstrap host alone", err)
 		}
 	})
+}
+
+// testW1Enrolment checks issue 12 item 5 on the BMC-booted VM w1: neither its rendered kernel command
+// line nor the one it booted with (its console) holds its token; it enrolled (the console's
+// `hostagent enroll` line, the appliance's record of the key, w1's events); and a second enrolment
+// for w1 (its MAC and UUID) signed by another key, sent from the bootstrap namespace over the pinned
+// HTTPS, is refused with a 4xx that is recorded in w1's events.
+func testW1Enrolment(t *testing.T, n *nodeLab) {
+	tok, err := os.ReadFile(filepath.Join(statedir.PKI(n.state), "tokens", "w1"))
+	if err != nil || len(bytes.TrimSpace(tok)) == 0 {
+		t.Fatalf("w1's token: %v", err)
+	}
+	token := string(bytes.TrimSpace(tok))
+	cmdline, err := os.ReadFile(filepath.Join(statedir.RenderedNode(n.state, "w1"), statedir.KernelCmdlineFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(cmdline), token) || strings.Contains(string(cmdline), "token") || strings.Contains(string(cmdline), "ignition.config.url") {
+		t.Errorf("w1's rendered kernel command line holds a secret: %s", cmdline)
+	}
+	console, err := os.ReadFile(filepath.Join(n.labDir, "nodes", "w1", "console.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var booted, enrolled string
+	for _, line := range strings.Split(string(console), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "=== power on ") {
+			booted = line
+		}
+		if strings.HasPrefix(line, "enrolled as node ") {
+			enrolled = line
+		}
+		if strings.Contains(line, "LAB-INIT: enroll") || strings.Contains(line, "LAB-INIT: enrolled") {
+			t.Logf("w1 console: %s", line)
+		}
+	}
+	if booted == "" || !strings.Contains(booted, "appliance.ca_pin=") || strings.Contains(booted, token) || strings.Contains(booted, "token") {
+		t.Errorf("w1's kernel command line (console) %q: want the CA pin and no token", booted)
+	}
+	if !strings.HasPrefix(enrolled, "enrolled as node w1 (key sha256:") {
+		t.Fatalf("w1's console shows no enrolment as w1: %q", enrolled)
+	}
+	t.Logf("w1: %s", enrolled)
+	recPath := filepath.Join(n.state, "enrolment", "w1.json")
+	st, err := os.Stat(recPath)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("enrolment record %s: %v %v, want mode 0600", recPath, st, err)
+	}
+	var rec struct {
+		KeyFingerprint string    `json:"keyFingerprint"`
+		PoweredOn      time.Time `json:"poweredOn"`
+		Enrolled       time.Time `json:"enrolled"`
+		MACs           []string  `json:"macs"`
+		SystemUUID     string    `json:"systemUUID"`
+	}
+	b, _ := os.ReadFile(recPath)
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(enrolled, rec.KeyFingerprint) || rec.SystemUUID != "52540001-6400-4000-8000-525400016400" || !slices.Contains(rec.MACs, "52:54:00:01:64:00") {
+		t.Errorf("record %+v, want the key w1 printed (%s), its UUID and MAC", rec, enrolled)
+	}
+	t.Logf("w1 enrolled %.1fs after the appliance powered it on", rec.Enrolled.Sub(rec.PoweredOn).Seconds())
+
+	// A second machine claims w1: its MAC and UUID, another key, a valid signature.
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	cfgData, err := os.ReadFile(filepath.Join(statedir.RenderedNode(n.state, "w1"), statedir.AgentConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := agentapi.Parse(cfgData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := make([]byte, 16)
+	_, _ = rand.Read(nonce)
+	req := agentapi.EnrollRequest{MACs: []string{"52:54:00:01:64:00"}, SystemUUID: rec.SystemUUID, Timestamp: time.Now().UTC(),
+		Nonce: base64.RawURLEncoding.EncodeToString(nonce), CAPin: cfg.CAPin}
+	req.Sign(key)
+	body, _ := json.Marshal(req)
+	bodyFile := filepath.Join(n.dir, "enroll-impostor.json")
+	mustWrite(t, bodyFile, string(body))
+	out, err := n.run("boot", "curl", "-sS", "--cacert", filepath.Join(statedir.PKI(n.state), "ca.crt"), "-H", "Content-Type: application/json",
+		"--data-binary", "@"+bodyFile, "-w", "\nHTTP %{http_code}", cfg.ApplianceURL+agentapi.EnrollPathV1)
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	t.Logf("second enrolment for w1: %s", out)
+	if !strings.Contains(out, "HTTP 409") || !strings.Contains(out, "node w1 is already enrolled") || strings.Contains(out, token) {
+		t.Errorf("a second enrolment for w1 with another key: %s, want 409 already enrolled and no token", out)
+	}
+	evs, err := nodestate.Open(statedir.Nodes(n.state)).Events("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawEnrolled, sawRefused bool
+	for _, ev := range evs {
+		sawEnrolled = sawEnrolled || strings.HasPrefix(ev.Detail, "enrolled with key "+rec.KeyFingerprint)
+		sawRefused = sawRefused || strings.HasPrefix(ev.Detail, "enrolment refused")
+	}
+	if !sawEnrolled || !sawRefused {
+		t.Errorf("w1's events: enrolled %v, refusal %v; want both recorded", sawEnrolled, sawRefused)
+	}
 }

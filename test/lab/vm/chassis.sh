@@ -18,14 +18,17 @@
 # The kernel command line is
 #   console=ttyS0 panic=-1 NET_ARGS <contents of CMDLINE_FILE>
 # where CMDLINE_FILE is what the appliance rendered for the node ($STATE/rendered/<node>/kernel-cmdline:
-# appliance.url=, appliance.ca_pin=, ignition.config.url=; see init), and NET_ARGS (the node's static
+# appliance.url= and appliance.ca_pin=, public data only; see init), and NET_ARGS (the node's static
 # addresses, `ip=` in kernel syntax) is left out when that file already has an ip= argument. Power-on
 # fails when CMDLINE_FILE is missing: a machine whose PXE server has nothing for it does not boot.
 #
 # NODE_DIR/chassis.env (written by nodes.sh) gives NODE, NETNS, NODE_DIR, KIT_SCRIPT, APPLIANCE_CACHE,
-# HOSTAGENT, CMDLINE_FILE, NET_ARGS, MAC_PREFIX, MEMORY_MB. The VM has two virtio NICs: eth0 on tap0
-# (bridged to the control plane) and eth1 on tap1 (workload plane). Its serial console is appended to
-# NODE_DIR/console.log.
+# HOSTAGENT, CMDLINE_FILE, NET_ARGS, MAC_PREFIX, MEMORY_MB, and optionally SYSTEM_UUID. The VM has two
+# virtio NICs: eth0 on tap0 (MAC_PREFIX:64:00, bridged to the control plane) and eth1 on tap1
+# (MAC_PREFIX:c8:00, workload plane), and the SMBIOS system UUID SYSTEM_UUID, by default derived from
+# MAC_PREFIX: for 52:54:00:01 it is 52540001-6400-4000-8000-525400016400 (what the booted machine
+# reads in /sys/class/dmi/id/product_uuid and sends when it enrols). Its serial console is appended
+# to NODE_DIR/console.log.
 set -uo pipefail
 
 dir=${1:-}
@@ -67,11 +70,13 @@ power_on() {
 	args="console=ttyS0 panic=-1"
 	[[ " $rendered" == *" ip="* ]] || args+=" $NET_ARGS"
 	args+=" $rendered"
+	local prefix=${MAC_PREFIX//:/}
+	local uuid=${SYSTEM_UUID:-$prefix-6400-4000-8000-${prefix}6400}
 	rm -f "$dir/qemu.pid"
 	printf '\n=== power on %s: %s\n' "$(date -u +%FT%T.%NZ)" "$args" >>"$dir/console.log"
 	date +%s%N >"$dir/powered-on"
 	nsenter --net="/run/netns/$NETNS" -- qemu-system-x86_64 -name "$NODE,process=$NETNS" \
-		-accel tcg -cpu qemu64,+rdrand -m "$MEMORY_MB" -smp 1 -nodefaults -no-user-config -display none \
+		-accel tcg -cpu qemu64,+rdrand -m "$MEMORY_MB" -smp 1 -nodefaults -no-user-config -display none -uuid "$uuid" \
 		-chardev "file,id=con,path=$dir/console.log,append=on" -serial chardev:con \
 		-kernel "$kit/vmlinuz" -initrd "$dir/initrd.img" -append "$args" \
 		-netdev tap,id=cp,ifname=tap0,script=no,downscript=no -device "virtio-net-pci,netdev=cp,mac=$MAC_PREFIX:64:00" \
