@@ -77,8 +77,8 @@ const maxSeenNonces = 8192
 //  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
 //     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409.
 //
-// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.Note), as is the
-// first acceptance; steps 1 to 3 are logged only (no node is proven). Store failures answer 500
+// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.Note; the same
+// refusal of the same key at most once a minute), as is every acceptance; steps 1 to 3 are logged only (no node is proven). Store failures answer 500
 // (the appliance's fault, never the client's input). The node token and keys are never logged.
 type Enrollment struct {
 	// Dir is the rendered dir (STATE/rendered): Dir/<node>/hostagent.yaml is the answer.
@@ -97,7 +97,15 @@ type Enrollment struct {
 	mu    sync.Mutex
 	nodes []EnrollNode
 	seen  map[string]time.Time // nonce → when it may be forgotten
+	noted map[string]time.Time // node + refusal text → when it was last noted
 }
+
+// noteEvery is how often the same refusal of the same node is noted in its events: a machine (or
+// anyone who knows a node's MAC) retrying in a loop must not grow events.jsonl without bound.
+const noteEvery = time.Minute
+
+// maxNoted bounds Enrollment.noted.
+const maxNoted = 1024
 
 // NewEnrollment returns the enrolment endpoint for the inventory nodes.
 func NewEnrollment(dir, recordDir string, nodes []EnrollNode, store *nodestate.Store, log *slog.Logger) *Enrollment {
@@ -215,6 +223,9 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	deny := func(code int, format string, args ...any) (agentapi.EnrollResponse, error) {
 		r := refuse(code, format, args...)
 		e.log().Warn("enrolment refused", "node", n.Name, "remote", remote, "key", fp, "reason", r.msg)
+		if !e.shouldNote(n.Name+"\x00"+fp+"\x00"+r.msg, now) {
+			return agentapi.EnrollResponse{}, r
+		}
 		if err := e.Nodes.Note(n.Name, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
 			e.log().Error("record the refused enrolment", "node", n.Name, "error", err)
 		}
@@ -360,6 +371,19 @@ func (e *Enrollment) writeRecord(rec EnrollRecord) error {
 		return fmt.Errorf("write the enrolment record of %s: %w", rec.Node, err)
 	}
 	return nil
+}
+
+// shouldNote reports whether the refusal key was not noted within noteEvery, and marks it noted
+// (e.mu held).
+func (e *Enrollment) shouldNote(key string, now time.Time) bool {
+	if last, ok := e.noted[key]; ok && now.Sub(last) < noteEvery {
+		return false
+	}
+	if e.noted == nil || len(e.noted) >= maxNoted {
+		e.noted = map[string]time.Time{}
+	}
+	e.noted[key] = now
+	return true
 }
 
 // seenNonce reports whether nonce is in the replay cache (e.mu held).

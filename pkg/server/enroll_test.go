@@ -383,3 +383,30 @@ func FuzzEnroll(f *testing.F) {
 		}
 	})
 }
+
+// TestEnrollRefusalNotedOncePerMinute: a machine retrying the same refused request in a loop adds one
+// event to the node's record per minute, not one per request (events.jsonl must not grow without
+// bound); every request still gets its 4xx.
+func TestEnrollRefusalNotedOncePerMinute(t *testing.T) {
+	f := newEnrollFixture(t)
+	key := newKey(t)
+	count := func() int {
+		evs, _ := f.store.Events("w1")
+		return len(evs)
+	}
+	for i := 0; i < 5; i++ {
+		if code, body := f.send(f.request(key, w1UUID, w1MAC)); code != http.StatusForbidden {
+			t.Fatalf("request %d: %d %s, want 403 (not powered on)", i, code, body)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d events after 5 identical refusals, want 1", n)
+	}
+	f.now = f.now.Add(noteEvery)
+	if code, _ := f.send(f.request(key, w1UUID, w1MAC)); code != http.StatusForbidden {
+		t.Fatal("not refused")
+	}
+	if n := count(); n != 2 {
+		t.Errorf("%d events a minute later, want 2", n)
+	}
+}
