@@ -4,10 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -25,13 +29,23 @@ func TestExecutableImagePulledThroughMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	lay := filepath.Join(dir, "layout")
-	ref := "appliance.local/airgap-appliance/appliance:v1.2.3-abcdef"
-	img, err := WriteExecutableImage(lay, ref, bin)
+	const repo, prefix = "appliance.local/airgap-appliance/appliance", "v1.2.3-"
+	img, err := WriteExecutableImage(lay, repo, prefix, bin)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The tag's digits are the layer's digest: the tar of the executable, hashed once.
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	_ = tw.WriteHeader(&tar.Header{Name: "appliance", Mode: 0o755, Size: int64(len(content)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0), Format: tar.FormatPAX})
+	_, _ = tw.Write(content)
+	_ = tw.Close()
+	sum := sha256.Sum256(tarball.Bytes())
+	if want := repo + ":" + prefix + hex.EncodeToString(sum[:])[:ExecutableTagDigits]; img.Ref != want {
+		t.Errorf("ref %s, want %s", img.Ref, want)
+	}
 	st1, _ := os.Stat(filepath.Join(lay, "index.json"))
-	again, err := WriteExecutableImage(lay, ref, bin)
+	again, err := WriteExecutableImage(lay, repo, prefix, bin)
 	if err != nil || again != img {
 		t.Fatalf("second write: %+v %v, want %+v", again, err, img)
 	}
@@ -86,7 +100,9 @@ func TestExecutableImagePulledThroughMirror(t *testing.T) {
 	if hdr.Name != "appliance" || hdr.Mode != 0o755 || !bytes.Equal(body, content) {
 		t.Errorf("layer entry %s mode %o, %d bytes; want appliance 0755 with the executable's %d bytes", hdr.Name, hdr.Mode, len(body), len(content))
 	}
-	if _, err := WriteExecutableImage(filepath.Join(dir, "bad"), "Not A Ref", bin); err == nil {
-		t.Errorf("an invalid reference was accepted")
+	for _, bad := range [][2]string{{"Not A Ref", prefix}, {repo, "no spaces "}} {
+		if _, err := WriteExecutableImage(filepath.Join(dir, "bad"), bad[0], bad[1], bin); !errors.Is(err, ErrInvalidReference) {
+			t.Errorf("repository %q, tag prefix %q: %v, want ErrInvalidReference", bad[0], bad[1], err)
+		}
 	}
 }
