@@ -337,4 +337,18 @@ func TestSSHHostKeysKept(t *testing.T) {
 	if !h.called("systemctl start ssh.service") {
 		t.Errorf("sshd not started: %v", h.calls)
 	}
+	// The bootstrap starts before SSH: nothing of it needs sshd, and under TCG the host key and
+	// sshd's start delayed it by 0.6 s.
+	bootstrapAt, sshAt := -1, -1
+	for i, c := range h.calls {
+		switch {
+		case strings.HasPrefix(c, "systemctl start --no-block "+BootstrapUnit) && bootstrapAt < 0:
+			bootstrapAt = i
+		case strings.HasPrefix(c, "systemctl start ssh.service") && sshAt < 0:
+			sshAt = i
+		}
+	}
+	if bootstrapAt < 0 || sshAt < bootstrapAt {
+		t.Errorf("%s started at call %d, sshd at %d: want the bootstrap first (%v)", BootstrapUnit, bootstrapAt, sshAt, h.calls)
+	}
 }
