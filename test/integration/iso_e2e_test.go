@@ -111,6 +111,15 @@ func TestISOJourney(t *testing.T) {
 	if out, err := k.run("cp1", "sh", "-c", "curl -skv -o /dev/null https://10.100.0.2:8443/healthz 2>&1 | grep -E 'SSL connection using'"); err == nil {
 		t.Logf("cp1 → appliance TLS: %s", strings.TrimSpace(out))
 	}
+	// What the appliance served and what it cost it (its /metrics), and how long the control planes'
+	// image pulls from it took (containerd's log): the serialized kubeadm joins pull from the VM.
+	if out, err := k.run("cp1", "sh", "-c", "curl -sk https://10.100.0.2:8443/metrics | grep -E '^(process_cpu_seconds_total|appliance_http_response_bytes_total|appliance_http_requests_total)'"); err == nil {
+		t.Logf("the appliance's /metrics at Ready:\n%s", out)
+	}
+	for _, node := range []string{"cp1", "cp2", "cp3"} {
+		out := k.ssh(t, node, `journalctl -u containerd --no-pager -o short-precise | grep -E 'msg="PullImage' | sed -E 's/^[A-Za-z]+ [0-9]+ ([0-9:.]+) .*msg="PullImage \\"([^\\]+)\\"( returns)?.*/\1 \2\3/' | tail -20`)
+		t.Logf("%s: containerd image pulls (start, then 'returns' when done):\n%s", node, out)
+	}
 
 	// The cluster as make e2e checks it: every node Ready, through the VIP, from a control plane.
 	nodes := k.ssh(t, "cp1", "kubectl --kubeconfig /etc/kubernetes/admin.conf --server https://"+vip+":6443 get nodes --no-headers")
