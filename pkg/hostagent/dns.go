@@ -70,7 +70,7 @@ func (a *Agent) stepDNS(ctx context.Context) (string, error) {
 			return "", err
 		}
 		changed = c
-		if err := a.coreDNSAnswers(ctx, netip.AddrPortFrom(s.Listen[0], agentapi.DNSPort), d.Zone); err != nil {
+		if err := a.waitCoreDNS(ctx, netip.AddrPortFrom(s.Listen[0], agentapi.DNSPort), d.Zone, coreDNSWait); err != nil {
 			return "", &waitError{"waiting for the CoreDNS static pod to answer: " + err.Error()}
 		}
 		done = append(done, fmt.Sprintf("CoreDNS serving %s on %s port %d", d.Zone, joinAddrs(s.Listen), agentapi.DNSPort))
@@ -159,6 +159,36 @@ func CoreDNSPod(s *agentapi.DNSServer) []byte {
 	}
 	b, _ := json.MarshalIndent(pod, "", "  ") // maps of strings and numbers: cannot fail
 	return append(b, '\n')
+}
+
+// coreDNSWait bounds how long the dns step asks CoreDNS itself, every coreDNSPoll, before it reports
+// a wait and the agent's loop tries the step again (2 s later): kubelet starts the static pod within
+// about a second of its manifest, and a control plane's dns step, the last before it is ready, used
+// to take 2.0 s in the e2e because the first check came before the pod and the next one only at the
+// loop's retry.
+const (
+	coreDNSWait = 3 * time.Second
+	coreDNSPoll = 100 * time.Millisecond
+)
+
+// waitCoreDNS asks addr for zone's SOA (coreDNSAnswers) every coreDNSPoll until it answers or limit
+// has passed, and returns the last check's error then.
+func (a *Agent) waitCoreDNS(ctx context.Context, addr netip.AddrPort, zone string, limit time.Duration) error {
+	if a.nsPath() != "" {
+		return a.coreDNSAnswers(ctx, addr, zone) // refused at once: nothing to wait for
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		err := a.coreDNSAnswers(ctx, addr, zone)
+		if err == nil || time.Now().Add(coreDNSPoll).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(coreDNSPoll):
+		}
+	}
 }
 
 // coreDNSAnswers asks addr for zone's SOA over UDP and accepts only an authoritative answer

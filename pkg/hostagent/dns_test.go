@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -201,6 +203,53 @@ func TestCoreDNSAnswers(t *testing.T) {
 	}
 	if err := a.coreDNSAnswers(context.Background(), srv.Addr(), "other.example.org"); err == nil || !strings.Contains(err.Error(), "REFUSED") {
 		t.Errorf("another zone: %v, want REFUSED named", err)
+	}
+}
+
+// TestWaitCoreDNS: the dns step keeps asking CoreDNS for a while instead of leaving it to the agent's
+// next loop (2 s later): a server that starts answering the zone after the first check (pkg/dnsrecords'
+// server, real DNS over UDP on 127.0.0.1, started 300 ms in) is seen within the same step; with
+// nothing answering, the last check's error comes back once the limit has passed.
+func TestWaitCoreDNS(t *testing.T) {
+	c := config.Example()
+	c.BaseDomain = "example.com"
+	config.SetDefaults(c)
+	if _, errs := config.Validate(c, config.ValidateOptions{}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	z, err := dnsrecords.ForCoreDNS(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A free UDP port on 127.0.0.1 for the late server.
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddrPort(pc.LocalAddr().String())
+	_ = pc.Close()
+	a := &Agent{}
+	if err := a.coreDNSAnswers(context.Background(), addr, c.DNSZone()); err == nil {
+		t.Fatalf("something answers on %s before the server started", addr)
+	}
+	started := make(chan *dnsrecords.Server, 1)
+	time.AfterFunc(300*time.Millisecond, func() {
+		srv, err := dnsrecords.Start(z, addr, nil)
+		if err != nil {
+			t.Errorf("start the zone server on %s: %v", addr, err)
+			srv = nil
+		}
+		started <- srv
+	})
+	err = a.waitCoreDNS(context.Background(), addr, c.DNSZone(), 10*time.Second)
+	if srv := <-started; srv != nil {
+		defer func() { _ = srv.Shutdown(context.Background()) }()
+	}
+	if err != nil {
+		t.Errorf("a server that started answering during the wait: %v", err)
+	}
+	if err := a.waitCoreDNS(context.Background(), addr, "other.example.org", 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "REFUSED") {
+		t.Errorf("a zone nobody serves: %v, want the last check's REFUSED", err)
 	}
 }
 
