@@ -31,6 +31,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/sushy"
 )
 
 // startAPIServer runs a real etcd and kube-apiserver (the Kubernetes fixture) on 127.0.0.1 until the
@@ -440,14 +441,14 @@ func TestDrainWaitsForEvictedPodsToBeDeleted(t *testing.T) {
 func TestRemovePowersOffThroughBMC(t *testing.T) {
 	stateDir := t.TempDir()
 	c := startAPIServer(t, stateDir)
-	sushy := labns.StartSushy(t)
+	bmc := sushy.Start(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	caFile, passFile := filepath.Join(dir, "bmc-ca.crt"), filepath.Join(dir, "bmc-password")
-	if err := os.WriteFile(caFile, sushy.CAPEM, 0o644); err != nil {
+	if err := os.WriteFile(caFile, bmc.CAPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(passFile, []byte(sushy.Password+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(passFile, []byte(bmc.Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := config.Example()
@@ -455,8 +456,8 @@ func TestRemovePowersOffThroughBMC(t *testing.T) {
 	var w2 config.Node
 	for i := range cfg.Nodes {
 		if cfg.Nodes[i].Name == "w2" {
-			cfg.Nodes[i].Power = config.Power{Kind: config.PowerRedfish, Address: fmt.Sprintf("https://127.0.0.1:%d", sushy.Port),
-				Username: sushy.User, PasswordFile: passFile, CAFile: caFile}
+			cfg.Nodes[i].Power = config.Power{Kind: config.PowerRedfish, Address: fmt.Sprintf("https://127.0.0.1:%d", bmc.Port),
+				Username: bmc.User, PasswordFile: passFile, CAFile: caFile}
 			w2 = cfg.Nodes[i]
 		}
 	}

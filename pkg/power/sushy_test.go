@@ -5,15 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/sushy"
 )
 
 // TestRedfishSushyTools drives sushy-tools, a real Redfish implementation without a SessionService:
 // the session login fails, the controller falls back to HTTP basic auth (as OpenStack's client does)
 // and reads and sets the power (on, then off); a wrong password is still ErrAuth.
 func TestRedfishSushyTools(t *testing.T) {
-	sushy := labns.StartSushy(t)
-	port, ca, user, password := sushy.Port, sushy.CAPEM, sushy.User, sushy.Password
+	bmc := sushy.Start(t)
+	port, ca, user, password := bmc.Port, bmc.CAPEM, bmc.User, bmc.Password
 	ctx := t.Context()
 	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: port, Username: user, Password: password, CAPEM: ca, Timeout: 20 * time.Second})
 	if err != nil {

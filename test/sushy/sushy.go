@@ -1,4 +1,8 @@
-package labns
+// Package sushy runs OpenStack's Redfish emulator, sushy-tools (kept beside the project in
+// shared/peers/sushy-tools), for tests that need a real Redfish BMC. It is a package of its own, not
+// part of labns, because it issues certificates with pkg/pki/pkitest, which pkg/pki's own tests (users
+// of labns) cannot import.
+package sushy
 
 import (
 	"crypto/tls"
@@ -17,6 +21,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // sushyDir finds OpenStack's Redfish emulator, kept beside the project (shared/peers/sushy-tools,
@@ -35,31 +40,31 @@ func sushyDir(t testing.TB) string {
 			return p
 		}
 	}
-	if InCI() {
+	if labns.InCI() {
 		t.Fatalf("REAL PEER MISSING: sushy-tools in none of %q (set SUSHY_TOOLS_DIR)", candidates)
 	}
 	t.Skipf("SKIPPED: sushy-tools in none of %q (set SUSHY_TOOLS_DIR)", candidates)
 	return ""
 }
 
-// Sushy is a running sushy-emulator: its HTTPS port on 127.0.0.1, the CA its certificate chains to
+// Emulator is a running sushy-emulator: its HTTPS port on 127.0.0.1, the CA its certificate chains to
 // (PEM), and the HTTP basic-auth credentials it accepts.
-type Sushy struct {
+type Emulator struct {
 	Port           int
 	CAPEM          []byte
 	User, Password string
 }
 
-// StartSushy runs sushy-emulator (the fake driver: one system "fake", powered off) on 127.0.0.1 with
+// Start runs sushy-emulator (the fake driver: one system "fake", powered off) on 127.0.0.1 with
 // TLS from a throwaway CA and HTTP basic auth (an htpasswd file with a bcrypt hash), with Debian's
 // python and its packages (python3-flask, -requests, -tenacity, -bcrypt, -webob, -pbr). Its service
 // root has no SessionService: the case the basic-auth fallback exists for. Stopped (by PID) at the end.
-func StartSushy(t testing.TB) Sushy {
+func Start(t testing.TB) Emulator {
 	t.Helper()
 	dir := sushyDir(t)
 	py := "/usr/bin/python3"
 	if out, err := exec.Command(py, "-c", "import flask, requests, tenacity, bcrypt, webob, pbr").CombinedOutput(); err != nil {
-		if InCI() {
+		if labns.InCI() {
 			t.Fatalf("REAL PEER MISSING: sushy-tools needs Debian's python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr (`make deps`): %s", out)
 		}
 		t.Skipf("SKIPPED: sushy-tools' python modules missing (`make deps`): %s", out)
@@ -124,5 +129,5 @@ func StartSushy(t testing.TB) Sushy {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return Sushy{Port: port, CAPEM: ca, User: user, Password: password}
+	return Emulator{Port: port, CAPEM: ca, User: user, Password: password}
 }
