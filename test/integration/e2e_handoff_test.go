@@ -283,6 +283,8 @@ spec:
 						continue
 					}
 					if f[3] == "Approved/AutoApproved" && len(f) == 5 && f[4] != "" {
+						t.Logf("%s's new kubelet serving CSR (created %s) approved and signed with the bootstrap host off, %.1fs after kubelet's restart",
+							worker, f[0], time.Since(t0).Seconds()-2)
 						return nil
 					}
 					return fmt.Errorf("%s's new serving CSR: %s", worker, line)
