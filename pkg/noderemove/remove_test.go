@@ -4,19 +4,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,139 +22,22 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/kubeapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
-	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
-	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/kubetest"
 	"github.com/airgap-appliance/appliance/test/sushy"
 )
 
-// startAPIServer runs a real etcd and kube-apiserver (the Kubernetes fixture) on 127.0.0.1 until the
-// test ends (killed by PID), writes an admin kubeconfig like kubeadm's admin.conf to
-// STATE/kubernetes/admin.conf and returns a client from it once /readyz answers ok. No
-// controller-manager or kubelet runs: the test plays their part where it needs one (status writes).
+// startAPIServer runs a real etcd and kube-apiserver (test/kubetest) until the test ends, its
+// admin kubeconfig at STATE/kubernetes/admin.conf like kubeadm's admin.conf, and returns a client
+// from it. The ServiceAccount admission plugin is off: no kube-controller-manager makes the default
+// service accounts the test's pods would need. No kubelet runs either: the test plays its part where
+// it needs one (status writes).
 func startAPIServer(t *testing.T, stateDir string) *kubeapi.Client {
 	t.Helper()
-	etcdBin := labns.KubernetesBin(t, "etcd")
-	apiBin := labns.KubernetesBin(t, "kube-apiserver")
-	dir := t.TempDir()
-	now := time.Now()
-	ca, _, err := pki.EnsureCA(filepath.Join(dir, "ca"), "noderemove-test-ca", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := pki.EnsureServingCert(filepath.Join(dir, "serving"), ca, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, now); err != nil {
-		t.Fatal(err)
-	}
-	saKey, err := pki.IssueClientCert(ca, "service-accounts", nil, time.Hour, now) // only its key is used
-	if err != nil {
-		t.Fatal(err)
-	}
-	saFile := filepath.Join(dir, "sa.key")
-	if err := os.WriteFile(saFile, saKey.KeyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	blk, _ := pem.Decode(saKey.CertPEM)
-	saCert, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	saPub, err := x509.MarshalPKIXPublicKey(saCert.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	saPubFile := filepath.Join(dir, "sa.pub")
-	if err := os.WriteFile(saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
-	clientURL, peerURL, apiPort := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port()), port()
-	exited := make(chan string, 2)
-	run := func(name string, argv ...string) {
-		log, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			err := cmd.Wait()
-			exited <- fmt.Sprintf("%s exited: %v", name, err)
-			close(done)
-		}()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-done
-			log.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				if len(b) > 3000 {
-					b = b[len(b)-3000:]
-				}
-				t.Logf("%s log (tail):\n%s", name, b)
-			}
-		})
-	}
-	run("etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
-		"--unsafe-no-fsync", "--log-level=warn")
-	run("kube-apiserver", apiBin, "--etcd-servers="+clientURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
-		"--tls-cert-file="+filepath.Join(dir, "serving", "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving", "serving.key"),
-		"--client-ca-file="+filepath.Join(dir, "ca", "ca.crt"),
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saPubFile, "--service-account-signing-key-file="+saFile,
-		"--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC", "--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount")
-	admin, err := pki.IssueClientCert(ca, "kubernetes-admin", []string{"system:masters"}, time.Hour, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
-	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\ncurrent-context: admin@test\n"+
-		"clusters:\n- name: test\n  cluster:\n    server: https://127.0.0.1:%d\n    certificate-authority-data: %s\n"+
-		"users:\n- name: admin\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n"+
-		"contexts:\n- name: admin@test\n  context: {cluster: test, user: admin}\n", apiPort, b64(ca.CertPEM), b64(admin.CertPEM), b64(admin.KeyPEM))
-	path := statedir.AdminKubeconfig(stateDir)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := kubeapi.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The deadline only bounds a hang; nothing is asserted about time.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	for {
-		b, err := c.Do(ctx, http.MethodGet, "/readyz", nil)
-		if err == nil && string(b) == "ok" {
-			return c
-		}
-		select {
-		case msg := <-exited:
-			t.Fatal(msg)
-		case <-ctx.Done():
-			t.Fatalf("kube-apiserver not ready: %v", err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return kubetest.StartAPIServer(t, kubetest.Options{
+		AdminKubeconfig: statedir.AdminKubeconfig(stateDir), DisableAdmissionPlugins: []string{"ServiceAccount"},
+	}).Client
 }
 
 func mustDo(t *testing.T, c *kubeapi.Client, method, path string, obj any) []byte {

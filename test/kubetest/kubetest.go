@@ -1,0 +1,288 @@
+// Package kubetest runs a real control plane for a test: etcd and kube-apiserver from the
+// Kubernetes fixture (`make fixtures`, test/fixtures/build-kubernetes.sh) on 127.0.0.1 with
+// ephemeral ports, certificates from the product's own pkg/pki, an admin kubeconfig and a
+// *kubeapi.Client. No kube-controller-manager, scheduler or kubelet runs: a test plays their part
+// where it needs one (status writes, deletes).
+//
+// It may import pkg/kubeapi, pkg/pki and test/labns, and nothing whose tests import it (a cycle
+// shows in `go vet ./...`, which compiles every test).
+package kubetest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/airgap-appliance/appliance/pkg/kubeapi"
+	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/test/labns"
+)
+
+// ServiceClusterIPRange is the API server's --service-cluster-ip-range: kubeadm's default service
+// subnet (ClusterConfiguration networking.serviceSubnet).
+const ServiceClusterIPRange = "10.96.0.0/16"
+
+// ServiceAccountIssuer is the API server's --service-account-issuer, kubeadm's default.
+const ServiceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
+
+// File names in Options.PKIDir, as kubeadm names them in /etc/kubernetes/pki.
+const (
+	ServiceAccountKeyFile       = "sa.key"
+	ServiceAccountPublicKeyFile = "sa.pub"
+)
+
+// AdminUser and AdminGroup are the identity of the admin kubeconfig's client certificate (CN and O):
+// kubeadm's super-admin.conf, whose group system:masters the API server authorizes for everything
+// without any RBAC binding (kubeadm's admin.conf group, kubeadm:cluster-admins, is bound only by
+// `kubeadm init`, which does not run here).
+const (
+	AdminUser  = "kubernetes-admin"
+	AdminGroup = "system:masters"
+)
+
+// Options are what differs between the tests' API servers. The zero value is an API server
+// configured as kubeadm configures one (authorization Node,RBAC, the default admission plugins),
+// without bootstrap token authentication.
+type Options struct {
+	// PKIDir holds the cluster CA and the service-account key in kubeadm's layout
+	// (/etc/kubernetes/pki): ca.crt/ca.key, made by pki.EnsureCA when missing and reused when
+	// present, and sa.key/sa.pub (ECDSA P-256, PKCS #8 and PKIX PEM, 0600), made when sa.key is
+	// missing. kubeadm's `init phase certs sa` reuses an sa.key it finds there, as on a control
+	// plane that holds the key of its cluster. Empty: a temporary directory.
+	PKIDir string
+	// AuthorizationMode is --authorization-mode: "" means Node,RBAC (kubeadm's); AlwaysAllow
+	// allows every authenticated request (anonymous requests stay refused).
+	AuthorizationMode string
+	// BootstrapTokenAuth sets --enable-bootstrap-token-auth, as kubeadm does: a bootstrap token
+	// Secret in kube-system authenticates as system:bootstrap:<token-id>.
+	BootstrapTokenAuth bool
+	// DisableAdmissionPlugins is --disable-admission-plugins, e.g. ServiceAccount for a test that
+	// creates pods: with no kube-controller-manager, no namespace gets its default service account
+	// and that plugin refuses every pod.
+	DisableAdmissionPlugins []string
+	// AdminKubeconfig is where the admin kubeconfig is written (mode 0600; missing parent
+	// directories are made 0700), e.g. STATE/kubernetes/admin.conf where kubeadm writes its
+	// admin.conf. Empty: admin.conf in a temporary directory.
+	AdminKubeconfig string
+}
+
+// APIServer is a running etcd + kube-apiserver, killed by PID when the test ends.
+type APIServer struct {
+	// URL is https://127.0.0.1:Port, Port the API server's --secure-port.
+	URL  string
+	Port int
+	// CA is the cluster CA: it signs the serving certificate (SAN 127.0.0.1) and the client
+	// certificates the API server accepts (--client-ca-file). CAFile is its certificate, PEM.
+	CA     *pki.CA
+	CAFile string
+	// AdminKubeconfig is the admin kubeconfig's path (Options.AdminKubeconfig or a temporary one)
+	// and Client a client loaded from it (AdminUser in AdminGroup).
+	AdminKubeconfig string
+	Client          *kubeapi.Client
+}
+
+// StartAPIServer runs etcd and kube-apiserver v1.34 (labns.KubernetesVersion) of the Kubernetes
+// fixture on 127.0.0.1 until the test ends and returns once /readyz answers "ok" to the admin.
+// Without the fixture it skips the test loudly (fails it under CI, labns.KubernetesBin). It fails
+// the test when a process exits before that or the API server is not ready within 3 minutes (a
+// bound on a hang; nothing is asserted about time). At cleanup it kills both processes by PID and,
+// when the test failed, logs the last 3000 bytes of each one's output.
+func StartAPIServer(t testing.TB, opts Options) *APIServer {
+	t.Helper()
+	etcdBin := labns.KubernetesBin(t, "etcd")
+	apiBin := labns.KubernetesBin(t, "kube-apiserver")
+	dir := t.TempDir()
+	pkiDir := opts.PKIDir
+	if pkiDir == "" {
+		pkiDir = filepath.Join(dir, "pki")
+	}
+	now := time.Now()
+	ca, _, err := pki.EnsureCA(pkiDir, "kubernetes", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saKey, saPub := ensureServiceAccountKey(t, pkiDir)
+	servingDir := filepath.Join(dir, "serving")
+	if _, _, err := pki.EnsureServingCert(servingDir, ca, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	mode := opts.AuthorizationMode
+	if mode == "" {
+		mode = "Node,RBAC"
+	}
+
+	clientURL, peerURL, port := "http://127.0.0.1:"+freePort(t), "http://127.0.0.1:"+freePort(t), freePort(t)
+	exited := make(chan string, 2)
+	start(t, dir, exited, "etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
+		"--unsafe-no-fsync", "--log-level=warn")
+	argv := []string{apiBin, "--etcd-servers=" + clientURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + port,
+		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
+		"--tls-cert-file=" + filepath.Join(servingDir, pki.ServingCertFile),
+		"--tls-private-key-file=" + filepath.Join(servingDir, pki.ServingKeyFile),
+		"--client-ca-file=" + filepath.Join(pkiDir, pki.CACertFile),
+		"--service-account-issuer=" + ServiceAccountIssuer,
+		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--service-cluster-ip-range=" + ServiceClusterIPRange, "--authorization-mode=" + mode,
+		"--endpoint-reconciler-type=none"}
+	if opts.BootstrapTokenAuth {
+		argv = append(argv, "--enable-bootstrap-token-auth")
+	}
+	if len(opts.DisableAdmissionPlugins) > 0 {
+		argv = append(argv, "--disable-admission-plugins="+strings.Join(opts.DisableAdmissionPlugins, ","))
+	}
+	start(t, dir, exited, "kube-apiserver", argv...)
+
+	s := &APIServer{URL: "https://127.0.0.1:" + port, CA: ca, CAFile: filepath.Join(pkiDir, pki.CACertFile),
+		AdminKubeconfig: opts.AdminKubeconfig}
+	s.Port, _ = strconv.Atoi(port)
+	if s.AdminKubeconfig == "" {
+		s.AdminKubeconfig = filepath.Join(dir, "admin.conf")
+	}
+	s.WriteKubeconfig(t, s.AdminKubeconfig, AdminUser, AdminGroup)
+	if s.Client, err = kubeapi.Load(s.AdminKubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // bounds a hang; nothing timed is asserted
+	defer cancel()
+	for {
+		b, err := s.Client.Do(ctx, http.MethodGet, "/readyz", nil)
+		if err == nil && string(b) == "ok" {
+			return s
+		}
+		select {
+		case msg := <-exited:
+			t.Fatal(msg)
+		case <-ctx.Done():
+			t.Fatalf("kube-apiserver not ready: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// ClientCert issues a client certificate from the cluster CA for user (CN) in groups (O), which is
+// how the API server names and groups a client (kubelets are CN=system:node:NAME, O=system:nodes),
+// valid for an hour.
+func (s *APIServer) ClientCert(t testing.TB, user string, groups ...string) pki.ClientCert {
+	t.Helper()
+	c, err := pki.IssueClientCert(s.CA, user, groups, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// WriteKubeconfig writes a kubeconfig like kubeadm's admin.conf to path (client-go's clientcmd,
+// mode 0600; missing parent directories are made 0700): the server URL and the CA certificate, and
+// a new client certificate for user in groups with its key, all embedded.
+func (s *APIServer) WriteKubeconfig(t testing.TB, path, user string, groups ...string) {
+	t.Helper()
+	cert := s.ClientCert(t, user, groups...)
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: s.URL, CertificateAuthorityData: s.CA.CertPEM}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: cert.CertPEM, ClientKeyData: cert.KeyPEM}
+	kc.Contexts[user+"@test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: user}
+	kc.CurrentContext = user + "@test"
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ensureServiceAccountKey returns the paths of dir/sa.key and dir/sa.pub, first writing a new
+// ECDSA P-256 key pair there (0600) when sa.key is missing.
+func ensureServiceAccountKey(t testing.TB, dir string) (keyFile, pubFile string) {
+	t.Helper()
+	keyFile, pubFile = filepath.Join(dir, ServiceAccountKeyFile), filepath.Join(dir, ServiceAccountPublicKeyFile)
+	if _, err := os.Stat(keyFile); err == nil {
+		return keyFile, pubFile
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keyFile, pubFile
+}
+
+// freePort returns a TCP port that was free on 127.0.0.1 a moment ago (the kernel's choice for
+// port 0), as a string.
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// start runs argv until the test ends, its output in dir/NAME.log; a line on exited says when it
+// exits. At cleanup it kills the process by PID, waits for it and, when the test failed, logs the
+// last 3000 bytes of its output.
+func start(t testing.TB, dir string, exited chan<- string, name string, argv ...string) {
+	t.Helper()
+	log, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		exited <- fmt.Sprintf("%s exited: %v", name, err)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		log.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("%s log (tail):\n%s", name, b[max(0, len(b)-3000):])
+		}
+	})
+}
