@@ -2,18 +2,12 @@ package bootstrap
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,122 +20,15 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
-	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/kubetest"
 )
 
-// startClusterAPI runs a real etcd and kube-apiserver (the Kubernetes fixture) on 127.0.0.1 until the
-// test ends (killed by PID): serving and client certificates from the cluster CA ca (as kubeadm's),
-// bootstrap token authentication on, every authenticated request allowed (no kubeadm RBAC here). It
-// returns the API port once /readyz answers.
-func startClusterAPI(t *testing.T, ca *pki.CA, caDir string) int {
+// startClusterAPI runs a real etcd and kube-apiserver (test/kubetest) until the test ends: its CA is
+// the cluster CA (as kubeadm's), bootstrap token authentication is on and every authenticated
+// request is allowed (no kubeadm RBAC here).
+func startClusterAPI(t *testing.T) *kubetest.APIServer {
 	t.Helper()
-	etcdBin := labns.KubernetesBin(t, "etcd")
-	apiBin := labns.KubernetesBin(t, "kube-apiserver")
-	dir := t.TempDir()
-	now := time.Now()
-	if _, _, err := pki.EnsureServingCert(filepath.Join(dir, "serving"), ca, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, now); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := pki.IssueClientCert(ca, "service-accounts", nil, time.Hour, now) // only its key is used
-	if err != nil {
-		t.Fatal(err)
-	}
-	blk, _ := pem.Decode(sa.CertPEM)
-	saCert, err := x509.ParseCertificate(blk.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	saPub, err := x509.MarshalPKIXPublicKey(saCert.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	saKeyFile, saPubFile := filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")
-	if err := os.WriteFile(saKeyFile, sa.KeyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
-	clientURL, peerURL, apiPort := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port()), port()
-	exited := make(chan string, 2)
-	run := func(name string, argv ...string) {
-		log, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			err := cmd.Wait()
-			exited <- fmt.Sprintf("%s exited: %v", name, err)
-			close(done)
-		}()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-done
-			log.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				if len(b) > 3000 {
-					b = b[len(b)-3000:]
-				}
-				t.Logf("%s log (tail):\n%s", name, b)
-			}
-		})
-	}
-	run("etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
-		"--unsafe-no-fsync", "--log-level=warn")
-	run("kube-apiserver", apiBin, "--etcd-servers="+clientURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
-		"--tls-cert-file="+filepath.Join(dir, "serving", "serving.crt"), "--tls-private-key-file="+filepath.Join(dir, "serving", "serving.key"),
-		"--client-ca-file="+filepath.Join(caDir, "ca.crt"), "--enable-bootstrap-token-auth",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saPubFile, "--service-account-signing-key-file="+saKeyFile,
-		"--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=AlwaysAllow", "--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount")
-	// Anonymous requests are off with AlwaysAllow: the probe presents a client certificate.
-	probe, err := pki.IssueClientCert(ca, "probe", nil, time.Hour, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "probe.crt"), probe.CertPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "probe.key"), probe.KeyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // bounds a hang; nothing timed is asserted
-	defer cancel()
-	for {
-		out, err := exec.CommandContext(ctx, "curl", "-sf", "--cacert", filepath.Join(caDir, "ca.crt"),
-			"--cert", filepath.Join(dir, "probe.crt"), "--key", filepath.Join(dir, "probe.key"),
-			fmt.Sprintf("https://127.0.0.1:%d/readyz", apiPort)).Output()
-		if err == nil && string(out) == "ok" {
-			return apiPort
-		}
-		select {
-		case msg := <-exited:
-			t.Fatal(msg)
-		case <-ctx.Done():
-			t.Fatalf("kube-apiserver not ready: %v", err)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return kubetest.StartAPIServer(t, kubetest.Options{AuthorizationMode: "AlwaysAllow", BootstrapTokenAuth: true})
 }
 
 // TestEnsureJoinToken: against a real kube-apiserver, the power phase's join-token check does
@@ -156,12 +43,8 @@ func startClusterAPI(t *testing.T, ca *pki.CA, caDir string) int {
 // 55.8 s against w1's 6.0 s in the e2e).
 func TestEnsureJoinToken(t *testing.T) {
 	now := time.Now()
-	caDir := filepath.Join(t.TempDir(), "kubernetes")
-	ca, _, err := pki.EnsureCA(caDir, "kubernetes", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiPort := startClusterAPI(t, ca, caDir)
+	api := startClusterAPI(t)
+	ca, apiPort := api.CA, api.Port
 	ctx := context.Background()
 
 	cfg := config.Example()
@@ -218,7 +101,7 @@ func TestEnsureJoinToken(t *testing.T) {
 	}
 	// The API server authenticates the token from that Secret (bootstrap token authenticator); curl
 	// presents no client certificate, only the token.
-	b, err := exec.CommandContext(ctx, "curl", "-sfS", "--cacert", filepath.Join(caDir, "ca.crt"),
+	b, err := exec.CommandContext(ctx, "curl", "-sfS", "--cacert", api.CAFile,
 		"-H", "Authorization: Bearer "+secrets.BootstrapToken, "-H", "Content-Type: application/json",
 		"-d", `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
 		fmt.Sprintf("https://127.0.0.1:%d/apis/authentication.k8s.io/v1/selfsubjectreviews", apiPort)).CombinedOutput()

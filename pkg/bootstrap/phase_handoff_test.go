@@ -11,7 +11,6 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -21,12 +20,8 @@ import (
 // once recorded done, a rerun reports it and changes nothing.
 func TestHandoffRefusedOnUnhealthyCluster(t *testing.T) {
 	now := time.Now()
-	caDir := filepath.Join(t.TempDir(), "kubernetes")
-	ca, _, err := pki.EnsureCA(caDir, "kubernetes", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiPort := startClusterAPI(t, ca, caDir)
+	api := startClusterAPI(t)
+	ca, apiPort := api.CA, api.Port
 	cfg := config.Example()
 	cfg.APIServer.VIP = netip.MustParseAddr("127.0.0.1")
 	cfg.APIServer.Port = uint16(apiPort)
