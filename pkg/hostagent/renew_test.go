@@ -4,18 +4,16 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/pki"
+	"github.com/airgap-appliance/appliance/test/kubetest"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
@@ -78,31 +76,26 @@ func TestRenewalConfigIsInit(t *testing.T) {
 
 // TestJoinedLeaderRenewsWithRealKubeadm: what renewJoinSecrets runs on a leader that joined (cp2
 // after the init node's removal: Action join-control-plane, no After), with the real kubeadm
-// v1.34.4 against a real etcd and kube-apiserver on 127.0.0.1 (the Kubernetes fixture, killed by
-// PID at the end): `kubeadm init phase upload-certs` and `kubeadm init phase bootstrap-token` with
+// v1.34.4 against a real etcd and kube-apiserver on 127.0.0.1 (test/kubetest: the Kubernetes
+// fixture, killed by PID at the end): `kubeadm init phase upload-certs` and `kubeadm init phase bootstrap-token` with
 // its renewalConfig put the control-plane certificates (kubeadm-certs, under the node config's
 // certificate key) and the node config's bootstrap token into the cluster, which is what a control
 // plane or worker added afterwards joins with. The only differences from the hostagent's calls:
 // --kubeconfig names the test's admin kubeconfig instead of /etc/kubernetes/admin.conf, and the
 // ClusterConfiguration's certificatesDir a temporary directory instead of /etc/kubernetes/pki, where
-// the cluster CA is the test's and `kubeadm init phase certs` makes the other CAs and the service
-// account key as a joined control plane holds them. Nothing is written outside temporary directories.
+// the cluster CA and the service-account key are the API server's and `kubeadm init phase certs`
+// makes the other CAs, as a joined control plane holds them. Nothing is written outside temporary directories.
 func TestJoinedLeaderRenewsWithRealKubeadm(t *testing.T) {
 	kubeadm := labns.KubernetesBin(t, "kubeadm")
 	kubectl := labns.KubernetesBin(t, "kubectl")
-	etcdBin := labns.KubernetesBin(t, "etcd")
-	apiBin := labns.KubernetesBin(t, "kube-apiserver")
 	_, etcBefore := os.Stat("/etc/kubernetes")
 	dir := t.TempDir()
 	now := time.Now()
+	// etcd and kube-apiserver: bootstrap tokens authenticate, every authenticated request is
+	// allowed. The cluster CA and the service-account key are in pkiDir, kubeadm's layout.
 	pkiDir := filepath.Join(dir, "pki")
-	ca, _, err := pki.EnsureCA(pkiDir, "kubernetes", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := pki.EnsureServingCert(filepath.Join(dir, "serving"), ca, []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil, now); err != nil {
-		t.Fatal(err)
-	}
+	api := kubetest.StartAPIServer(t, kubetest.Options{PKIDir: pkiDir, AuthorizationMode: "AlwaysAllow", BootstrapTokenAuth: true})
+	ca, apiPort, kubeconfig := api.CA, api.Port, api.AdminKubeconfig
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // bounds a hang; nothing timed is asserted
 	defer cancel()
 	run := func(argv ...string) string {
@@ -113,18 +106,9 @@ func TestJoinedLeaderRenewsWithRealKubeadm(t *testing.T) {
 		}
 		return string(out)
 	}
-	port := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
 
 	// The renewal configuration of cp2, a leader that joined.
 	cfgFile := filepath.Join(dir, "kubeadm.yaml")
-	apiPort := port()
 	k := &agentapi.KubernetesConfig{
 		Version: labns.KubernetesVersion, Action: agentapi.ActionJoinControlPlane,
 		ControlPlaneEndpoint: fmt.Sprintf("127.0.0.1:%d", apiPort), ImageRepository: "registry.k8s.io",
@@ -145,76 +129,12 @@ func TestJoinedLeaderRenewsWithRealKubeadm(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The other CAs and the service-account key, as a joined control plane holds them.
+	// The other CAs, and the service-account key as a joined control plane holds them: kubeadm
+	// keeps the API server's sa.key it finds in pkiDir.
 	for _, phase := range []string{"sa", "front-proxy-ca", "etcd-ca"} {
-		run(kubeadm, "init", "phase", "certs", phase, "--config", cfgFile)
-	}
-
-	// etcd and kube-apiserver; bootstrap tokens authenticate, every authenticated request is allowed.
-	exited := make(chan string, 2)
-	start := func(name string, argv ...string) {
-		log, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			err := cmd.Wait()
-			exited <- fmt.Sprintf("%s exited: %v", name, err)
-			close(done)
-		}()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-done
-			log.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				t.Logf("%s log (tail):\n%s", name, b[max(0, len(b)-3000):])
-			}
-		})
-	}
-	clientURL, peerURL := fmt.Sprintf("http://127.0.0.1:%d", port()), fmt.Sprintf("http://127.0.0.1:%d", port())
-	start("etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
-		"--unsafe-no-fsync", "--log-level=warn")
-	start("kube-apiserver", apiBin, "--etcd-servers="+clientURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
-		"--tls-cert-file="+filepath.Join(dir, "serving", pki.ServingCertFile), "--tls-private-key-file="+filepath.Join(dir, "serving", pki.ServingKeyFile),
-		"--client-ca-file="+filepath.Join(pkiDir, pki.CACertFile), "--enable-bootstrap-token-auth",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+filepath.Join(pkiDir, "sa.pub"), "--service-account-signing-key-file="+filepath.Join(pkiDir, "sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=AlwaysAllow", "--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount")
-	admin, err := pki.IssueClientCert(ca, "kubernetes-admin", []string{"kubeadm:cluster-admins"}, time.Hour, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b64 := func(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
-	kubeconfig := filepath.Join(dir, "admin.conf")
-	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, "apiVersion: v1\nkind: Config\ncurrent-context: admin@lab\n"+
-		"clusters:\n- name: lab\n  cluster:\n    server: https://127.0.0.1:%d\n    certificate-authority-data: %s\n"+
-		"users:\n- name: admin\n  user:\n    client-certificate-data: %s\n    client-key-data: %s\n"+
-		"contexts:\n- name: admin@lab\n  context: {cluster: lab, user: admin}\n", apiPort, b64(ca.CertPEM), b64(admin.CertPEM), b64(admin.KeyPEM)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "get", "--raw", "/readyz").Output()
-		if err == nil && string(out) == "ok" {
-			break
-		}
-		select {
-		case msg := <-exited:
-			t.Fatal(msg)
-		case <-ctx.Done():
-			t.Fatalf("kube-apiserver not ready: %v", err)
-		case <-time.After(200 * time.Millisecond):
+		out := run(kubeadm, "init", "phase", "certs", phase, "--config", cfgFile)
+		if phase == "sa" && !strings.Contains(out, `Using the existing "sa" key`) {
+			t.Fatalf("kubeadm init phase certs sa made a key of its own, not the API server's:\n%s", out)
 		}
 	}
 	// kubeadm init makes cluster-info; the renewal finds it there.
@@ -227,7 +147,7 @@ func TestJoinedLeaderRenewsWithRealKubeadm(t *testing.T) {
 
 	out := run(kubectl, "--kubeconfig", kubeconfig, "get", "secret", "-n", "kube-system", "bootstrap-token-r3n3w2", "kubeadm-certs",
 		"-o", `jsonpath={range .items[*]}{.metadata.name} {.type} {.data.token-id}{"\n"}{end}`)
-	if want := "bootstrap-token-r3n3w2 bootstrap.kubernetes.io/token " + b64([]byte("r3n3w2")) + "\nkubeadm-certs Opaque \n"; out != want {
+	if want := "bootstrap-token-r3n3w2 bootstrap.kubernetes.io/token " + base64.StdEncoding.EncodeToString([]byte("r3n3w2")) + "\nkubeadm-certs Opaque \n"; out != want {
 		t.Errorf("secrets after the renewal:\n%s\nwant\n%s", out, want)
 	}
 	// kubeadm-certs holds the control-plane CAs and keys, encrypted under the certificate key.
