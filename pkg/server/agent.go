@@ -70,11 +70,11 @@ func (t *tokenSet) nodeFor(token string) (string, bool) {
 // bearerChallenge is the WWW-Authenticate value of every 401 (RFC 6750 §3).
 const bearerChallenge = `Bearer realm="appliance"`
 
-// unauthorized is /ignition/'s one 401 answer, whatever was wrong (the Ignition store takes the token
-// in the header or the query).
+// unauthorized is /ignition/'s one 401 answer, whatever was wrong: it takes the token in the header
+// only, like the agent API.
 func unauthorized(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", bearerChallenge)
-	http.Error(w, "unauthorized: send this node's token (Authorization: Bearer <token>, or ?token=<token>)", http.StatusUnauthorized)
+	http.Error(w, "unauthorized: send this node's token as Authorization: Bearer <token> (never in the URL)", http.StatusUnauthorized)
 }
 
 // agentUnauthorized is the agent API's one 401 answer, whatever was wrong: it takes the token in the

@@ -58,13 +58,13 @@ func doBody(t *testing.T, h http.Handler, method, target, token, body string) (i
 
 // TestAgentAuthAnswers: every bad credential gets one and the same 401 from the agent API (a caller
 // learns nothing about which nodes exist), and that answer names what the agent API accepts (the
-// Authorization header; never ?token=, which only /ignition/ takes), while /ignition/'s 401 names
-// both of its ways. Both challenge with the Bearer scheme (RFC 6750 §3).
+// Authorization header; never ?token=), and /ignition/'s 401 likewise names the header alone. Both
+// challenge with the Bearer scheme (RFC 6750 §3).
 func TestAgentAuthAnswers(t *testing.T) {
 	s, _, _ := newAgentServer(t)
 	h := s.Handler()
 	igCode, igBody, igHdr := do(t, h, "GET", "/ignition/cp1", map[string]string{"Authorization": "Bearer wrong"})
-	if igCode != http.StatusUnauthorized || !strings.Contains(igBody, "Authorization: Bearer") || !strings.Contains(igBody, "?token=") ||
+	if igCode != http.StatusUnauthorized || !strings.Contains(igBody, "Authorization: Bearer") || strings.Contains(igBody, "?token=") ||
 		!strings.HasPrefix(igHdr.Get("WWW-Authenticate"), "Bearer ") {
 		t.Errorf("ignition with a wrong token: %d %q %q", igCode, igBody, igHdr.Get("WWW-Authenticate"))
 	}

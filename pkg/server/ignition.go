@@ -18,7 +18,9 @@ import (
 // IgnitionStore serves the Ignition configs the render phase wrote to
 // Dir/<node>/ignition/<spec version>.json, one per supported spec version.
 //
-// GET /ignition/<node> with the node's token as "Authorization: Bearer <token>" or "?token=<token>"
+// GET /ignition/<node> with the node's token as "Authorization: Bearer <token>" (never in the query:
+// a URL reaches logs and kernel command lines; Ignition sends it through a config source's httpHeaders,
+// `hostagent enroll --ignition-out` as a header)
 // (Ignition's first fetch from the kernel command line cannot send headers). The version is
 // negotiated from the Accept header (pkg/ignition.Negotiate). A missing or wrong token and an
 // unknown node get the same 401 answer, after the same constant-time work, so a caller learns
@@ -42,13 +44,6 @@ func NewIgnitionStore(dir string, tokens map[string]string) *IgnitionStore {
 // SetTokens replaces the accepted tokens (node name → token).
 func (s *IgnitionStore) SetTokens(tokens map[string]string) { s.tokens.set(tokens) }
 
-func bearer(r *http.Request) string {
-	if tok := headerBearer(r); tok != "" {
-		return tok
-	}
-	return r.URL.Query().Get("token")
-}
-
 func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -56,7 +51,7 @@ func (s *IgnitionStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	node := strings.TrimPrefix(r.URL.Path, "/ignition/")
-	if node == "" || strings.ContainsAny(node, "/\\") || strings.HasPrefix(node, ".") || !s.tokens.authorized(node, bearer(r)) {
+	if node == "" || strings.ContainsAny(node, "/\\") || strings.HasPrefix(node, ".") || !s.tokens.authorized(node, headerBearer(r)) {
 		unauthorized(w)
 		return
 	}

@@ -2,7 +2,7 @@
 //
 //	/v2/                the embedded OCI registry mirror (read-only; registry package)
 //	/repo/              the bundle's package repository, its own metadata served as-is
-//	/ignition/<node>    per-node Ignition configs, bearer-token (or ?token=) authenticated
+//	/ignition/<node>    per-node Ignition configs, bearer-token authenticated (header only)
 //	/artifacts/<name>   binaries nodes install (hostagent), verified by hash in their Ignition config
 //	/agent/v1/          the hostagent API (AgentAPI), bearer-token authenticated
 //	/agent/v1/enroll    enrolment of BMC-booted machines (Enrollment): no token, a signed request

@@ -118,7 +118,7 @@ func TestApplianceOnLab(t *testing.T) {
 		token := readToken(t, l, "cp1")
 		get := func(node, tok string) (int, string) {
 			out, err := l.run("cp1", "curl", "-s", "--cacert", caFile, "-o", "/dev/stdout", "-w", "\n%{http_code}",
-				"-H", "Accept: application/vnd.coreos.ignition+json;version=3.3.0", applURL+"/ignition/"+node+"?token="+tok)
+				"-H", "Accept: application/vnd.coreos.ignition+json;version=3.3.0", "-H", "Authorization: Bearer "+tok, applURL+"/ignition/"+node)
 			if err != nil {
 				t.Fatalf("curl: %v %s", err, out)
 			}

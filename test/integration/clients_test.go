@@ -120,7 +120,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 }
 
 // ignitionFetch runs Debian's ignition binary (fetch, then files stage) in a node namespace against
-// the appliance: the pointer config carries the node token, the CA is trusted for the first fetch
+// the appliance: the pointer config carries the node token (as an Authorization header), the CA is trusted for the first fetch
 // through SSL_CERT_FILE (as the kernel command line's CA pin would), and every later download
 // (the hostagent binary) trusts only the CA inside the served config. It returns the scratch root
 // the files were written into (under dir).
@@ -132,8 +132,10 @@ func ignitionFetch(t *testing.T, l *lab, node, caFile, dir string) string {
 	mustWriteMode(t, filepath.Join(root, "etc/selinux/config"), "SELINUX=disabled\nSELINUXTYPE=targeted\n", 0o644)
 	mustWriteMode(t, filepath.Join(bin, "setfiles"), "#!/bin/sh\nexit 0\n", 0o755)
 	pointer := filepath.Join(dir, "pointer.ign")
+	// The token travels in the Authorization header (the config source's httpHeaders, spec ≥ 3.1):
+	// /ignition/ takes it nowhere else.
 	mustWrite(t, pointer, `{"ignition":{"version":"3.3.0","config":{"replace":{"source":"`+
-		applURL+`/ignition/`+node+`?token=`+readToken(t, l, node)+`"}}}}`)
+		applURL+`/ignition/`+node+`","httpHeaders":[{"name":"Authorization","value":"Bearer `+readToken(t, l, node)+`"}]}}}}`)
 	cache := filepath.Join(dir, "ignition.json")
 	for _, stage := range []string{"fetch", "files"} {
 		args := []string{"env", "-i", "PATH=" + bin + ":/usr/sbin:/usr/bin:/sbin:/bin", "IGNITION_CONFIG_FILE=" + pointer}

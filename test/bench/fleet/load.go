@@ -12,7 +12,6 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -256,18 +255,20 @@ func runNode(ctx context.Context, n *simNode, c cadence, st *stats, reports *cou
 	}
 }
 
-// fetchIgnition GETs the node's Ignition config as Ignition's first fetch does (token in the query:
-// a kernel command line cannot send headers) and checks it is JSON.
+// fetchIgnition GETs the node's Ignition config as an enrolled node does (`hostagent enroll
+// --ignition-out`: the token in the Authorization header, the only place /ignition/ takes it) and
+// checks it is JSON.
 func fetchIgnition(ctx context.Context, c *http.Client, cfg agentapi.Configuration) error {
-	u := strings.TrimRight(cfg.ApplianceURL, "/") + "/ignition/" + cfg.Node + "?token=" + url.QueryEscape(cfg.Token)
+	u := strings.TrimRight(cfg.ApplianceURL, "/") + "/ignition/" + cfg.Node
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Accept", ignitionAccept)
+	req.Header.Set("Authorization", "Bearer "+cfg.Token)
 	resp, err := c.Do(req)
 	if err != nil {
-		return errors.New(strings.ReplaceAll(err.Error(), url.QueryEscape(cfg.Token), "REDACTED"))
+		return err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)

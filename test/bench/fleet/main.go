@@ -18,8 +18,8 @@
 //
 // A simulated node speaks the real agent protocol through the project's own node code
 // (pkg/hostagent): the CA fetched against the pin from the node's rendered hostagent.yaml
-// (hostagent.FetchCA), its Ignition config as Ignition fetches it (?token=, Ignition's Accept
-// header, trusting only that CA), then hostagent.Client: the node config, and for every step of
+// (hostagent.FetchCA), its Ignition config as an enrolled node fetches it (the token in the
+// Authorization header, Ignition's Accept header, trusting only that CA), then hostagent.Client: the node config, and for every step of
 // agentapi.Plan a "running" and a "done" report, each after the previous one was acknowledged
 // (retried with backoff while the appliance is away, as hostagent's reporter does). The step work
 // itself is simulated (-step, jittered ±50%), the kubeadm join gate is not waited for, and the
