@@ -75,20 +75,20 @@ func newTestPKI(t testing.TB) testPKI {
 // 127.0.0.1. Its handler is wrapped by a counting hook, the only thing between the client and
 // pkg/server: tests use it to count requests and to stop a sync midway.
 type upstream struct {
-	dir      string // bundle: oci/, repo/, registry/
-	refs     []string
-	repos    []string // registry repositories with their tags, "repo:tag"
+	dir   string // bundle: oci/, repo/, registry/
+	refs  []string
+	repos []string // registry repositories with their tags, "repo:tag"
 	// digestOnly is the image the bundle names by digest only ("registry.k8s.io/etcd@sha256:…").
 	digestOnly string
-	debs     []string // pool files relative to repo/debian
-	url      string
-	hs       *http.Server
-	requests atomic.Int64
-	blobGets atomic.Int64
-	debGets  atomic.Int64
-	hook     atomic.Pointer[func(r *http.Request)]
-	written  atomic.Pointer[func(r *http.Request, n int64)] // after each body write: bytes written so far
-	ca       testPKI
+	debs       []string // pool files relative to repo/debian
+	url        string
+	hs         *http.Server
+	requests   atomic.Int64
+	blobGets   atomic.Int64
+	debGets    atomic.Int64
+	hook       atomic.Pointer[func(r *http.Request)]
+	written    atomic.Pointer[func(r *http.Request, n int64)] // after each body write: bytes written so far
+	ca         testPKI
 }
 
 // buildUpstream writes the bundle: four images (an OCI image, an OCI index of two platforms, a
