@@ -68,7 +68,7 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 		}
 		return Result{Changed: true, Detail: detail}, nil
 	}
-	agentSum, err := fileSHA256(st.Options.HostagentBinary)
+	agentSum, err := st.hostagentSHA256()
 	if err != nil {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
 	}
@@ -316,6 +316,27 @@ func readSnippets(c *config.BootstrapConfiguration, n config.Node) ([]ignition.S
 		out = append(out, ignition.Snippet{Name: f, Data: b})
 	}
 	return out, nil
+}
+
+// hostagentSHA256 is the hex SHA-256 of Options.HostagentBinary, hashed once per run while the file
+// keeps its path, size and modification time (the render phase, each of the hand-off's re-renders
+// and the upgrade phase all need it; under TCG each hash of the 40 MB executable took about a second).
+func (st *State) hostagentSHA256() (string, error) {
+	path := st.Options.HostagentBinary
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	key := fmt.Sprintf("%s\x00%d\x00%d", path, fi.Size(), fi.ModTime().UnixNano())
+	if st.hostagentSum.key == key {
+		return st.hostagentSum.sum, nil
+	}
+	sum, err := fileSHA256(path)
+	if err != nil {
+		return "", err
+	}
+	st.hostagentSum.key, st.hostagentSum.sum = key, sum
+	return sum, nil
 }
 
 func fileSHA256(path string) (string, error) {

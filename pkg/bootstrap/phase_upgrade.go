@@ -62,7 +62,7 @@ func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{Detail: "no hostagent binary served: nothing to compare nodes with"}, nil
 	}
-	sum, err := fileSHA256(st.Options.HostagentBinary)
+	sum, err := st.hostagentSHA256()
 	if err != nil {
 		return Result{}, fmt.Errorf("hostagent binary: %w", err)
 	}

@@ -46,6 +46,9 @@ type State struct {
 	// vipPreflight receives the result of the VRRP pre-flight started ahead of the serve phase
 	// (startVIPPreflight); nil when none was started.
 	vipPreflight chan error
+	// hostagentSum memoizes hostagentSHA256: the served hostagent's hash, keyed by its path, size and
+	// modification time.
+	hostagentSum struct{ key, sum string }
 
 	unlock func()
 }
