@@ -95,6 +95,9 @@ type Agent struct {
 	last   map[string]agentapi.Report // last report per step, to report changes only
 	// fetched: the config step applied a config fetched from the appliance now (not a cached one).
 	fetched bool
+	// prepulled is the Kubernetes version whose control-plane images this process pulled while the
+	// node waited for its kubeadm turn (stepKubeadm).
+	prepulled string
 }
 
 // New checks opts and returns an agent. Errors: missing node, URL, pin or token.
