@@ -125,6 +125,8 @@ func powerCheck(st *State, store *nodestate.Store) Result {
 		}
 		if n.Power.Kind == config.PowerSSH {
 			would = append(would, n.Name+" (install hostagent over SSH)")
+		} else if err := canEnrol(st.Config, n); err != nil {
+			would = append(would, fmt.Sprintf("%s (refused: %v)", n.Name, err))
 		} else {
 			would = append(would, fmt.Sprintf("%s (boot device and power on, %s)", n.Name, n.Power.Kind))
 		}
@@ -203,6 +205,9 @@ func provisionSSH(ctx context.Context, st *State, store *nodestate.Store, n conf
 
 // powerBMC sets the boot device and powers the node on through its BMC.
 func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.Node) (string, bool, error) {
+	if err := canEnrol(st.Config, n); err != nil {
+		return "", false, err
+	}
 	t, err := PowerTarget(n)
 	if err != nil {
 		return "", false, err
@@ -234,4 +239,22 @@ func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.N
 	}
 	_, _ = store.Set(n.Name, agentapi.StateBooting, "powered on by its BMC")
 	return "powered on (" + string(n.Power.Kind) + ")", true, nil
+}
+
+// canEnrol refuses to power on a BMC-booted node without nodes[].mac: its boot carries no secret, and
+// it gets its node credential only by enrolling (agentapi.EnrollPathV1), which the appliance matches
+// by that MAC, so powered on it would boot and wait forever. The error names the field path and says
+// what to write; nothing is contacted.
+func canEnrol(c *config.BootstrapConfiguration, n config.Node) error {
+	if n.MAC != "" {
+		return nil
+	}
+	node := "nodes[]"
+	for i, o := range c.Nodes {
+		if o.Name == n.Name {
+			node = fmt.Sprintf("nodes[%d]", i)
+		}
+	}
+	return fmt.Errorf("%s.mac is not set: a BMC-booted machine gets its node credential only by enrolling with its MAC (POST %s), so it was not powered on; write its boot NIC's MAC address there (and %s.systemUUID when known) and rerun",
+		node, agentapi.EnrollPathV1, node)
 }

@@ -147,6 +147,7 @@ nodes:
 - name: w2
   roles: [worker]
   addresses: [10.100.0.22, 10.200.0.22]
+  mac: 52:54:00:01:64:01
   power: {kind: ipmi, address: 10.100.0.122, username: admin, passwordFile: {{.Dir}}/wrong-password}
 {{- end}}
 `))
