@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
@@ -46,17 +45,7 @@ func NewClient(applianceURL string, caPEM []byte, token, bootID string) (*Client
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("appliance CA: no PEM certificate")
 	}
-	tr := &http.Transport{
-		TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-		Proxy:               nil, // air-gapped: the appliance is reached directly
-		ForceAttemptHTTP2:   true,
-		TLSHandshakeTimeout: 10 * time.Second,
-		IdleConnTimeout:     90 * time.Second,
-	}
-	return &Client{
-		base: strings.TrimRight(applianceURL, "/"), token: token, bootID: bootID,
-		hc: &http.Client{Transport: tr, Timeout: 30 * time.Second},
-	}, nil
+	return &Client{base: strings.TrimRight(applianceURL, "/"), token: token, bootID: bootID, hc: pinnedClient(pool)}, nil
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]byte, error) {

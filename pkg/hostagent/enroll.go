@@ -198,13 +198,17 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 	return Enrolled{Response: resp, Config: cfg, Attempts: attempts}, nil
 }
 
-// pinnedClient is an HTTPS client that trusts pool only and no proxy (the network is air-gapped).
+// pinnedClient is the HTTPS client of every hostagent request to the appliance (agent API,
+// enrolment, Ignition, artifacts): it trusts pool only, uses no proxy (the network is air-gapped; the
+// appliance is reached directly) and gives each request 30 s.
 func pinnedClient(pool *x509.CertPool) *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{
 			TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
 			Proxy:               nil,
+			ForceAttemptHTTP2:   true,
 			TLSHandshakeTimeout: 10 * time.Second,
+			IdleConnTimeout:     90 * time.Second,
 		},
 		Timeout: 30 * time.Second,
 	}

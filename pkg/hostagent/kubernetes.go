@@ -410,7 +410,7 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 	}
 	if !k.Proceed {
 		msg := "waiting for " + k.WaitingFor + " to finish kubeadm"
-		if pulled := a.prepullImages(ctx, nc, k); pulled != "" {
+		if pulled := a.prepullImages(ctx, k); pulled != "" {
 			msg += "; " + pulled
 		}
 		return "", &waitError{msg}
@@ -569,7 +569,7 @@ const prepullTimeout = 5 * time.Minute
 // (kubeadm join pulls nothing for them). A failure is only logged and said in the returned note:
 // kubeadm pulls what is missing itself. It returns a note for the wait's detail ("" when nothing
 // was done now).
-func (a *Agent) prepullImages(ctx context.Context, nc agentapi.NodeConfig, k *agentapi.KubernetesConfig) string {
+func (a *Agent) prepullImages(ctx context.Context, k *agentapi.KubernetesConfig) string {
 	if k.Action != agentapi.ActionJoinControlPlane || a.prepulled == k.Version {
 		return ""
 	}
