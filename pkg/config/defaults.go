@@ -77,7 +77,7 @@ func DefaultVirtualRouterID(clusterName string, vip netip.Addr) uint8 {
 //
 // Defaults: apiVersion/kind; kubernetesVersion DefaultKubernetesVersion; kubernetes.enabled true; networks.workloadPlane.cidrs
 // a copy of networks.controlPlane.cidrs; networks.pods DefaultPodsCIDR; networks.services
-// DefaultServicesCIDR; apiServer.port DefaultAPIServerPort; apiServer.keepalived.enabled true;
+// DefaultServicesCIDR; networks.cni DefaultCNI; apiServer.port DefaultAPIServerPort; apiServer.keepalived.enabled true;
 // apiServer.keepalived.virtualRouterID DefaultVirtualRouterID(clusterName, apiServer.vip);
 // apiServer.keepalived.advertInterval DefaultAdvertInterval, or DefaultAdvertIntervalPASS with
 // authPasswordFile; server.listenAddress
@@ -110,6 +110,7 @@ func SetDefaults(c *BootstrapConfiguration) {
 	if !n.Services.IsValid() {
 		n.Services = netip.MustParsePrefix(DefaultServicesCIDR)
 	}
+	setCNIDefaults(n)
 	a := &c.APIServer
 	if a.Port == 0 {
 		a.Port = DefaultAPIServerPort

@@ -48,6 +48,7 @@ nodes:
 			WorkloadPlane: NetworkPlane{CIDRs: pfx("10.100.0.0/24", "10.101.0.0/24")},
 			Pods:          netip.MustParsePrefix("10.233.0.0/16"),
 			Services:      netip.MustParsePrefix("10.96.0.0/12"),
+			CNI:           CNIBridge,
 		},
 		APIServer: APIServer{
 			VIP:        addr("10.100.0.100"),

@@ -52,6 +52,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.typeMeta()
 	v.cluster()
 	v.networks()
+	v.cni()
 	v.apiServer()
 	v.server()
 	v.paths()
