@@ -680,6 +680,7 @@ func (v *validator) nodes() {
 		}
 		v.snippets(path+".ignition", n.Ignition)
 		v.power(path+".power", n)
+		v.rootDevice(path+".rootDevice", n)
 	}
 }
 
