@@ -15,7 +15,7 @@ KUBERNETES_VERSION := v1.34.4
 STAGE := test/stage.sh
 
 # Debian packages the tests and the lab drive as real peers.
-DEB_PACKAGES := skopeo containerd runc nftables keepalived openssh-server ignition nginx wrk jq bc \
+DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
 	containernetworking-plugins libc-bin debian-archive-keyring gpgv \

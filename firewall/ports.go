@@ -79,15 +79,16 @@ const (
 
 // References cited by the port table.
 const (
-	RefKubeadmPorts = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
-	RefVRRP         = "RFC 5798 §5.1.1.4 (IP protocol 112)"
-	RefSSH          = "RFC 4253 (SSH transport, port 22)"
-	RefAppliance    = "appliance DESIGN.md (HTTPS front: registry, repo, ignition, agent API)"
-	RefDNS          = "RFC 1035 §4.2 (DNS over UDP and TCP, port 53)"
-	RefDHCP         = "RFC 2131 §4.1 (DHCP server port 67)"
-	RefPXE          = "PXE 2.1 §2.2.6 (proxyDHCP boot-server port 4011)"
-	RefTFTP         = "RFC 1350 (TFTP, port 69)"
-	RefNetboot      = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
+	RefKubeadmPorts    = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
+	RefVRRP            = "RFC 5798 §5.1.1.4 (IP protocol 112)"
+	RefSSH             = "RFC 4253 (SSH transport, port 22)"
+	RefAppliance       = "appliance DESIGN.md (HTTPS front: registry, repo, ignition, agent API)"
+	RefDNS             = "RFC 1035 §4.2 (DNS over UDP and TCP, port 53)"
+	RefDHCP            = "RFC 2131 §4.1 (DHCP server port 67)"
+	RefPXE             = "PXE 2.1 §2.2.6 (proxyDHCP boot-server port 4011)"
+	RefTFTP            = "RFC 1350 (TFTP, port 69)"
+	RefNetboot         = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
+	RefAPILoadBalancer = "OpenShift on-prem API load balancer (haproxy on :9445, the API VIP's port redirected to it)"
 )
 
 // Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
@@ -175,6 +176,9 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})
 	add(bootCP, Port{Name: "kube-apiserver", Protocol: ProtoTCP, From: apiPort, To: apiPort, Source: SourceAnywhere,
 		Description: "Kubernetes API server (and the VIP, which starts on the bootstrap host)", Reference: RefKubeadmPorts})
+	add([]Role{RoleControlPlane}, Port{Name: "apiserver-lb", Protocol: ProtoTCP, From: APILoadBalancerPort, To: APILoadBalancerPort,
+		Source: SourceAnywhere, Description: "API load balancer (HAProxy across every ready kube-apiserver); the VIP's API port is redirected to it (table inet " + DefaultRedirectTable + ")",
+		Reference: RefAPILoadBalancer})
 	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,
 		Description: "etcd server client API and peer traffic", Reference: RefKubeadmPorts})
 	add(nodes, Port{Name: "kubelet", Protocol: ProtoTCP, From: 10250, To: 10250, Source: SourceNodeNetworks,

@@ -83,6 +83,7 @@ func TestPortsRequired(t *testing.T) {
 		{RoleControlPlane, "vrrp", ProtoVRRP, 0, 0, SourceVRRPPeers},
 		{RoleBootstrap, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
 		{RoleControlPlane, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
+		{RoleControlPlane, "apiserver-lb", ProtoTCP, 9445, 9445, SourceAnywhere},
 		{RoleEtcd, "etcd", ProtoTCP, 2379, 2380, SourceNodeNetworks},
 		{RoleControlPlane, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
 		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},

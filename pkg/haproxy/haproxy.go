@@ -1,0 +1,199 @@
+// Package haproxy renders and checks the configuration of the control planes' API load balancer:
+// Debian's HAProxy (2.6 in bookworm) in TCP mode, balancing the API across every kube-apiserver that
+// answers /readyz, as OpenShift's on-prem haproxy static pod and k0s's control-plane load balancer do.
+// TLS passes through untouched (clients verify the apiserver's certificate as without a balancer);
+// only the health check speaks TLS, without verification, as it carries no credentials and learns
+// nothing but a status code.
+//
+// The host runs it as Debian's haproxy.service (pkg/hostagent's apilb step writes ConfigPath and
+// reloads the unit); this package holds no process management.
+package haproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// ConfigPath is where Debian's haproxy.service reads its configuration (CONFIG in /etc/default/haproxy).
+const ConfigPath = "/etc/haproxy/haproxy.cfg"
+
+// DefaultStatsPort is the loopback-only port of the statistics page (Config.StatsPort): CSV at
+// http://127.0.0.1:9446/stats;csv (the HAProxy management guide's "CSV format").
+const DefaultStatsPort uint16 = 9446
+
+// Defaults of the health check (Config.CheckInterval, Config.Fall, Config.Rise): a stopped apiserver
+// leaves the rotation within about 2 s, a started one joins on its first good answer; connections that
+// reach it in between are retried on another server (option redispatch, retries 3).
+const (
+	DefaultCheckInterval = time.Second
+	DefaultFall          = 2
+	DefaultRise          = 1
+)
+
+// Server is one kube-apiserver behind the balancer.
+type Server struct {
+	// Name identifies the server in statistics and logs (the node name).
+	Name string
+	// Address is the apiserver's node address and secure port, e.g. 10.100.0.11:6443.
+	Address netip.AddrPort
+}
+
+// Config is the load balancer of one control plane.
+type Config struct {
+	// Port is the TCP port the frontend listens on, on every address of the host (firewall.
+	// APILoadBalancerPort, 9445); IPv6 too when any server is IPv6.
+	Port uint16
+	// Bind is the one address to listen on; the zero Addr = every address (production: the VIP's
+	// redirected traffic arrives on the node's own addresses and on loopback).
+	Bind netip.Addr
+	// Servers are the kube-apiservers, in the order they are tried (balance roundrobin). At least one.
+	Servers []Server
+	// HealthPath is the HTTP path of the health check; "" = "/readyz" (kube-apiserver's readiness, which
+	// fails while it drains at shutdown: --shutdown-delay-duration).
+	HealthPath string
+	// CheckInterval, Fall and Rise tune the health check; zero values select the defaults above.
+	CheckInterval time.Duration
+	Fall, Rise    int
+	// StatsPort is the loopback port of the statistics page; 0 = DefaultStatsPort.
+	StatsPort uint16
+}
+
+var cfgTemplate = template.Must(template.New("haproxy.cfg").Parse(`# Rendered by the appliance's hostagent (apilb step); changes here are overwritten.
+# The API load balancer: TCP passthrough to every kube-apiserver that answers {{.Path}}.
+global
+	# maxconn: HAProxy derives it from the file-descriptor limit (haproxy.service's LimitNOFILE).
+	# No log target: haproxy.service's stderr goes to the journal.
+
+defaults
+	mode tcp
+	timeout connect 5s
+	# API watches live long; kube-apiserver ends them itself (--min-request-timeout, 30-60 min).
+	timeout client 24h
+	timeout server 24h
+	timeout check 2s
+	retries 3
+	option redispatch
+
+frontend apiserver
+	bind {{.Bind}}
+	default_backend apiservers
+
+backend apiservers
+	balance roundrobin
+	option httpchk
+	http-check send meth GET uri {{.Path}} ver HTTP/1.1 hdr Host localhost
+	http-check expect status 200
+	default-server check check-ssl verify none inter {{.Inter}} fall {{.Fall}} rise {{.Rise}}
+{{- range .Servers}}
+	server {{.Name}} {{.Address}}
+{{- end}}
+
+listen stats
+	bind 127.0.0.1:{{.StatsPort}}
+	mode http
+	timeout client 10s
+	timeout server 10s
+	stats enable
+	stats uri /stats
+	stats refresh 0
+`))
+
+// Render returns the haproxy.cfg of c. Errors: no port, no server, a server without a name or with an
+// invalid address, two servers with one name, a health path that is not an absolute path.
+func Render(c Config) ([]byte, error) {
+	if c.Port == 0 {
+		return nil, errors.New("haproxy: no frontend port")
+	}
+	if len(c.Servers) == 0 {
+		return nil, errors.New("haproxy: no kube-apiserver to balance")
+	}
+	path := c.HealthPath
+	if path == "" {
+		path = "/readyz"
+	}
+	if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \t\r\n#") {
+		return nil, fmt.Errorf("haproxy: health path %q is not an absolute path", path)
+	}
+	inter, fall, rise, stats := c.CheckInterval, c.Fall, c.Rise, c.StatsPort
+	if inter <= 0 {
+		inter = DefaultCheckInterval
+	}
+	if fall <= 0 {
+		fall = DefaultFall
+	}
+	if rise <= 0 {
+		rise = DefaultRise
+	}
+	if stats == 0 {
+		stats = DefaultStatsPort
+	}
+	v6 := false
+	seen := map[string]bool{}
+	for _, s := range c.Servers {
+		if s.Name == "" || strings.ContainsAny(s.Name, " \t\r\n#") {
+			return nil, fmt.Errorf("haproxy: server name %q is empty or has blanks", s.Name)
+		}
+		if seen[s.Name] {
+			return nil, fmt.Errorf("haproxy: server %q twice", s.Name)
+		}
+		seen[s.Name] = true
+		if !s.Address.IsValid() || s.Address.Port() == 0 {
+			return nil, fmt.Errorf("haproxy: server %s has no address and port", s.Name)
+		}
+		v6 = v6 || s.Address.Addr().Unmap().Is6()
+	}
+	bind := fmt.Sprintf(":%d", c.Port) // every IPv4 address
+	switch {
+	case c.Bind.IsValid():
+		bind = netip.AddrPortFrom(c.Bind, c.Port).String()
+	case v6:
+		bind = fmt.Sprintf(":::%d v4v6", c.Port)
+	}
+	var b bytes.Buffer
+	err := cfgTemplate.Execute(&b, map[string]any{
+		"Bind": bind, "Path": path, "Servers": c.Servers, "StatsPort": stats,
+		"Inter": fmt.Sprintf("%dms", inter.Milliseconds()), "Fall": fall, "Rise": rise,
+	})
+	return b.Bytes(), err
+}
+
+// Check runs `haproxy -c -f FILE` (bin "" = haproxy on PATH) on conf, written to a temporary file in
+// dir (dir "" = the system's temporary directory). Errors: haproxy not found; its own diagnostics
+// when it refuses the configuration.
+func Check(ctx context.Context, bin, dir string, conf []byte) error {
+	if bin == "" {
+		bin = "haproxy"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return fmt.Errorf("haproxy not found (%w): install Debian's haproxy package (the bundle's default packages carry it)", err)
+	}
+	f, err := os.CreateTemp(dir, ".haproxy-check-*.cfg")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(conf); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "-c", "-f", f.Name()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("haproxy -c refused the configuration (%s): %s", filepath.Base(f.Name()), strings.TrimSpace(string(out)))
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package haproxy
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// apiserver is a stand-in kube-apiserver for the balancer: a TLS server answering /readyz (200 "ok",
+// or 500 while draining) and / with its name. It is not a real apiserver (the Kubernetes e2e proves the
+// balancer in front of three real ones); here the point is the real HAProxy's behaviour.
+type apiserver struct {
+	name     string
+	srv      *httptest.Server
+	draining atomic.Bool
+	served   atomic.Int64
+}
+
+func newAPIServer(t *testing.T, name string) *apiserver {
+	a := &apiserver{name: name}
+	a.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			if a.draining.Load() {
+				http.Error(w, "[-]shutdown failed: reason withheld", http.StatusInternalServerError)
+				return
+			}
+			io.WriteString(w, "ok")
+			return
+		}
+		a.served.Add(1)
+		io.WriteString(w, a.name)
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+func (a *apiserver) addr() netip.AddrPort { return netip.MustParseAddrPort(a.srv.Listener.Addr().String()) }
+
+func freePort(t *testing.T) uint16 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+// startHAProxy runs the real haproxy (Debian's) in the foreground with c, stopped at the end of the test.
+func startHAProxy(t *testing.T, c Config) {
+	t.Helper()
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Fatalf("haproxy not installed (make deps installs Debian's haproxy): %v", err)
+	}
+	conf, err := Render(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(t.Context(), bin, t.TempDir(), conf); err != nil {
+		t.Fatalf("haproxy refused the rendered configuration: %v\n%s", err, conf)
+	}
+	path := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(path, conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-db", "-f", path)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
+func stats(t *testing.T, port uint16) map[string]ServerStat {
+	t.Helper()
+	out, err := tryStats(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func tryStats(port uint16) (map[string]ServerStat, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stats;csv", port))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	ss, err := ParseStats(b)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]ServerStat{}
+	for _, s := range ss {
+		if s.Backend == "apiservers" {
+			out[s.Server] = s
+		}
+	}
+	return out, nil
+}
+
+// waitStatus polls the statistics until server's status starts with want (bounded: 15 s).
+func waitStatus(t *testing.T, port uint16, server, want string) {
+	t.Helper()
+	var last ServerStat
+	var err error
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		var st map[string]ServerStat
+		if st, err = tryStats(port); err == nil {
+			if last = st[server]; strings.HasPrefix(last.Status, want) {
+				return
+			}
+		}
+	}
+	t.Fatalf("server %s: status %q (last error %v), want %s", server, last.Status, err, want)
+}
+
+// TestBalancesAcrossReadyAPIServers runs the rendered configuration in a real HAProxy in front of three
+// TLS servers: fresh connections through it reach all three (round robin, TLS passed through: the client
+// verifies the server's own certificate); a server whose /readyz fails (draining) leaves the rotation;
+// a server that stops (connection refused) costs no request, before its health check even notices
+// (option redispatch, retries); the statistics page reports each server's state and sessions.
+func TestBalancesAcrossReadyAPIServers(t *testing.T) {
+	as := []*apiserver{newAPIServer(t, "cp1"), newAPIServer(t, "cp2"), newAPIServer(t, "cp3")}
+	c := Config{Port: freePort(t), Bind: netip.MustParseAddr("127.0.0.1"), StatsPort: freePort(t)}
+	for _, a := range as {
+		c.Servers = append(c.Servers, Server{Name: a.name, Address: a.addr()})
+	}
+	startHAProxy(t, c)
+	for _, a := range as {
+		waitStatus(t, c.StatsPort, a.name, "UP")
+	}
+	// Every server presents its own certificate: trust them all, as a client trusts the cluster CA.
+	pool := as[0].srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "example.com"}}}
+	get := func(n int) (map[string]int, int) {
+		got, failed := map[string]int{}, 0
+		for range n {
+			resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/version", c.Port))
+			if err != nil {
+				failed++
+				t.Logf("request failed: %v", err)
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got[string(b)]++
+		}
+		return got, failed
+	}
+
+	got, failed := get(30)
+	if failed != 0 || got["cp1"] == 0 || got["cp2"] == 0 || got["cp3"] == 0 {
+		t.Fatalf("30 requests: served %v, %d failed; want all three servers used and none failed", got, failed)
+	}
+	st := stats(t, c.StatsPort)
+	for _, a := range as {
+		if st[a.name].Sessions < int64(got[a.name]) {
+			t.Errorf("statistics: %s has %d sessions, it served %d requests", a.name, st[a.name].Sessions, got[a.name])
+		}
+	}
+
+	as[1].draining.Store(true)
+	waitStatus(t, c.StatsPort, "cp2", "DOWN")
+	before := as[1].served.Load()
+	if got, failed = get(20); failed != 0 || got["cp2"] != 0 || as[1].served.Load() != before {
+		t.Errorf("cp2 draining: served %v, %d failed; want none on cp2 and none failed", got, failed)
+	}
+
+	// Stop cp3 while HAProxy still counts it up: the refused connections are redispatched.
+	as[2].srv.Close()
+	if got, failed = get(20); failed != 0 || got["cp1"] != 20 {
+		t.Errorf("cp3 stopped, cp2 draining: served %v, %d failed; want all 20 on cp1", got, failed)
+	}
+	waitStatus(t, c.StatsPort, "cp3", "DOWN")
+
+	as[1].draining.Store(false)
+	waitStatus(t, c.StatsPort, "cp2", "UP")
+	if got, failed = get(10); failed != 0 || got["cp2"] == 0 {
+		t.Errorf("cp2 ready again: served %v, %d failed; want cp2 back in the rotation", got, failed)
+	}
+}
+
+func TestRenderRefusesBadInput(t *testing.T) {
+	good := Server{Name: "cp1", Address: netip.MustParseAddrPort("10.0.0.1:6443")}
+	for name, c := range map[string]Config{
+		"no port":       {Servers: []Server{good}},
+		"no server":     {Port: 9445},
+		"unnamed":       {Port: 9445, Servers: []Server{{Address: good.Address}}},
+		"blank in name": {Port: 9445, Servers: []Server{{Name: "cp 1", Address: good.Address}}},
+		"twice":         {Port: 9445, Servers: []Server{good, good}},
+		"no address":    {Port: 9445, Servers: []Server{{Name: "cp1"}}},
+		"relative path": {Port: 9445, Servers: []Server{good}, HealthPath: "readyz"},
+	} {
+		if _, err := Render(c); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestRenderDualStack: an IPv6 server makes the frontend listen on IPv6 and IPv4 (v4v6), which the real
+// haproxy accepts.
+func TestRenderDualStack(t *testing.T) {
+	conf, err := Render(Config{Port: 9445, Servers: []Server{
+		{Name: "cp1", Address: netip.MustParseAddrPort("[fd00::11]:6443")},
+		{Name: "cp2", Address: netip.MustParseAddrPort("10.0.0.12:6443")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(conf), "bind :::9445 v4v6") || !strings.Contains(string(conf), "server cp1 [fd00::11]:6443") {
+		t.Errorf("rendered:\n%s", conf)
+	}
+	if err := Check(t.Context(), "", t.TempDir(), conf); err != nil {
+		t.Error(err)
+	}
+	if err := Check(t.Context(), "", t.TempDir(), []byte("frontend x\n\tbind :1\n\tbogus-keyword\n")); err == nil {
+		t.Error("Check accepted a configuration with an unknown keyword")
+	}
+}
+
+func TestParseStatsRefusesOtherText(t *testing.T) {
+	for _, in := range []string{"", "<html>stats</html>", "# pxname,svname\nx,y\n"} {
+		if _, err := ParseStats([]byte(in)); err == nil {
+			t.Errorf("ParseStats(%q): no error", in)
+		}
+	}
+}
