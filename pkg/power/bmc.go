@@ -74,6 +74,7 @@ type bmcController struct {
 	opened bool
 	// basicAuth: the Redfish service offers no sessions; every request carries HTTP basic auth.
 	basicAuth bool
+	rootCAs   *x509.CertPool  // Redfish: the CAs the BMC's certificate must chain to (nil: system roots)
 	opts      []bmclib.Option // the client's options, to rebuild it once the IPMI cipher suite is known
 }
 
@@ -129,6 +130,7 @@ func NewBMC(ctx context.Context, o BMCOptions) (Controller, error) {
 				}
 			}
 			opts = append(opts, bmclib.WithSecureTLS(pool))
+			c.rootCAs = pool
 		}
 	default:
 		return nil, fmt.Errorf("BMC kind %q: %w (use %s or %s)", o.Kind, ErrUnsupported, KindIPMI, KindRedfish)

@@ -88,7 +88,7 @@ var (
 // permanent reports whether retrying err cannot help: wrong credentials or keys, untrusted
 // certificates, unsupported operations. PowerOnAll stops retrying a node on such errors.
 func permanent(err error) bool {
-	for _, s := range []error{ErrUnsupported, ErrAuth, ErrHostKeyUnknown, ErrHostKeyMismatch, ErrCertificate} {
+	for _, s := range []error{ErrUnsupported, ErrAuth, ErrHostKeyUnknown, ErrHostKeyMismatch, ErrCertificate, ErrVirtualMediaUnsupported} {
 		if errors.Is(err, s) {
 			return true
 		}

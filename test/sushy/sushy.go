@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +54,8 @@ type Emulator struct {
 	Port           int
 	CAPEM          []byte
 	User, Password string
+	// Log is the path of its log (requests, and the errors of its drivers).
+	Log string
 }
 
 // Start runs sushy-emulator (the fake driver: one system "fake", powered off) on 127.0.0.1 with
@@ -60,6 +63,13 @@ type Emulator struct {
 // python and its packages (python3-flask, -requests, -tenacity, -bcrypt, -webob, -pbr). Its service
 // root has no SessionService: the case the basic-auth fallback exists for. Stopped (by PID) at the end.
 func Start(t testing.TB) Emulator {
+	t.Helper()
+	return start(t, t.TempDir(), "SUSHY_EMULATOR_FAKE_DRIVER = True\n", nil)
+}
+
+// start runs sushy-emulator from dir (its config, TLS files and state live there) with driverConf
+// appended to its configuration, as the user cred when not nil (files in dir are then owned by it).
+func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emulator {
 	t.Helper()
 	dir := sushyDir(t)
 	py := "/usr/bin/python3"
@@ -69,7 +79,6 @@ func Start(t testing.TB) Emulator {
 		}
 		t.Skipf("SKIPPED: sushy-tools' python modules missing (`make deps`): %s", out)
 	}
-	tmp := t.TempDir()
 	ca, leaf := pkitest.Issue(t)
 	certFile, keyFile := pkitest.WritePEM(t, tmp, leaf)
 	user, password := "admin", "sushy-"+strconv.FormatInt(time.Now().UnixNano()%100000, 10)
@@ -86,19 +95,37 @@ func Start(t testing.TB) Emulator {
 	if err := os.WriteFile(filepath.Join(tmp, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\nSUSHY_EMULATOR_FAKE_DRIVER = True\n",
-		port, certFile, keyFile, filepath.Join(tmp, "htpasswd"))
+	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\n",
+		port, certFile, keyFile, filepath.Join(tmp, "htpasswd")) + driverConf
 	if err := os.WriteFile(filepath.Join(tmp, "emulator.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	state := filepath.Join(tmp, "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		for _, f := range []string{certFile, keyFile, "htpasswd", "emulator.conf", "state"} {
+			if !filepath.IsAbs(f) {
+				f = filepath.Join(tmp, f)
+			}
+			if err := os.Chown(f, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	logf, err := os.Create(filepath.Join(tmp, "sushy.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(py, "-m", "sushy_tools.emulator.main", "--config", filepath.Join(tmp, "emulator.conf"))
-	// TMPDIR: its persistent state (memoize.py keeps systems in $TMPDIR/sushy-emulator) starts fresh.
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir, "TMPDIR="+tmp)
+	// TMPDIR: its persistent state (memoize.py keeps systems in $TMPDIR/sushy-emulator) starts fresh;
+	// virtual media images it downloads land there too.
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir, "TMPDIR="+state)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +156,5 @@ func Start(t testing.TB) Emulator {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return Emulator{Port: port, CAPEM: ca, User: user, Password: password}
+	return Emulator{Port: port, CAPEM: ca, User: user, Password: password, Log: filepath.Join(tmp, "sushy.log")}
 }
