@@ -145,7 +145,8 @@ func StartAPIServer(t testing.TB, opts Options) *APIServer {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceClusterIPRange, "--authorization-mode=" + mode,
-		"--endpoint-reconciler-type=none"}
+		"--endpoint-reconciler-type=none",
+		"--allow-privileged=true"} // as kubeadm's static pod sets it (privileged DaemonSets: CNIs, kube-proxy)
 	if opts.BootstrapTokenAuth {
 		argv = append(argv, "--enable-bootstrap-token-auth")
 	}
