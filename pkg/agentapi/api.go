@@ -45,6 +45,10 @@ type NodeConfig struct {
 	APIServerPort    uint16     `json:"apiServerPort"`
 	// Keepalived is set on control-plane nodes when keepalived is enabled.
 	Keepalived *KeepalivedConfig `json:"keepalived,omitempty"`
+	// APILoadBalancer is set on control-plane nodes of a Kubernetes cluster whose API VIP keepalived
+	// carries, unless bootstrap.yaml turns it off (apiServer.loadBalancer.enabled: false): the node's
+	// HAProxy balances the VIP's port across every kube-apiserver that answers /readyz (StepAPILB).
+	APILoadBalancer *APILoadBalancerConfig `json:"apiLoadBalancer,omitempty"`
 	// Mirrors are the containerd registry mirrors (hosts.toml) pointing at the appliance.
 	Mirrors []Mirror `json:"mirrors"`
 	// CAPEM is the appliance CA certificate (PEM).
@@ -66,6 +70,23 @@ type NodeConfig struct {
 	// build differs downloads the executable, checks it, replaces its own and restarts into it.
 	// nil otherwise.
 	AgentUpgrade *AgentUpgrade `json:"agentUpgrade,omitempty"`
+}
+
+// APILoadBalancerConfig is a control plane's API load balancer (pkg/haproxy): HAProxy listening on
+// Port, with the VIP's port (NodeConfig.APIServerVIP:APIServerPort) redirected to it on the node
+// (firewall.Redirect), balancing over Servers.
+type APILoadBalancerConfig struct {
+	// Port is the balancer's TCP port (firewall.APILoadBalancerPort, 9445).
+	Port uint16 `json:"port"`
+	// Servers are every control plane's kube-apiserver: node name and control-plane address with the
+	// API port, in nodes[] order.
+	Servers []APIServerEndpoint `json:"servers"`
+}
+
+// APIServerEndpoint is one kube-apiserver behind the API load balancer.
+type APIServerEndpoint struct {
+	Node    string         `json:"node"`
+	Address netip.AddrPort `json:"address"`
 }
 
 // AgentUpgrade names the hostagent build a node must run and where the appliance serves it.
@@ -205,6 +226,13 @@ type KubernetesConfig struct {
 	// nodes' ranges, each routed via that node's workload-plane address.
 	PodCIDR   netip.Prefix `json:"podCIDR"`
 	PodRoutes []PodRoute   `json:"podRoutes,omitempty"`
+	// CNI is networks.cni: "bridge" ("" from an older appliance means bridge too) or "calico", whose
+	// calico-node writes the node's CNI network itself (PodRoutes are then empty).
+	CNI string `json:"cni,omitempty"`
+	// CNIManifest is the YAML stream that deploys the CNI (pkg/calico), sent to control planes only:
+	// each applies it server-side with its admin.conf once its kube-apiserver is ready (step api)
+	// and again whenever it changes.
+	CNIManifest string `json:"cniManifest,omitempty"`
 	// IgnorePreflightErrors are passed to kubeadm (nodeRegistration.ignorePreflightErrors).
 	IgnorePreflightErrors []string `json:"ignorePreflightErrors,omitempty"`
 	// Proceed is set by the appliance when the node is served its config: false while the node must

@@ -23,6 +23,7 @@ const (
 	StepContainerd = "containerd"
 	StepCNI        = "cni"
 	StepKeepalived = "keepalived"
+	StepAPILB      = "apilb"
 	StepKubeadm    = "kubeadm"
 	StepAPI        = "api"
 	StepDNS        = "dns"
@@ -31,7 +32,7 @@ const (
 )
 
 // Steps lists every step name in run order (Plan picks from it).
-var Steps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepKubeadm, StepAPI, StepDNS, StepHandoff, StepReady}
+var Steps = []string{StepConfig, StepFirewall, StepPackages, StepContainerd, StepCNI, StepKeepalived, StepAPILB, StepKubeadm, StepAPI, StepDNS, StepHandoff, StepReady}
 
 // Report statuses (Report.Status).
 const (
@@ -46,7 +47,9 @@ const BootIDHeader = "Hostagent-Boot-Id"
 
 // Plan returns the steps the hostagent runs for nc, in order: config, firewall; with Kubernetes
 // (nc.Kubernetes set) packages; containerd; with Kubernetes cni; on control planes keepalived (when
-// nc.Keepalived is set: the VIP must move before kubeadm init talks to it); with Kubernetes kubeadm
+// nc.Keepalived is set: the VIP must move before kubeadm init talks to it); on control planes apilb
+// (when nc.APILoadBalancer is set: before kubeadm, because the node's own traffic for the VIP goes to
+// its local HAProxy from then on); with Kubernetes kubeadm
 // and, on control planes, api (the local kube-apiserver answers /readyz); dns when the node serves or
 // resolves the cluster's zone (nc.DNS set: after kubeadm, whose init preflight wants an empty manifest
 // directory); handoff once the hand-off has begun (nc.Handoff set); finally ready. Every step
@@ -64,6 +67,9 @@ func Plan(nc NodeConfig) []string {
 	}
 	if cp && nc.Keepalived != nil {
 		steps = append(steps, StepKeepalived)
+	}
+	if cp && nc.APILoadBalancer != nil {
+		steps = append(steps, StepAPILB)
 	}
 	if k8s {
 		steps = append(steps, StepKubeadm)

@@ -14,9 +14,10 @@ func DefaultPlatforms() []string { return []string{"linux/amd64"} }
 
 // DefaultPackages is packages when unset: what hostagent installs on every node today
 // (pkg/plan.KubernetesPackages: the container runtime, the CNI plugins of the bridge network and the
-// Kubernetes node binaries) plus keepalived, which carries the API VIP on control planes.
+// Kubernetes node binaries) plus keepalived, which carries the API VIP on control planes, and haproxy,
+// their API load balancer (pkg/plan.APILoadBalancerPackages).
 func DefaultPackages() []string {
-	return []string{"containerd", "runc", "containernetworking-plugins", "kubelet", "kubeadm", "kubectl", "keepalived"}
+	return []string{"containerd", "runc", "containernetworking-plugins", "kubelet", "kubeadm", "kubectl", "keepalived", "haproxy"}
 }
 
 // DefaultInstallImages is images.install when unset: none, since everything the install runs beyond

@@ -25,7 +25,7 @@ apt:
 		Platforms:  []string{"linux/amd64"},
 		Apt: Apt{Sources: []AptSource{{URI: "https://deb.debian.org/debian", Suite: "trixie",
 			Components: []string{"main"}, SignedBy: "/k.gpg"}}},
-		Packages: []string{"containerd", "runc", "containernetworking-plugins", "kubelet", "kubeadm", "kubectl", "keepalived"},
+		Packages: []string{"containerd", "runc", "containernetworking-plugins", "kubelet", "kubeadm", "kubectl", "keepalived", "haproxy"},
 	}
 	if diff := cmp.Diff(want, s, cmpSpec...); diff != "" {
 		t.Errorf("SetDefaults (-want +got):\n%s", diff)

@@ -119,6 +119,10 @@ func SetDefaults(c *BootstrapConfiguration) {
 		enabled := true
 		a.Keepalived.Enabled = &enabled
 	}
+	if a.LoadBalancer.Enabled == nil {
+		enabled := true
+		a.LoadBalancer.Enabled = &enabled
+	}
 	if a.Keepalived.VirtualRouterID == 0 {
 		a.Keepalived.VirtualRouterID = DefaultVirtualRouterID(c.ClusterName, a.VIP)
 		c.vridDerived = true

@@ -51,9 +51,10 @@ nodes:
 			CNI:           CNIBridge,
 		},
 		APIServer: APIServer{
-			VIP:        addr("10.100.0.100"),
-			Port:       6443,
-			Keepalived: Keepalived{Enabled: &enabled, VirtualRouterID: DefaultVirtualRouterID("lab", addr("10.100.0.100")), AdvertInterval: 250 * time.Millisecond},
+			VIP:          addr("10.100.0.100"),
+			Port:         6443,
+			Keepalived:   Keepalived{Enabled: &enabled, VirtualRouterID: DefaultVirtualRouterID("lab", addr("10.100.0.100")), AdvertInterval: 250 * time.Millisecond},
+			LoadBalancer: APILoadBalancer{Enabled: &enabled},
 		},
 		Bundle:   Bundle{Path: "/srv/bundle", PublicKeys: []string{"ed25519:F5qGAfHQhD42ze3bnW9x++RWXOTgEedjaTZhyNyqR0U="}},
 		Server:   Server{ListenAddress: addr("0.0.0.0"), Port: 8443},

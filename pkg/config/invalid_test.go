@@ -19,9 +19,10 @@ import (
 func TestInvalidFiles(t *testing.T) {
 	type want struct{ path, msg string }
 	tests := map[string][]want{
-		"server-port-is-api-port": {{"server.port", "6443 is also the port of kube-apiserver (tcp 6443) on the appliance host"}},
-		"server-port-is-ssh":      {{"server.port", "22 is also the port of ssh (tcp 22) on the appliance host"}},
-		"api-port-is-etcd":        {{"apiServer.port", "2379 is also the port of etcd (tcp 2379-2380) on control-plane nodes"}},
+		"server-port-is-api-port":  {{"server.port", "6443 is also the port of kube-apiserver (tcp 6443) on the appliance host"}},
+		"server-port-is-ssh":       {{"server.port", "22 is also the port of ssh (tcp 22) on the appliance host"}},
+		"api-port-is-etcd":         {{"apiServer.port", "2379 is also the port of etcd (tcp 2379-2380) on control-plane nodes"}},
+		"api-port-is-apiserver-lb": {{"apiServer.port", "9445 is also the port of apiserver-lb (tcp 9445) on control-plane nodes"}},
 		"api-port-in-nodeport-range": {{"apiServer.port",
 			"30443 is also the port of nodeport-tcp (tcp 30000-32767) on nodes[0] (cp1, control-plane and worker)"}},
 		"server-port-is-kubelet-on-a-node": {{"server.port", "10250 is also the port of kubelet (tcp 10250) on the appliance host, which is also nodes[3] (w1)"}},

@@ -144,7 +144,26 @@ type APIServer struct {
 	Port uint16 `yaml:"port" strictyaml:"nonzero"`
 	// Keepalived configures the VRRP daemon that moves the VIP between control planes.
 	Keepalived Keepalived `yaml:"keepalived"`
+	// LoadBalancer configures the control planes' API load balancer behind the VIP.
+	LoadBalancer APILoadBalancer `yaml:"loadBalancer"`
 }
+
+// APILoadBalancer is the control planes' API load balancer, OpenShift's on-prem layout: with
+// Kubernetes and keepalived enabled, every control plane runs Debian's HAProxy on port 9445
+// (firewall.APILoadBalancerPort) and redirects the VIP's port to it (nftables, table inet
+// appliance-apilb), so requests through the VIP are balanced across every kube-apiserver that answers
+// /readyz instead of all being served by the VIP holder's, and one stopped or draining apiserver does
+// not take the API with it. The keepalived track script then checks the API through the balancer, so
+// the VIP stays where it is while the holder's own apiserver restarts. The bundle must carry the
+// haproxy package (a default package of `appliance bundle create`).
+type APILoadBalancer struct {
+	// Enabled: nil means true (see IsEnabled). false serves the VIP's port with the holder's own
+	// kube-apiserver, as before the balancer existed.
+	Enabled *bool `yaml:"enabled"`
+}
+
+// IsEnabled reports whether the control planes balance the API: true unless Enabled is explicitly false.
+func (l APILoadBalancer) IsEnabled() bool { return l.Enabled == nil || *l.Enabled }
 
 // Keepalived configures VRRP for the API VIP: keepalived in unicast mode on the bootstrap host and
 // every control plane (pkg/keepalived).

@@ -45,7 +45,9 @@ func newAPIServer(t *testing.T, name string) *apiserver {
 	return a
 }
 
-func (a *apiserver) addr() netip.AddrPort { return netip.MustParseAddrPort(a.srv.Listener.Addr().String()) }
+func (a *apiserver) addr() netip.AddrPort {
+	return netip.MustParseAddrPort(a.srv.Listener.Addr().String())
+}
 
 func freePort(t *testing.T) uint16 {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

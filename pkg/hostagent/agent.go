@@ -347,6 +347,7 @@ func (a *Agent) stepFuncs() map[string]func(context.Context) (string, error) {
 		agentapi.StepContainerd: a.stepContainerd,
 		agentapi.StepCNI:        a.stepCNI,
 		agentapi.StepKeepalived: a.stepKeepalived,
+		agentapi.StepAPILB:      a.stepAPILB,
 		agentapi.StepKubeadm:    a.stepKubeadm,
 		agentapi.StepAPI:        a.stepAPI,
 		agentapi.StepDNS:        a.stepDNS,

@@ -92,7 +92,14 @@ func (a *Agent) stepKeepalived(ctx context.Context) (string, error) {
 	a.mu.Lock()
 	nc, cp := a.nc, a.cp
 	a.mu.Unlock()
-	track, err := a.trackCommand(nc.APIServerPort)
+	// With the API load balancer, the track script asks the API through it: the VIP stays where it is
+	// while the holder's own kube-apiserver restarts or drains, since the balancer serves the VIP's
+	// port from the others (OpenShift's on-prem keepalived checks its haproxy the same way).
+	trackPort := nc.APIServerPort
+	if nc.APILoadBalancer != nil {
+		trackPort = nc.APILoadBalancer.Port
+	}
+	track, err := a.trackCommand(trackPort)
 	if err != nil {
 		return "", err
 	}

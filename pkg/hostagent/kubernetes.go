@@ -201,6 +201,37 @@ func (a *Agent) criConfig(ctx context.Context, sandboxImage string) (string, err
 
 // restartUnit restarts a systemd unit and waits for the job (go-systemd D-Bus).
 func restartUnit(ctx context.Context, unit string) error {
+	return unitJob(ctx, "restart", unit, func(c *dbus.Conn, done chan<- string) (int, error) {
+		return c.RestartUnitContext(ctx, unit, "replace", done)
+	})
+}
+
+// reloadOrRestartUnit reloads a running systemd unit (its ExecReload), or starts it when it is not
+// running, and waits for the job (systemctl reload-or-restart).
+func reloadOrRestartUnit(ctx context.Context, unit string) error {
+	return unitJob(ctx, "reload", unit, func(c *dbus.Conn, done chan<- string) (int, error) {
+		return c.ReloadOrRestartUnitContext(ctx, unit, "replace", done)
+	})
+}
+
+// unitActive reports whether a systemd unit's ActiveState is "active".
+func unitActive(ctx context.Context, unit string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := dbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return false, fmt.Errorf("connect to systemd: %w", err)
+	}
+	defer conn.Close()
+	p, err := conn.GetUnitPropertyContext(ctx, unit, "ActiveState")
+	if err != nil {
+		return false, fmt.Errorf("read %s's state: %w", unit, err)
+	}
+	return p.Value.Value() == "active", nil
+}
+
+// unitJob starts one systemd job through start and waits for it (at most 2 minutes).
+func unitJob(ctx context.Context, verb, unit string, start func(*dbus.Conn, chan<- string) (int, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	conn, err := dbus.NewSystemConnectionContext(ctx)
@@ -209,17 +240,17 @@ func restartUnit(ctx context.Context, unit string) error {
 	}
 	defer conn.Close()
 	done := make(chan string, 1) // buffered: an unread job channel deadlocks the connection
-	if _, err := conn.RestartUnitContext(ctx, unit, "replace", done); err != nil {
-		return fmt.Errorf("restart %s: %w", unit, err)
+	if _, err := start(conn, done); err != nil {
+		return fmt.Errorf("%s %s: %w", verb, unit, err)
 	}
 	select {
 	case r := <-done:
 		if r != "done" {
-			return fmt.Errorf("restart %s: job %s (see journalctl -u %s)", unit, r, unit)
+			return fmt.Errorf("%s %s: job %s (see journalctl -u %s)", verb, unit, r, unit)
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("restart %s: %w", unit, ctx.Err())
+		return fmt.Errorf("%s %s: %w", verb, unit, ctx.Err())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 )
@@ -17,7 +18,9 @@ import (
 // authentication and advertisement interval from v (VRRPFor: the same on every speaker), priority
 // agentapi.VRRPControlPlaneBasePriority minus the node's index among the control planes, and as peers the other
 // control planes' control-plane addresses (each one's first static address inside a control-plane
-// CIDR; a control plane without one cannot be named and is left out) plus applianceAddr.
+// CIDR; a control plane without one cannot be named and is left out) plus applianceAddr; with
+// Kubernetes and c.APIServer.LoadBalancer enabled they also get the API load balancer
+// (apiLoadBalancerFor) and its packages (APILoadBalancerPackages).
 //
 // The result holds secrets (VRRP auth): write it 0600 (STATE/rendered/<node>/nodeconfig.json).
 //
@@ -71,5 +74,27 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		Peers:            peers,
 		AdvertIntervalMS: uint32(v.AdvertInterval / time.Millisecond),
 	}
+	if nc.Kubernetes != nil && c.APIServer.LoadBalancer.IsEnabled() {
+		nc.APILoadBalancer = apiLoadBalancerFor(c)
+		nc.Kubernetes.Packages = append(nc.Kubernetes.Packages, APILoadBalancerPackages...)
+	}
 	return nc, nil
+}
+
+// APILoadBalancerPackages are the packages a control plane installs for its API load balancer (beyond
+// KubernetesPackages): Debian's HAProxy. Bundles carry them (bundlespec.DefaultPackages).
+var APILoadBalancerPackages = []string{"haproxy"}
+
+// apiLoadBalancerFor is the control planes' API load balancer (config.APILoadBalancer): HAProxy on
+// firewall.APILoadBalancerPort in front of every control plane's kube-apiserver at its control-plane
+// address and the API port, in nodes[] order (a control plane without a control-plane address cannot
+// be named and is left out, as for the keepalived peers).
+func apiLoadBalancerFor(c *config.BootstrapConfiguration) *agentapi.APILoadBalancerConfig {
+	lb := &agentapi.APILoadBalancerConfig{Port: firewall.APILoadBalancerPort, Servers: []agentapi.APIServerEndpoint{}}
+	for _, cp := range c.ControlPlaneNodes() {
+		if a, ok := ControlPlaneAddress(c, cp); ok {
+			lb.Servers = append(lb.Servers, agentapi.APIServerEndpoint{Node: cp.Name, Address: netip.AddrPortFrom(a, c.APIServer.Port)})
+		}
+	}
+	return lb
 }

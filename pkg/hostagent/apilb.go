@@ -1,0 +1,98 @@
+package hostagent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/airgap-appliance/appliance/firewall"
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/haproxy"
+)
+
+// HAProxyUnit is Debian's haproxy service, which reads haproxy.ConfigPath and reloads without dropping
+// connections (master-worker mode, `haproxy -Ws`).
+const HAProxyUnit = "haproxy.service"
+
+// HAProxyConfig is the node's API load balancer configuration (pkg/haproxy) from nc.APILoadBalancer:
+// a server per control plane, named by node. Errors: nc has no load balancer; Render's.
+func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
+	lb := nc.APILoadBalancer
+	if lb == nil {
+		return haproxy.Config{}, nil, errors.New("node config has no API load balancer")
+	}
+	c := haproxy.Config{Port: lb.Port}
+	for _, s := range lb.Servers {
+		c.Servers = append(c.Servers, haproxy.Server{Name: s.Node, Address: s.Address})
+	}
+	conf, err := haproxy.Render(c)
+	return c, conf, err
+}
+
+// stepAPILB makes the node's API load balancer run (agentapi.StepAPILB, before kubeadm): it writes
+// haproxy.ConfigPath when the rendered configuration differs (checked with `haproxy -c` first, so a
+// configuration HAProxy refuses never replaces a working one), reloads haproxy.service when it changed
+// or starts it when it is not running, and installs the VIP's redirect to the balancer
+// (firewall.RedirectTable: the node's own traffic for VIP:port from now on, and the traffic the VIP
+// brings while the node holds it). Unchanged when all three already hold.
+func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
+	if err := a.onHost(agentapi.StepAPILB); err != nil {
+		return "", err
+	}
+	a.mu.Lock()
+	nc := a.nc
+	a.mu.Unlock()
+	c, conf, err := HAProxyConfig(nc)
+	if err != nil {
+		return "", err
+	}
+	path := a.path(haproxy.ConfigPath)
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	wrote := !bytes.Equal(old, conf)
+	if wrote {
+		if err := haproxy.Check(ctx, "", filepath.Dir(path), conf); err != nil {
+			return "", err
+		}
+		if _, err := atomicfile.Write(path, conf, 0o644); err != nil {
+			return "", err
+		}
+	}
+	active, err := unitActive(ctx, HAProxyUnit)
+	if err != nil {
+		return "", err
+	}
+	verb := "unchanged: HAProxy running"
+	switch {
+	case !active:
+		if err := restartUnit(ctx, HAProxyUnit); err != nil {
+			return "", err
+		}
+		verb = "started HAProxy"
+	case wrote:
+		if err := reloadOrRestartUnit(ctx, HAProxyUnit); err != nil {
+			return "", err
+		}
+		verb = "reloaded HAProxy"
+	}
+	rt := &firewall.RedirectTable{}
+	redirected, err := rt.Apply(ctx, firewall.Redirect{VIP: nc.APIServerVIP, Port: nc.APIServerPort, ToPort: c.Port})
+	if err != nil {
+		return "", fmt.Errorf("redirect the API VIP to the load balancer: %w", err)
+	}
+	if redirected && verb == "unchanged: HAProxy running" {
+		verb = "HAProxy running"
+	}
+	red := "redirected to it"
+	if redirected {
+		red = "now redirected to it (" + rt.Objects() + ")"
+	}
+	return fmt.Sprintf("%s on :%d across %d kube-apiservers (/readyz), %s:%d %s", verb, c.Port, len(c.Servers),
+		nc.APIServerVIP, nc.APIServerPort, red), nil
+}
