@@ -24,6 +24,7 @@ DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-serve
 	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs \
 	python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr ipxe \
 	bind9-utils bind9-dnsutils \
+	grub2-common fdisk \
 	libvirt-daemon libvirt-daemon-driver-qemu python3-libvirt
 
 .PHONY: help
