@@ -405,6 +405,11 @@ type Power struct {
 	InsecureSkipVerify bool `yaml:"insecureSkipVerify,omitempty"`
 	// BootDevice: ipmi and redfish, default BootPXE; must be empty for ssh.
 	BootDevice BootDevice `yaml:"bootDevice,omitempty"`
+	// VirtualMediaImage is the http:// or https:// URL of the ISO a redfish BMC inserts as its
+	// virtual CD (Redfish VirtualMedia.InsertMedia "Image") before the node boots it once; needs
+	// bootDevice cdrom. The BMC fetches it itself, from its own network. Empty: no virtual media
+	// (bootDevice cdrom then boots whatever the drive holds). Only kind redfish; no credentials in it.
+	VirtualMediaImage string `yaml:"virtualMediaImage,omitempty"`
 }
 
 // ControlPlaneNodes returns the nodes with RoleControlPlane, in document order.

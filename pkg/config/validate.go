@@ -729,6 +729,7 @@ func (v *validator) power(path string, n Node) {
 		}
 		return true
 	}
+	v.virtualMedia(path, p)
 	switch p.Kind {
 	case "":
 		v.errorf(path+".kind", "is required: ssh, ipmi or redfish")

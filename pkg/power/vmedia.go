@@ -105,7 +105,11 @@ func (c *bmcController) BootVirtualMedia(ctx context.Context, o VirtualMediaOpti
 	}
 	u, err := url.Parse(o.Image)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-		return r, fmt.Errorf("virtual media image %q: %w: give an http:// or https:// URL with a host and no credentials", o.Image, ErrUnsupported)
+		shown := "(not a URL)"
+		if err == nil {
+			shown = u.Redacted()
+		}
+		return r, fmt.Errorf("virtual media image %s: %w: give an http:// or https:// URL with a host and no credentials", shown, ErrUnsupported)
 	}
 	start := time.Now()
 	err = c.op(ctx, "insert virtual media", func(ctx context.Context) error {
@@ -257,7 +261,8 @@ func virtualCDs(rf *gofish.APIClient) ([]*redfish.VirtualMedia, error) {
 
 // trustImageCA makes the slot verify the image server against caPEM (Redfish VirtualMedia v1.4.0:
 // POST the certificate to its Certificates collection, PATCH VerifyCertificate true). A slot that
-// already holds the same certificate is not posted to again.
+// already holds the same certificate is not posted to again; one that holds others and refuses a
+// second has them deleted first.
 func trustImageCA(rf *gofish.APIClient, s *redfish.VirtualMedia, caPEM []byte) error {
 	var links struct {
 		Certificates struct {
@@ -271,9 +276,9 @@ func trustImageCA(rf *gofish.APIClient, s *redfish.VirtualMedia, caPEM []byte) e
 	if err := json.Unmarshal(raw, &links); err != nil || links.Certificates.ODataID == "" {
 		return errors.New("the slot has no Certificates collection (VirtualMedia before v1.4.0)")
 	}
-	certs, err := s.Certificates()
+	certs, err := certificates(rf, links.Certificates.ODataID)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", links.Certificates.ODataID, err)
+		return err
 	}
 	have := false
 	for _, ct := range certs {
@@ -282,11 +287,28 @@ func trustImageCA(rf *gofish.APIClient, s *redfish.VirtualMedia, caPEM []byte) e
 		}
 	}
 	if !have {
-		resp, err := rf.Post(links.Certificates.ODataID, map[string]string{"CertificateString": string(caPEM), "CertificateType": "PEM"})
-		if err != nil {
-			return fmt.Errorf("add the CA to %s: %w", links.Certificates.ODataID, err)
+		post := func() error {
+			resp, err := rf.Post(links.Certificates.ODataID, map[string]string{"CertificateString": string(caPEM), "CertificateType": "PEM"})
+			if err == nil {
+				_ = resp.Body.Close()
+			}
+			return err
 		}
-		_ = resp.Body.Close()
+		if err := post(); err != nil {
+			// A slot may hold one certificate only (sushy-tools answers 409): one left by an
+			// earlier insert, for another CA, would make the BMC refuse the appliance. Replace it.
+			if len(certs) == 0 {
+				return fmt.Errorf("add the CA to %s: %w", links.Certificates.ODataID, err)
+			}
+			for _, ct := range certs {
+				if resp, derr := rf.Delete(ct.ODataID); derr == nil {
+					_ = resp.Body.Close()
+				}
+			}
+			if err := post(); err != nil {
+				return fmt.Errorf("replace the certificates of %s with the CA: %w", links.Certificates.ODataID, err)
+			}
+		}
 	}
 	if !s.VerifyCertificate {
 		resp, err := rf.Patch(s.ODataID, map[string]bool{"VerifyCertificate": true})
@@ -296,6 +318,44 @@ func trustImageCA(rf *gofish.APIClient, s *redfish.VirtualMedia, caPEM []byte) e
 		_ = resp.Body.Close()
 	}
 	return nil
+}
+
+type certificate struct {
+	ODataID           string `json:"@odata.id"`
+	CertificateString string
+}
+
+// certificates reads a CertificateCollection and its members (gofish's VirtualMedia.Certificates
+// reads the collection link as if it were a certificate).
+func certificates(rf *gofish.APIClient, collection string) ([]certificate, error) {
+	raw, err := getJSON(rf, collection)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", collection, err)
+	}
+	var col struct {
+		Members []struct {
+			ODataID string `json:"@odata.id"`
+		}
+	}
+	if err := json.Unmarshal(raw, &col); err != nil {
+		return nil, fmt.Errorf("read %s: %w", collection, err)
+	}
+	var out []certificate
+	for _, m := range col.Members {
+		raw, err := getJSON(rf, m.ODataID)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", m.ODataID, err)
+		}
+		var ct certificate
+		if err := json.Unmarshal(raw, &ct); err != nil {
+			return nil, fmt.Errorf("read %s: %w", m.ODataID, err)
+		}
+		if ct.ODataID == "" {
+			ct.ODataID = m.ODataID
+		}
+		out = append(out, ct)
+	}
+	return out, nil
 }
 
 // supermicroLegacyCD finds Supermicro's pre-standard virtual media (X10/X11 firmware without
