@@ -311,6 +311,9 @@ func (a *Agent) stepCNI(_ context.Context) (string, error) {
 		}
 		did = append(did, "enabled IP forwarding")
 	}
+	if k.CNI == CNICalico {
+		return stepCNICalico(did)
+	}
 	conf, err := CNIConfig(k.PodCIDR)
 	if err != nil {
 		return "", err
@@ -584,6 +587,13 @@ func (a *Agent) stepAPI(ctx context.Context) (string, error) {
 	url := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))) + "/readyz"
 	if err := a.checkInNS(ctx, url); err != nil {
 		return "", fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	if _, k := a.kube(); k != nil && k.CNIManifest != "" {
+		did, err := applyCNI(ctx, k, nodeCNIPaths)
+		if err != nil {
+			return "", err
+		}
+		return "kube-apiserver ready at " + url + "; " + did, nil
 	}
 	return "kube-apiserver ready at " + url, nil
 }

@@ -108,7 +108,8 @@ func (p *Plan) JoinSecretsRenewer() string {
 //     key for an ActionInit leader only;
 //   - PodCIDR: the node's range of cluster.PodRanges (AllocatePodRanges: stable per node name, the
 //     i-th /24 or /64 of networks.pods for the i-th node on a first allocation), and PodRoutes to
-//     every other node's range via its first workload-plane address.
+//     every other node's range via its first workload-plane address (bridge CNI only);
+//   - with networks.cni calico: CNI, and for control planes CNIManifest (cniFor).
 //
 // Errors: no cluster secrets, a node without a workload-plane address (Validate refuses those), a
 // node without a pod range in cluster.PodRanges, or (PodRanges nil) a pod network too small for the
@@ -180,6 +181,9 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 	default:
 		k.Action, k.After = agentapi.ActionJoin, leader
 	}
+	if err := cniFor(c, n, k); err != nil {
+		return nil, err
+	}
 	for i, node := range c.Nodes {
 		p, ok := ranges[node.Name]
 		if !ok {
@@ -188,6 +192,9 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		if node.Name == n.Name {
 			k.PodCIDR = p
 			continue
+		}
+		if k.CNI == config.CNICalico {
+			continue // calico-node routes the pods itself
 		}
 		via, ok := WorkloadPlaneAddress(c, node)
 		if !ok {
