@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -127,6 +128,8 @@ func powerCheck(st *State, store *nodestate.Store) Result {
 			would = append(would, n.Name+" (install hostagent over SSH)")
 		} else if err := canEnrol(st.Config, n); err != nil {
 			would = append(would, fmt.Sprintf("%s (refused: %v)", n.Name, err))
+		} else if n.Power.VirtualMediaImage != "" {
+			would = append(would, fmt.Sprintf("%s (virtual media %s, boot once from it and power on, %s)", n.Name, n.Power.VirtualMediaImage, n.Power.Kind))
 		} else {
 			would = append(would, fmt.Sprintf("%s (boot device and power on, %s)", n.Name, n.Power.Kind))
 		}
@@ -223,6 +226,9 @@ func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.N
 		return "already on", false, nil
 	}
 	_, _ = store.Set(n.Name, agentapi.StatePowering, "")
+	if n.Power.VirtualMediaImage != "" {
+		return bootVirtualMedia(ctx, st, store, n, ctrl)
+	}
 	results := power.RunAll(ctx, map[string]power.Controller{n.Name: ctrl}, 1, power.RetryPolicy{},
 		func(ctx context.Context, c power.Controller) error {
 			dev := power.BootDevice(n.Power.BootDevice)
@@ -239,6 +245,30 @@ func powerBMC(ctx context.Context, st *State, store *nodestate.Store, n config.N
 	}
 	_, _ = store.Set(n.Name, agentapi.StateBooting, "powered on by its BMC")
 	return "powered on (" + string(n.Power.Kind) + ")", true, nil
+}
+
+// bootVirtualMedia has the node's Redfish BMC insert nodes[].power.virtualMediaImage as its virtual
+// CD, boot it once and power on (power.VirtualMediaBooter). The BMC verifies the image server with the
+// appliance CA when the image is the appliance's own (same host and port as the appliance URL);
+// another server's image is fetched with the BMC's own trust. A BMC without virtual media, or one
+// that cannot fetch the image, fails this node with the reason; the others go on.
+func bootVirtualMedia(ctx context.Context, st *State, store *nodestate.Store, n config.Node, ctrl power.Controller) (string, bool, error) {
+	vb, ok := ctrl.(power.VirtualMediaBooter)
+	if !ok {
+		return "", false, fmt.Errorf("power.virtualMediaImage: the %s backend has no virtual media (%w): use power.kind redfish", n.Power.Kind, power.ErrUnsupported)
+	}
+	o := power.VirtualMediaOptions{Image: n.Power.VirtualMediaImage}
+	if img, err := url.Parse(o.Image); err == nil && st.CA != nil {
+		if app, err := url.Parse(st.ApplianceURL); err == nil && app.Host == img.Host && img.Scheme == "https" {
+			o.CAPEM = st.CA.CertPEM
+		}
+	}
+	r, err := vb.BootVirtualMedia(ctx, o)
+	if err != nil {
+		return "", false, err
+	}
+	_, _ = store.Set(n.Name, agentapi.StateBooting, "booted from virtual media by its BMC")
+	return "powered on from " + r.String(), true, nil
 }
 
 // canEnrol refuses to power on a BMC-booted node without nodes[].mac: its boot carries no secret, and
