@@ -8,10 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
 )
@@ -57,6 +60,10 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		HTTPPort:  b.HTTPPort,
 		Kernel:    b.Kernel,
 		Initrd:    b.Initrd,
+		// The node image's root filesystem beside its initrd (iso/build-node-image.sh), and the
+		// machines' install marks (pkg/netboot install.go; `appliance node reinstall` clears one).
+		RootFS:   nodeImageRootFS(b.Initrd),
+		StateDir: filepath.Join(cfg.StateDir, "netboot"),
 		KernelArgs: append(append([]string{}, b.KernelArgs...),
 			"appliance.url=https://"+net.JoinHostPort(ip.String(), strconv.Itoa(int(cfg.Server.Port))),
 			"appliance.ca_pin="+pin),
@@ -83,12 +90,26 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 			return netboot.Config{}, false, fmt.Errorf("node %s: mac %q: %w", n.Name, n.MAC, err)
 		}
 		if n.NetworkBootable() {
-			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac})
+			m := netboot.Machine{Name: n.Name, MAC: mac}
+			if n.RootDevice != nil {
+				m.KernelArgs = install.KernelArgs(*n.RootDevice)
+			}
+			nc.Machines = append(nc.Machines, m)
 		} else {
 			nc.Others = append(nc.Others, netboot.Machine{Name: n.Name, MAC: mac})
 		}
 	}
 	return nc, true, nil
+}
+
+// nodeImageRootFS is the node image's rootfs.squashfs in initrd's directory, or "" when there is
+// none there (a kernel and initrd that need no root filesystem, such as the lab's VM kit).
+func nodeImageRootFS(initrd string) string {
+	p := filepath.Join(filepath.Dir(initrd), "rootfs.squashfs")
+	if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+		return p
+	}
+	return ""
 }
 
 // caPin is agentapi.PinOf of the first certificate in caPEM.

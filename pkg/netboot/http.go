@@ -20,6 +20,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc(ScriptPath, s.serveScript)
 	mux.HandleFunc(KernelPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Kernel) })
 	mux.HandleFunc(InitrdPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Initrd) })
+	if s.cfg.RootFS != "" {
+		mux.HandleFunc(RootFSPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.RootFS) })
+	}
+	mux.HandleFunc(InstalledPath, s.serveInstalled)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not found: this port serves only the network-boot artefacts ("+ChainPath+", "+ScriptPath+"MAC, "+KernelPath+", "+InitrdPath+")", http.StatusNotFound)
 	})
@@ -67,15 +71,31 @@ func parseMAC(s string) (net.HardwareAddr, bool) {
 
 // Script returns the iPXE script of the machine with this MAC, and false for a MAC not in the
 // inventory. It carries public data only: the kernel and initrd URLs and the command line
-// (Config.KernelArgs plus appliance.node=NAME and, for UEFI, initrd=initrd).
+// (Config.KernelArgs, the machine's KernelArgs, appliance.node=NAME, for UEFI initrd=initrd, and with
+// Config.RootFS the node image's arguments, see install.go). A machine marked installed gets a script
+// that boots its disk instead.
 func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 	m, ok := s.dhcp.machines[mac.String()]
 	if !ok {
 		return "", false
 	}
+	if s.cfg.StateDir != "" {
+		if mark, ok, err := InstalledMark(s.cfg.StateDir, m.Name); err != nil {
+			s.cfg.Logger.Warn("netboot: install mark unreadable; booting from the network", "node", m.Name, "err", err)
+		} else if ok {
+			return fmt.Sprintf("#!ipxe\n"+
+				"echo appliance: %s installed itself to its disk at %s: booting the disk (appliance node reinstall %s to install again)\n"+
+				"sanboot --no-describe --drive 0x80 || exit\n", m.Name, mark.Time.Format(time.RFC3339), m.Name), true
+		}
+	}
 	args := append([]string{"initrd=initrd"}, s.cfg.KernelArgs...)
+	args = append(args, m.KernelArgs...)
 	args = append(args, "appliance.node="+m.Name)
 	base := s.baseURL()
+	if s.cfg.RootFS != "" {
+		args = append(args, "appliance.rootfs="+base+RootFSPath, "appliance.rootfs_sha256="+s.rootFSSHA256,
+			"appliance.initrd="+base+InitrdPath, "BOOTIF=01-${netX/mac:hexhyp}", "ip=${netX/ip}::${netX/gateway}:${netX/netmask}")
+	}
 	return fmt.Sprintf("#!ipxe\n"+
 		"echo appliance: network boot of %s (${netX/mac})\n"+
 		"kernel %s%s %s\n"+

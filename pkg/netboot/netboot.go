@@ -99,6 +99,9 @@ type Machine struct {
 	Name string
 	// MAC is its boot NIC's 48-bit address.
 	MAC net.HardwareAddr
+	// KernelArgs are this machine's own kernel arguments, after Config.KernelArgs (public data only,
+	// checked like them), e.g. its root-device hints (pkg/install.KernelArgs).
+	KernelArgs []string
 }
 
 // Config is everything the service needs. Zero values take the defaults named on each field.
@@ -133,6 +136,12 @@ type Config struct {
 	IPXEDir string
 	// Kernel and Initrd are the files served at KernelPath and InitrdPath. Required.
 	Kernel, Initrd string
+	// RootFS is the node image's root filesystem, served at RootFSPath; the script then adds the
+	// node image's arguments (see install.go). Empty: none (a kernel and initrd that need nothing more).
+	RootFS string
+	// StateDir keeps the machines' install marks (StateDir/installed/NAME.json); empty: no marks, every
+	// boot is a network boot.
+	StateDir string
 	// KernelArgs are the kernel command-line arguments every machine gets (public data only: the
 	// appliance URL, the CA pin, console settings). New refuses an argument whose key contains
 	// "token", "passw", "secret", "private" or "credential" (case-insensitive).
@@ -203,21 +212,23 @@ func (c Config) withDefaults() (Config, error) {
 			return c, configErr("Range %v-%v is not inside Subnet %v", c.RangeStart, c.RangeEnd, c.Subnet)
 		}
 	}
-	for _, f := range []struct{ name, path string }{{"Kernel", c.Kernel}, {"Initrd", c.Initrd}} {
+	for _, f := range []struct{ name, path string }{{"Kernel", c.Kernel}, {"Initrd", c.Initrd}, {"RootFS", c.RootFS}} {
 		if f.path == "" {
+			if f.name == "RootFS" {
+				continue
+			}
 			return c, configErr("%s is required: the file served at %s", f.name, map[string]string{"Kernel": KernelPath, "Initrd": InitrdPath}[f.name])
 		}
 		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() {
 			return c, configErr("%s %s is not a readable regular file", f.name, f.path)
 		}
 	}
-	for _, a := range c.KernelArgs {
-		k, _, _ := strings.Cut(a, "=")
-		if secretKeyRE.MatchString(k) {
-			return c, configErr("kernel argument %q looks like a secret: the boot path carries public data only (the node enrols later)", k)
-		}
-		if strings.ContainsAny(a, " \t\n\r") {
-			return c, configErr("kernel argument %q contains white space: give one argument per element", a)
+	if err := checkKernelArgs(c.KernelArgs); err != nil {
+		return c, err
+	}
+	for _, m := range c.Machines {
+		if err := checkKernelArgs(m.KernelArgs); err != nil {
+			return c, configErr("machine %q: %v", m.Name, strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 		}
 	}
 	seen := map[string]string{}
@@ -240,6 +251,20 @@ func (c Config) withDefaults() (Config, error) {
 		seen[m.MAC.String()] = m.Name
 	}
 	return c, nil
+}
+
+// checkKernelArgs refuses an argument whose key reads like a secret, or with white space in it.
+func checkKernelArgs(args []string) error {
+	for _, a := range args {
+		k, _, _ := strings.Cut(a, "=")
+		if secretKeyRE.MatchString(k) {
+			return configErr("kernel argument %q looks like a secret: the boot path carries public data only (the node enrols later)", k)
+		}
+		if strings.ContainsAny(a, " \t\n\r") {
+			return configErr("kernel argument %q contains white space: give one argument per element", a)
+		}
+	}
+	return nil
 }
 
 // bootFiles is the TFTP allow-list: name → path.

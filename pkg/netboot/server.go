@@ -23,6 +23,8 @@ type Server struct {
 	cfg  Config
 	dhcp *dhcpResponder
 	http *http.Server
+	// rootFSSHA256 is Config.RootFS's SHA-256 (hex), taken once at New.
+	rootFSSHA256 string
 
 	mu      sync.Mutex
 	closers []func()
@@ -37,6 +39,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: c, dhcp: newDHCPResponder(c)}
+	if c.RootFS != "" {
+		sum, err := fileSHA256(c.RootFS)
+		if err != nil {
+			return nil, configErr("RootFS %s: %v", c.RootFS, err)
+		}
+		s.rootFSSHA256 = sum
+	}
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	return s, nil
 }

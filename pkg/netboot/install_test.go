@@ -1,0 +1,129 @@
+package netboot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestNodeImageScriptAndInstallMark: with RootFS set, the served script carries the node image's
+// arguments (root filesystem URL and SHA-256, initrd URL, BOOTIF and ip= from iPXE's settings, the
+// machine's own arguments) and the root filesystem is served; a POST of the install notice marks the
+// machine, after which its script boots the disk; ClearInstalled (appliance node reinstall) makes it
+// network-boot again. Unknown MACs and other methods are refused without a 5xx.
+func TestNodeImageScriptAndInstallMark(t *testing.T) {
+	c := testConfig(t, ModeOff, nil)
+	c.Interface = ""
+	dir := t.TempDir()
+	c.RootFS = filepath.Join(dir, "rootfs.squashfs")
+	rootfs := []byte("a node image root filesystem")
+	if err := os.WriteFile(c.RootFS, rootfs, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.StateDir = filepath.Join(dir, "state")
+	c.Machines[0].KernelArgs = []string{"appliance.rootdevice.serialNumber=NODE-DISK-1"}
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	get := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, ts.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	sum := sha256.Sum256(rootfs)
+	code, script := get("GET", ScriptPath+macW1.String())
+	for _, want := range []string{
+		"appliance.rootfs=http://10.77.0.1:8080" + RootFSPath,
+		"appliance.rootfs_sha256=" + hex.EncodeToString(sum[:]),
+		"appliance.initrd=http://10.77.0.1:8080" + InitrdPath,
+		"BOOTIF=01-${netX/mac:hexhyp}", "ip=${netX/ip}::${netX/gateway}:${netX/netmask}",
+		"appliance.rootdevice.serialNumber=NODE-DISK-1", "appliance.node=w1",
+	} {
+		if code != 200 || !strings.Contains(script, want) {
+			t.Errorf("script of w1 (%d) lacks %q:\n%s", code, want, script)
+		}
+	}
+	if _, s2 := get("GET", ScriptPath+macW2.String()); strings.Contains(s2, "rootdevice") {
+		t.Errorf("w2's script carries w1's hints:\n%s", s2)
+	}
+	if code, body := get("GET", RootFSPath); code != 200 || body != string(rootfs) {
+		t.Errorf("GET %s: %d %q", RootFSPath, code, body)
+	}
+
+	// The install notice.
+	for _, tc := range []struct {
+		method, path string
+		code         int
+	}{
+		{"GET", InstalledPath + macW1.String(), 405},
+		{"POST", InstalledPath + "52:54:00:99:99:99", 404},
+		{"POST", InstalledPath + "not-a-mac", 404},
+	} {
+		if code, body := get(tc.method, tc.path); code != tc.code {
+			t.Errorf("%s %s: %d %q, want %d", tc.method, tc.path, code, body, tc.code)
+		}
+	}
+	if _, ok, _ := InstalledMark(c.StateDir, "w1"); ok {
+		t.Fatal("w1 marked installed before any notice")
+	}
+	if code, body := get("POST", InstalledPath+strings.ReplaceAll(macW1.String(), ":", "-")); code != 200 {
+		t.Fatalf("POST install notice: %d %q", code, body)
+	}
+	mark, ok, err := InstalledMark(c.StateDir, "w1")
+	if err != nil || !ok || mark.MAC != macW1.String() {
+		t.Fatalf("mark after the notice: %+v, %v, %v", mark, ok, err)
+	}
+	if st, err := os.Stat(filepath.Join(c.StateDir, "installed", "w1.json")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("mark file: %v, %v; want mode 0600", st, err)
+	}
+	_, script = get("GET", ScriptPath+macW1.String())
+	if !strings.Contains(script, "sanboot --no-describe --drive 0x80 || exit") || strings.Contains(script, "kernel ") {
+		t.Errorf("installed w1's script does not boot the disk:\n%s", script)
+	}
+	if _, s2 := get("GET", ScriptPath+macW2.String()); !strings.Contains(s2, "kernel ") {
+		t.Errorf("w2 (not installed) no longer network-boots:\n%s", s2)
+	}
+	had, err := ClearInstalled(c.StateDir, "w1")
+	if err != nil || !had {
+		t.Fatalf("ClearInstalled = %v, %v", had, err)
+	}
+	if _, script = get("GET", ScriptPath+macW1.String()); !strings.Contains(script, "appliance.rootfs=") {
+		t.Errorf("after the reinstall request w1 does not network-boot the image:\n%s", script)
+	}
+	if had, err := ClearInstalled(c.StateDir, "w1"); had || err != nil {
+		t.Errorf("second ClearInstalled = %v, %v; want false, nil", had, err)
+	}
+}
+
+// TestNodeImageConfigRefusals: a missing RootFS and a secret-looking machine argument are refused
+// with ErrConfig, naming them.
+func TestNodeImageConfigRefusals(t *testing.T) {
+	c := testConfig(t, ModeOff, nil)
+	c.Interface = ""
+	c.RootFS = filepath.Join(t.TempDir(), "missing.squashfs")
+	if _, err := New(c); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "RootFS") {
+		t.Errorf("missing RootFS: %v", err)
+	}
+	c = testConfig(t, ModeOff, nil)
+	c.Interface = ""
+	c.Machines[1].KernelArgs = []string{"appliance.token=abc"}
+	if _, err := New(c); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), `machine "w2"`) || !strings.Contains(err.Error(), "looks like a secret") {
+		t.Errorf("secret machine argument: %v", err)
+	}
+}
