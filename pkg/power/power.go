@@ -4,7 +4,8 @@
 //
 // It is the only package that imports bmclib. Every backend implements Controller; New builds the
 // right one from a node's Target; PowerOnAll fans PowerOn out over many nodes with bounded
-// concurrency and per-node retries.
+// concurrency and per-node retries. The Redfish Controller also implements VirtualMediaBooter: the
+// BMC inserts an ISO it fetches itself and the node boots it once (vmedia.go).
 //
 // Errors wrap one of the sentinels below when the cause is known, so callers can test them with
 // errors.Is. Secrets (BMC passwords, private keys) are never logged and never appear in errors.

@@ -254,6 +254,18 @@ func TestVirtualMediaVendorQuirks(t *testing.T) {
 			t.Fatalf("slot image %v", b.res[slot]["Image"])
 		}
 	})
+	t.Run("node already on is restarted into the CD", func(t *testing.T) {
+		b := newVendorBMC("dell")
+		b.res["/redfish/v1/Systems/System.Embedded.1"]["PowerState"] = "On"
+		r, err := startVendorBMC(t, b).(VirtualMediaBooter).BootVirtualMedia(t.Context(), VirtualMediaOptions{Image: image})
+		if err != nil || r.Powered != "cycle" {
+			t.Fatalf("report %+v, %v: want powered cycle", r, err)
+		}
+		last := b.requests[len(b.requests)-1]
+		if last != "POST /redfish/v1/Systems/System.Embedded.1/Actions/ComputerSystem.Reset" {
+			t.Fatalf("last request %q: want a reset", last)
+		}
+	})
 	t.Run("supermicro legacy VM1 CfgCD", func(t *testing.T) {
 		b := newVendorBMC("supermicro-legacy")
 		r, err := startVendorBMC(t, b).(VirtualMediaBooter).BootVirtualMedia(t.Context(), VirtualMediaOptions{Image: image + "?v=1"})
@@ -291,6 +303,16 @@ func TestVirtualMediaVendorQuirks(t *testing.T) {
 		}
 		if b.res["/redfish/v1/Systems/System.Embedded.1"]["PowerState"] != "Off" {
 			t.Fatal("a node whose insert was refused was powered on")
+		}
+	})
+	t.Run("ipmi has no virtual media", func(t *testing.T) {
+		c, err := NewBMC(t.Context(), BMCOptions{Kind: KindIPMI, Host: "127.0.0.1", Port: 1, Username: "admin", Password: "x"})
+		if err != nil {
+			t.Skipf("SKIPPED: no IPMI controller without ipmitool (`make deps`): %v", err)
+		}
+		_, err = c.(VirtualMediaBooter).BootVirtualMedia(t.Context(), VirtualMediaOptions{Image: image})
+		if !errors.Is(err, ErrUnsupported) || !permanent(err) || !strings.Contains(err.Error(), "use power.kind redfish") {
+			t.Fatalf("got %v: want ErrUnsupported saying to use redfish", err)
 		}
 	})
 	t.Run("bad image URL", func(t *testing.T) {
