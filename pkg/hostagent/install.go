@@ -1,0 +1,253 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/install"
+)
+
+// BootArgs is what the node image's kernel command line tells `hostagent install` (iso/node/init and
+// pkg/netboot put it there; public data only).
+type BootArgs struct {
+	// ApplianceURL and CAPin: appliance.url=, appliance.ca_pin= (required).
+	ApplianceURL, CAPin string
+	// Node: appliance.node= (informational; the enrolment decides who the machine is).
+	Node string
+	// InitrdURL: appliance.initrd= (network boot): the initramfs the installed system boots with, and
+	// the boot server that takes the install notice (pkg/netboot InstalledPath). Empty on an ISO boot.
+	InitrdURL string
+	// Hints: appliance.rootdevice.*= (pkg/install.KernelArgs).
+	Hints config.RootDeviceHints
+	// Console are the console= arguments, kept for the installed system.
+	Console []string
+}
+
+// ParseBootArgs reads BootArgs from the words of /proc/cmdline. Errors name the argument to fix.
+func ParseBootArgs(words []string) (BootArgs, error) {
+	var b BootArgs
+	for _, w := range words {
+		k, v, _ := strings.Cut(w, "=")
+		switch k {
+		case "appliance.url":
+			b.ApplianceURL = v
+		case "appliance.ca_pin":
+			b.CAPin = v
+		case "appliance.node":
+			b.Node = v
+		case "appliance.initrd":
+			b.InitrdURL = v
+		case "console":
+			b.Console = append(b.Console, w)
+		}
+	}
+	h, err := install.HintsFromKernelArgs(words)
+	if err != nil {
+		return b, err
+	}
+	b.Hints = h
+	switch {
+	case b.ApplianceURL == "":
+		return b, errors.New("appliance.url= is missing from the kernel command line: boot the node image from the appliance (network boot or its ISO)")
+	case b.CAPin == "":
+		return b, errors.New("appliance.ca_pin= is missing from the kernel command line")
+	}
+	if b.InitrdURL != "" {
+		if u, err := url.Parse(b.InitrdURL); err != nil || u.Scheme != "http" || u.Host == "" {
+			return b, fmt.Errorf("appliance.initrd=%q is not an http:// URL of the appliance's boot server", b.InitrdURL)
+		}
+	}
+	return b, nil
+}
+
+// InstallOptions is one run of the node image's installer (`hostagent install`).
+type InstallOptions struct {
+	Boot BootArgs
+	// Enroll runs the enrolment (`hostagent enroll`), writing ConfigPath, CAPath and IgnitionPath.
+	Enroll func(ctx context.Context) error
+	// ConfigPath, CAPath and IgnitionPath are where Enroll writes the hostagent configuration, the
+	// pinned CA and the node's Ignition config.
+	ConfigPath, CAPath, IgnitionPath string
+	// Image is the node image's root filesystem; MediumInitrd the initramfs on an ISO boot (used
+	// when Boot.InitrdURL is empty).
+	Image, MediumInitrd string
+	// BootMAC is the NIC the machine booted from (iso/node/init writes /run/node/bootif); empty:
+	// no install notice, no network file.
+	BootMAC string
+	// SysBlock and DevDisk are /sys/block and /dev/disk.
+	SysBlock, DevDisk string
+	// WorkDir holds the downloaded initramfs and the mount point.
+	WorkDir string
+	Log     *slog.Logger
+}
+
+// InstallResult is what RunInstall did.
+type InstallResult struct {
+	Node    string
+	Disk    install.Disk
+	Install install.Result
+	// Enrolled, Chosen, Installed and Notified are how long each stage took.
+	Enrolled, Chosen, Installed, Notified time.Duration
+}
+
+// RunInstall enrols, chooses the disk by the node's root-device hints, installs the node image to it
+// with the node's Ignition config applied, and tells the boot server the machine is installed (so
+// its next boots boot the disk). A disk that matches no hint is reported to the appliance as the
+// node's failure (step config, with the hints and the disks seen) before the error is returned.
+func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
+	var res InstallResult
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	t0 := time.Now()
+	if err := o.Enroll(ctx); err != nil {
+		return res, fmt.Errorf("enrol: %w", err)
+	}
+	res.Enrolled = time.Since(t0)
+	data, err := os.ReadFile(o.ConfigPath)
+	if err != nil {
+		return res, err
+	}
+	cfg, err := agentapi.Parse(data)
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", o.ConfigPath, err)
+	}
+	res.Node = cfg.Node
+	ca, err := os.ReadFile(o.CAPath)
+	if err != nil {
+		return res, err
+	}
+
+	t1 := time.Now()
+	disks, err := install.ListDisks(o.SysBlock, o.DevDisk)
+	if err == nil {
+		res.Disk, err = install.Choose(disks, o.Boot.Hints)
+	}
+	if err != nil {
+		reportFailure(ctx, cfg, ca, "install: "+err.Error(), log)
+		return res, err
+	}
+	res.Chosen = time.Since(t1)
+	log.Info("install: disk chosen", "node", cfg.Node, "disk", res.Disk.String(), "hints", install.DescribeHints(o.Boot.Hints))
+
+	initrd := o.MediumInitrd
+	if o.Boot.InitrdURL != "" {
+		initrd = filepath.Join(o.WorkDir, "initrd.img")
+		if err := download(ctx, o.Boot.InitrdURL, initrd); err != nil {
+			return res, fmt.Errorf("fetch the initramfs for the installed system: %w", err)
+		}
+	}
+	var files []install.File
+	if o.BootMAC != "" {
+		// The installed system's network: DHCP on the boot NIC, by MAC (names can change with the kernel).
+		files = append(files, install.File{Path: "/etc/systemd/network/10-node-boot.network", Mode: 0o644,
+			Data: []byte("# written by the node install: the NIC the machine network-booted from\n[Match]\nMACAddress=" + o.BootMAC +
+				"\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")})
+	}
+	files = append(files, install.File{Path: CACertPath, Data: ca, Mode: 0o644})
+	t2 := time.Now()
+	ir, err := install.Install(ctx, install.Options{
+		Disk: res.Disk.Path, Image: o.Image, Initrd: initrd, KernelArgs: o.Boot.Console,
+		Ignition: o.IgnitionPath, IgnitionCA: o.CAPath, Files: files,
+		Enable:  []string{"systemd-networkd.service", "hostagent.service"},
+		Marker:  install.Marker{Node: cfg.Node, DiskInfo: res.Disk.String()},
+		WorkDir: filepath.Join(o.WorkDir, "target"), Log: log,
+	})
+	res.Install = ir
+	if err != nil {
+		reportFailure(ctx, cfg, ca, err.Error(), log)
+		return res, err
+	}
+	res.Installed = time.Since(t2)
+
+	if o.Boot.InitrdURL != "" && o.BootMAC != "" {
+		t3 := time.Now()
+		u, _ := url.Parse(o.Boot.InitrdURL)
+		notice := u.Scheme + "://" + u.Host + "/installed/" + o.BootMAC
+		if err := postNotice(ctx, notice); err != nil {
+			// Without the notice the next network boot would install again: refuse to reboot.
+			return res, fmt.Errorf("the disk is installed, but the boot server did not take the notice (%s): %w", notice, err)
+		}
+		res.Notified = time.Since(t3)
+	}
+	return res, nil
+}
+
+// reportFailure tells the appliance this node failed (best effort: the console has it too).
+func reportFailure(ctx context.Context, cfg agentapi.Configuration, ca []byte, detail string, log *slog.Logger) {
+	c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, "")
+	if err == nil {
+		err = c.Report(ctx, agentapi.Report{Step: agentapi.StepConfig, Status: "failed", Detail: detail, Time: time.Now().UTC()})
+	}
+	if err != nil {
+		log.Warn("install: the failure was not reported to the appliance", "err", err)
+	}
+}
+
+func download(ctx context.Context, u, dst string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+	if err != nil {
+		return err
+	}
+	_, err = atomicfile.Write(dst, b, 0o644)
+	return err
+}
+
+// postNotice POSTs the install notice, retrying for up to a minute.
+func postNotice(ctx context.Context, u string) error {
+	var last error
+	for i := 0; i < 30; i++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+			if resp.StatusCode < 500 {
+				return last
+			}
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return last
+}
