@@ -15,6 +15,9 @@
 //   - The API server is reached through the VIP (KUBERNETES_SERVICE_HOST/PORT in calico-node and in
 //     the CNI plugin's kubeconfig), not through the kubernetes Service, so the CNI does not depend
 //     on kube-proxy having programmed the service address first.
+//   - install-cni writes the plugins (calico, calico-ipam) into containerd.CNIBinDir, where the
+//     node's containerd looks for CNI plugins (Debian's /usr/lib/cni, beside the portmap plugin the
+//     network also uses), and the network into containerd.CNIConfDir.
 //   - MTU: PodMTU for the veths and vxlan.calico (FELIX_VXLANMTU, the CNI's mtu); 0 lets Calico
 //     detect it from the node's interface.
 //   - No calico-kube-controllers (its node controller only garbage-collects the IPAM blocks of
@@ -41,6 +44,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/airgap-appliance/appliance/pkg/containerd"
 )
 
 // Version is the Calico source the fixture's image is built from (`git describe` of
@@ -506,13 +511,13 @@ func daemonSet(p Params, cidrs string) *appsv1.DaemonSet {
 					InitContainers:                []corev1.Container{install},
 					Containers:                    []corev1.Container{node},
 					Volumes: []corev1.Volume{
-						hostPath("lib-modules", "/lib/modules", ""),
+						hostPath("lib-modules", "/lib/modules", corev1.HostPathDirectoryOrCreate),
 						hostPath("var-run-calico", "/var/run/calico", corev1.HostPathDirectoryOrCreate),
 						hostPath("var-lib-calico", "/var/lib/calico", corev1.HostPathDirectoryOrCreate),
 						hostPath("xtables-lock", "/run/xtables.lock", corev1.HostPathFileOrCreate),
-						hostPath("cni-bin-dir", "/opt/cni/bin", corev1.HostPathDirectoryOrCreate),
-						hostPath("cni-net-dir", "/etc/cni/net.d", ""),
-						hostPath("cni-log-dir", "/var/log/calico/cni", ""),
+						hostPath("cni-bin-dir", containerd.CNIBinDir, corev1.HostPathDirectoryOrCreate),
+						hostPath("cni-net-dir", containerd.CNIConfDir, corev1.HostPathDirectoryOrCreate),
+						hostPath("cni-log-dir", "/var/log/calico/cni", corev1.HostPathDirectoryOrCreate),
 					},
 				},
 			},

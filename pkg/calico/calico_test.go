@@ -126,6 +126,15 @@ func TestManifestParams(t *testing.T) {
 			t.Errorf("calico-node %s = %q, want %q", k, env[k], want)
 		}
 	}
+	hostPaths := map[string]string{}
+	for _, v := range spec["volumes"].([]any) {
+		v := v.(map[string]any)
+		hostPaths[v["name"].(string)] = v["hostPath"].(map[string]any)["path"].(string)
+	}
+	// Where the node's containerd looks (pkg/containerd's CRI config), not upstream's /opt/cni/bin.
+	if hostPaths["cni-bin-dir"] != "/usr/lib/cni" || hostPaths["cni-net-dir"] != "/etc/cni/net.d" {
+		t.Errorf("CNI directories %v", hostPaths)
+	}
 	data := cm["data"].(map[string]any)
 	if data["veth_mtu"] != "0" || data["calico_backend"] != "vxlan" {
 		t.Errorf("calico-config %v", data)

@@ -58,6 +58,7 @@ func fixtureBin(t *testing.T, name string) string {
 type k8sLab struct {
 	*nodeLab
 	kubectl, etcdctl string
+	cni              string // networks.cni of the lab's configuration (e2eCNI)
 }
 
 func newK8sLab(t *testing.T, prefix string) *k8sLab {
@@ -95,11 +96,12 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	k8sNodes = slices.Clone(day1Nodes)
 	n.script(t, "nodes.sh", append([]string{"up"}, k8sNodes...)...)
 	var buf bytes.Buffer
-	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true}); err != nil {
+	cni := e2eCNI(t)
+	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true, "CNI": calicoOnly(cni)}); err != nil {
 		t.Fatal(err)
 	}
 	mustWrite(t, l.config, buf.String())
-	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl")}
+	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl"), cni: cni}
 }
 
 // kube runs kubectl from the bootstrap host's namespace with the appliance's admin kubeconfig,
@@ -278,6 +280,7 @@ func TestKubernetesE2E(t *testing.T) {
 	// Day 2 (issue 15), in this order, one call per line below: nodes added and removed, then the
 	// appliance upgraded, then the hand-off, which switches the bootstrap host off and so comes last.
 	// DAY2-CALLS
+	k.podNetwork(t, k.cni, start, racked) // e2e_calico_test.go: day 1's nodes, before day 2 changes them
 	k.day2(t, ctx)
 	k.dns(t, ctx)
 	k.upgrade(t, ctx)

@@ -111,8 +111,11 @@ boot: {dhcp: "off"}
 {{- end}}
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
-  workloadPlane: {cidrs: [10.200.0.0/24]}
+  workloadPlane: {cidrs: [10.200.0.0/24]{{if .CNI}}, mtu: 1500{{end}}}
   services: 10.96.0.0/16
+{{- if .CNI}}
+  cni: {{.CNI}}
+{{- end}}
 apiServer:
   vip: 10.100.0.100
 bundle:
