@@ -40,6 +40,11 @@ type VirtualMediaBooter interface {
 	// ErrVirtualMediaUnsupported, ErrVirtualMediaNotInserted, ErrBootDeviceNotApplied or the
 	// Controller's sentinels, and say what to check.
 	BootVirtualMedia(ctx context.Context, o VirtualMediaOptions) (VirtualMediaReport, error)
+	// EjectVirtualMedia ejects every inserted virtual CD (Redfish EjectMedia through bmclib;
+	// Supermicro legacy IsoConfig.UnMount) and reads the slots back. A BMC that keeps the CD boot
+	// override for every boot (VirtualMediaReport.BootPersistent) boots the disk again only once
+	// the media is out. No virtual media inserted: nil.
+	EjectVirtualMedia(ctx context.Context) error
 }
 
 // VirtualMediaOptions says what a BMC inserts.
@@ -198,6 +203,50 @@ func (c *bmcController) BootVirtualMedia(ctx context.Context, o VirtualMediaOpti
 		return r, fmt.Errorf("virtual media inserted (%s) and boot from CD set, but power %s failed: %w", r.Slot, r.Powered, err)
 	}
 	return r, nil
+}
+
+// EjectVirtualMedia implements VirtualMediaBooter.
+func (c *bmcController) EjectVirtualMedia(ctx context.Context) error {
+	if c.provider != providerRedfish {
+		return fmt.Errorf("virtual media on a %s BMC: %w", c.o.Kind, ErrUnsupported)
+	}
+	return c.op(ctx, "eject virtual media", func(ctx context.Context) error {
+		rf, err := c.gofish(ctx)
+		if err != nil {
+			return err
+		}
+		defer rf.Logout()
+		slots, err := virtualCDs(rf)
+		if err != nil {
+			return err
+		}
+		if len(slots) == 0 {
+			if cfg, ok := supermicroLegacyCD(rf); ok {
+				resp, err := rf.Post(cfg+"/Actions/IsoConfig.UnMount", struct{}{})
+				if err != nil {
+					return fmt.Errorf("Supermicro %s refused IsoConfig.UnMount: %w", cfg, err)
+				}
+				_ = resp.Body.Close()
+			}
+			return nil
+		}
+		inserted := false
+		for _, s := range slots {
+			inserted = inserted || s.Inserted
+		}
+		if !inserted {
+			return nil
+		}
+		if ok, err := c.client.SetVirtualMedia(ctx, "CD", ""); err != nil || !ok {
+			return fmt.Errorf("the BMC refused EjectMedia: %v", err)
+		}
+		for _, s := range slots {
+			if got, err := redfish.GetVirtualMedia(rf, s.ODataID); err == nil && got.Inserted {
+				return fmt.Errorf("EjectMedia was accepted but %s still reads back Inserted (image %s): eject it on the BMC's virtual media page", s.ODataID, got.Image)
+			}
+		}
+		return nil
+	})
 }
 
 // gofish opens a gofish client on the same BMC with the same TLS trust and login method as the

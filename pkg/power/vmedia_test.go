@@ -2,6 +2,7 @@ package power
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -75,6 +76,36 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 		t.Fatalf("report %+v (image fetched %d times): want slot .../VirtualMedia/Cd, verified, powered on", r, gets.Load())
 	}
 	t.Logf("sushy-tools: %s", r)
+
+	slot := func() map[string]any {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(bmc.CAPEM)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://127.0.0.1:"+strconv.Itoa(bmc.Port)+r.Slot, nil)
+		req.SetBasicAuth(bmc.User, bmc.Password)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if s := slot(); s["Inserted"] != true || s["Image"] != image || s["VerifyCertificate"] != true {
+		t.Fatalf("slot before the eject: %v", s)
+	}
+	if err := vb.EjectVirtualMedia(ctx); err != nil {
+		t.Fatalf("EjectVirtualMedia: %v", err)
+	}
+	if s := slot(); s["Inserted"] != false || s["Image"] != "" {
+		t.Fatalf("slot after the eject: Inserted %v, Image %v", s["Inserted"], s["Image"])
+	}
+	if err := vb.EjectVirtualMedia(ctx); err != nil {
+		t.Fatalf("EjectVirtualMedia with nothing inserted: %v", err)
+	}
 }
 
 // vendorBMC replays Redfish resources recorded from vendors' BMCs, because no Dell iDRAC or
@@ -201,7 +232,7 @@ func (b *vendorBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			res["Image"], res["Inserted"] = in["Image"], true
 		case "VirtualMedia.EjectMedia":
 			res["Image"], res["Inserted"] = nil, false
-		case "IsoConfig.Mount":
+		case "IsoConfig.Mount", "IsoConfig.UnMount":
 		default:
 			rfError(w, http.StatusBadRequest, "unknown action "+action)
 			return
@@ -282,6 +313,12 @@ func TestVirtualMediaVendorQuirks(t *testing.T) {
 		}
 		if !mounted || b.res["/redfish/v1/Systems/1"]["PowerState"] != "On" {
 			t.Fatalf("requests %v: want the IsoConfig.Mount action, then power on", b.requests)
+		}
+		if err := startVendorBMC(t, b).(VirtualMediaBooter).EjectVirtualMedia(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if last := b.requests[len(b.requests)-1]; last != "POST /redfish/v1/Managers/1/VM1/CfgCD/Actions/IsoConfig.UnMount" {
+			t.Fatalf("eject: last request %q, want IsoConfig.UnMount", last)
 		}
 	})
 	t.Run("no virtual media", func(t *testing.T) {

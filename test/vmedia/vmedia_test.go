@@ -71,6 +71,7 @@ func recv(args []string) int {
 //   - the VM's serial console shows GRUB booting the ISO's entry, the kernel command line carrying
 //     this run's nonce, the kit's /init starting, and the VM's network callback ("hello from
 //     vmedia-NONCE") reaches a listener in the test's namespace;
+//   - the media is ejected again (read back not inserted);
 //   - the root network namespace has exactly the links it had before (libvirtd and QEMU ran in a
 //     namespace of their own, with user-mode networking only).
 //
@@ -173,6 +174,12 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 		prev = seen[i]
 	}
 	t.Logf("virtual media boot, %.1fs in all: %s", prev.Seconds(), strings.Join(shares, ", "))
+
+	// The libvirt driver keeps the CD boot override for every boot (rep.BootPersistent): ejecting
+	// the media is what lets the machine boot its disk after an install.
+	if err := vb.EjectVirtualMedia(ctx); err != nil {
+		t.Errorf("EjectVirtualMedia through the libvirt driver: %v", err)
+	}
 
 	if after := rootLinks(t); !slices.Equal(before, after) {
 		t.Errorf("the root namespace's links changed: before %v, after %v", before, after)
