@@ -21,9 +21,9 @@ import (
 func newNodeCommand(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Day-2 node operations: remove",
+		Short: "Day-2 node operations: remove, reinstall",
 	}
-	cmd.AddCommand(newNodeRemoveCommand(g))
+	cmd.AddCommand(newNodeRemoveCommand(g), newNodeReinstallCommand())
 	return cmd
 }
 
