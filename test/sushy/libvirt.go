@@ -40,7 +40,7 @@ type Machine struct {
 //     /etc/libvirt; no bridge, no tap, no firewall rule anywhere: its only network is QEMU's user
 //     mode, inside the namespace);
 //   - a storage pool "default" (where sushy's libvirt driver uploads inserted images) and a domain
-//     "vmedia-node": 256 MiB, TCG ("-enable-kvm hangs here", LAB.md), i440FX with SeaBIOS, no
+//     "vmedia-node": memoryMiB of memory, TCG ("-enable-kvm hangs here", LAB.md), i440FX with SeaBIOS, no
 //     disk, the serial console to a file, a virtio NIC in user mode, powered off;
 //   - sushy-emulator with its libvirt driver on that daemon, as nobody, on 127.0.0.1 with TLS and
 //     basic auth.
@@ -49,7 +49,7 @@ type Machine struct {
 // Needs root (to create the namespace and switch to nobody), libvirtd (libvirt-daemon,
 // libvirt-daemon-driver-qemu), qemu-system-x86 and python3-libvirt: missing ones fail the test in CI
 // and skip it loudly elsewhere.
-func StartLibvirt(t testing.TB) Machine {
+func StartLibvirt(t testing.TB, memoryMiB int) Machine {
 	t.Helper()
 	labns.RequireRoot(t)
 	libvirtd := labns.RequireTool(t, "libvirtd")
@@ -134,12 +134,12 @@ func StartLibvirt(t testing.TB) Machine {
 c = libvirt.open(%q)
 p = c.storagePoolDefineXML("<pool type='dir'><name>default</name><target><path>%s</path></target></pool>")
 p.create()
-d = c.defineXML("""<domain type='qemu'><name>vmedia-node</name><memory unit='MiB'>256</memory><vcpu>1</vcpu>
+d = c.defineXML("""<domain type='qemu'><name>vmedia-node</name><memory unit='MiB'>%d</memory><vcpu>1</vcpu>
 <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
 <devices><serial type='file'><source path='%s'/><target port='0'/></serial>
 <interface type='user'><model type='virtio'/></interface></devices></domain>""")
 print(d.UUIDString())
-`, uri, sub["pool"], console)
+`, uri, sub["pool"], memoryMiB, console)
 	out, err := asNobody("/usr/bin/python3", "-c", define).CombinedOutput()
 	if err != nil {
 		t.Fatalf("define the libvirt pool and domain: %v\n%s", err, out)
