@@ -19,6 +19,8 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/calico"
+	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -486,7 +488,7 @@ func (k *k8sLab) airGap(t *testing.T) {
 			}
 			ref, digest := f[0], f[2]
 			refs++
-			if !strings.HasPrefix(ref, "registry.k8s.io/") {
+			if !strings.HasPrefix(ref, "registry.k8s.io/") && !(k.cni == config.CNICalico && ref == calico.Image) {
 				t.Errorf("%s holds %s: not an image of the bundle's registry", node, ref)
 				continue
 			}
@@ -531,9 +533,9 @@ func (k *k8sLab) airGap(t *testing.T) {
 
 // servedDigest asks the appliance's registry (from the bootstrap namespace) for ref's manifest digest.
 func (k *k8sLab) servedDigest(t *testing.T, caPath, ref string) string {
-	repoTag := strings.TrimPrefix(ref, "registry.k8s.io/")
+	registry, repoTag, _ := strings.Cut(ref, "/")
 	repo, tag, _ := strings.Cut(repoTag, ":")
-	url := applURL + "/v2/registry.k8s.io/" + repo + "/manifests/" + tag
+	url := applURL + "/v2/" + registry + "/" + repo + "/manifests/" + tag
 	out, err := k.run("boot", "curl", "-sSfI", "--cacert", caPath,
 		"-H", "Accept: application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json",
 		url)
