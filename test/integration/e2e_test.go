@@ -239,6 +239,8 @@ func TestKubernetesE2E(t *testing.T) {
 
 	t.Run("killing the VIP holder's keepalived keeps the API reachable", func(t *testing.T) { k.vipFailover(t) })
 
+	t.Run("the API is balanced across the three apiservers and stays up with the holder's stopped", func(t *testing.T) { k.apiLoadBalanced(t) })
+
 	t.Run("a second bootstrap changes nothing", func(t *testing.T) {
 		// First the dry run: on a converged cluster every phase's check finds nothing to change.
 		d := k.bootstrap(ctx, "", 0, "--dry-run")
