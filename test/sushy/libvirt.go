@@ -61,8 +61,9 @@ func StartLibvirt(t testing.TB, memoryMiB int) Machine {
 		}
 		t.Skipf("SKIPPED: python3-libvirt missing (`make deps`): %s", out)
 	}
-	// Not t.TempDir: its parents are 0700 root, which nobody cannot traverse.
-	dir, err := os.MkdirTemp("", "vmedia-libvirt-")
+	// Not t.TempDir (nor $TMPDIR, which may be one): its parents are 0700 root, which nobody cannot
+	// traverse. /tmp is world-traversable.
+	dir, err := os.MkdirTemp("/tmp", "vmedia-libvirt-")
 	if err != nil {
 		t.Fatal(err)
 	}
