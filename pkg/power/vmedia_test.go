@@ -115,6 +115,10 @@ type vendorBMC struct {
 	user, pass string
 	res        map[string]map[string]any // @odata.id → resource, mutated by PATCH and actions
 
+	sessions bool            // the service has a SessionService (iDRAC does): X-Auth-Token logins
+	tokens   map[string]bool // live session tokens
+	logins   int             // sessions created
+
 	mu       sync.Mutex
 	requests []string // "METHOD path" of every authenticated request that changes something
 	refuse   string   // non-empty: InsertMedia answers 400 with this message (a BMC that cannot fetch)
@@ -131,20 +135,26 @@ func collection(ids ...string) map[string]any {
 func link(id string) map[string]string { return map[string]string{"@odata.id": id} }
 
 // newVendorBMC builds a service of one vendor's shape:
-//   - "dell": an iDRAC 9 with firmware ≥ 6: the Manager's VirtualMedia collection is empty, the
+//   - "dell": an iDRAC 9 with firmware ≥ 6, with a SessionService (X-Auth-Token) besides basic auth:
+//     the Manager's VirtualMedia collection is empty, the
 //     slots are under /Systems/System.Embedded.1/VirtualMedia (1: CD/DVD, 2: USBStick), without
 //     Certificates (iDRAC fetches without verifying TLS);
 //   - "supermicro-legacy": an X11 on firmware before standard VirtualMedia: neither the Manager nor
 //     the System has VirtualMedia; /Managers/1/VM1/CfgCD is an IsoConfig with IsoConfig.Mount;
 //   - "none": no virtual media anywhere (no licence).
 func newVendorBMC(vendor string) *vendorBMC {
-	b := &vendorBMC{user: "root", pass: "calvin", res: map[string]map[string]any{}}
+	b := &vendorBMC{user: "root", pass: "calvin", res: map[string]map[string]any{}, tokens: map[string]bool{}}
 	sys, mgr := "/redfish/v1/Systems/1", "/redfish/v1/Managers/1"
 	if vendor == "dell" {
 		sys, mgr = "/redfish/v1/Systems/System.Embedded.1", "/redfish/v1/Managers/iDRAC.Embedded.1"
+		b.sessions = true
 	}
 	b.res["/redfish/v1"] = map[string]any{"@odata.id": "/redfish/v1", "Id": "RootService", "RedfishVersion": "1.11.0",
 		"Systems": link("/redfish/v1/Systems"), "Managers": link("/redfish/v1/Managers")}
+	if b.sessions {
+		b.res["/redfish/v1"]["SessionService"] = link("/redfish/v1/SessionService")
+		b.res["/redfish/v1"]["Links"] = map[string]any{"Sessions": link("/redfish/v1/SessionService/Sessions")}
+	}
 	b.res["/redfish/v1/Systems"] = collection(sys)
 	b.res["/redfish/v1/Managers"] = collection(mgr)
 	b.res[sys] = map[string]any{"@odata.id": sys, "Id": "1", "PowerState": "Off",
@@ -190,8 +200,27 @@ func (b *vendorBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(200, b.res[path]) // the service root answers without credentials
 		return
 	}
-	if u, p, ok := r.BasicAuth(); !ok || u != b.user || p != b.pass {
+	if b.sessions && path == "/redfish/v1/SessionService/Sessions" && r.Method == http.MethodPost {
+		var cred struct{ UserName, Password string }
+		if err := json.NewDecoder(r.Body).Decode(&cred); err != nil || cred.UserName != b.user || cred.Password != b.pass {
+			rfError(w, http.StatusUnauthorized, "Invalid username or password")
+			return
+		}
+		b.logins++
+		tok := "tok" + strconv.Itoa(b.logins)
+		b.tokens[tok] = true
+		w.Header().Set("X-Auth-Token", tok)
+		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/"+tok)
+		reply(http.StatusCreated, map[string]string{"@odata.id": "/redfish/v1/SessionService/Sessions/" + tok, "Id": tok})
+		return
+	}
+	if u, p, ok := r.BasicAuth(); (!ok || u != b.user || p != b.pass) && !b.tokens[r.Header.Get("X-Auth-Token")] {
 		rfError(w, http.StatusUnauthorized, "Invalid username or password")
+		return
+	}
+	if strings.HasPrefix(path, "/redfish/v1/SessionService/Sessions/") && r.Method == http.MethodDelete {
+		delete(b.tokens, strings.TrimPrefix(path, "/redfish/v1/SessionService/Sessions/"))
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
@@ -283,6 +312,11 @@ func TestVirtualMediaVendorQuirks(t *testing.T) {
 		}
 		if b.res[slot]["Image"] != image {
 			t.Fatalf("slot image %v", b.res[slot]["Image"])
+		}
+		// The iDRAC has sessions: bmclib's and the one for the slots were both opened; the
+		// latter is closed at once (a BMC allows few).
+		if opened := len(b.tokens); opened != 1 || b.logins < 2 {
+			t.Errorf("%d sessions created, %d open after the boot: want bmclib's and the slots' one, only the controller's own left open", b.logins, opened)
 		}
 	})
 	t.Run("node already on is restarted into the CD", func(t *testing.T) {
