@@ -127,6 +127,7 @@ func SetDefaults(c *BootstrapConfiguration) {
 		a.Keepalived.VirtualRouterID = DefaultVirtualRouterID(c.ClusterName, a.VIP)
 		c.vridDerived = true
 	}
+	setIngressDefaults(c)
 	if a.Keepalived.AdvertInterval == 0 {
 		c.advertDerived = true
 		a.Keepalived.AdvertInterval = DefaultAdvertInterval

@@ -77,6 +77,8 @@ type BootstrapConfiguration struct {
 	// need moves into the cluster so that the bootstrap host can be switched off. `appliance handoff`
 	// does the same on demand. Optional.
 	Handoff Handoff `yaml:"handoff,omitempty"`
+	// Ingress is the cluster's ingress VIP on the control planes (ingress.go). Optional.
+	Ingress Ingress `yaml:"ingress,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.

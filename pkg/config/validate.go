@@ -60,6 +60,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.host()
 	v.boot()
 	v.dns()
+	v.ingress()
 	v.ports()
 	return v.warns, v.errs
 }
