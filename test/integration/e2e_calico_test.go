@@ -173,7 +173,8 @@ func (k *k8sLab) pods(namespace, selector string) ([]podInfo, error) {
 	return l.Items, nil
 }
 
-// fetch runs wget in the client pod against url (2 s timeout) and returns the body.
+// fetch runs wget in the client pod against url (2 s timeout) and returns the body. Any failure is an
+// error; busybox 1.35's wget ends by SIGSEGV (exit status 139) when it cannot connect.
 func (k *k8sLab) fetch(client, url string) (string, error) {
 	out, err := k.kube("exec", "-n", cniNamespace, client, "--", "wget", "-q", "-T", "2", "-O", "-", url)
 	if err != nil {
