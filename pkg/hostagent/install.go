@@ -188,9 +188,13 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 
 // reportFailure tells the appliance this node failed (best effort: the console has it too).
 func reportFailure(ctx context.Context, cfg agentapi.Configuration, ca []byte, detail string, log *slog.Logger) {
-	c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, "")
+	bootID := "unknown"
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		bootID = strings.TrimSpace(string(b))
+	}
+	c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, bootID)
 	if err == nil {
-		err = c.Report(ctx, agentapi.Report{Step: agentapi.StepConfig, Status: "failed", Detail: detail, Time: time.Now().UTC()})
+		err = c.Report(ctx, agentapi.Report{BootID: bootID, Step: agentapi.StepConfig, Status: "failed", Detail: detail, Time: time.Now().UTC()})
 	}
 	if err != nil {
 		log.Warn("install: the failure was not reported to the appliance", "err", err)

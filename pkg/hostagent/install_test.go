@@ -11,7 +11,7 @@ func TestParseBootArgs(t *testing.T) {
 	words := strings.Fields("initrd=initrd console=tty0 console=ttyS0,115200n8 appliance.url=https://10.0.0.2:8443 " +
 		"appliance.ca_pin=sha256:ab appliance.rootdevice.serialNumber=NODE-DISK-1 appliance.rootdevice.model=QEMU+HARDDISK appliance.node=w1 " +
 		"appliance.rootfs=http://10.0.0.2:8080/boot/rootfs.squashfs appliance.initrd=http://10.0.0.2:8080/boot/initrd " +
-		"BOOTIF=01-52-54-00-00-00-21 ip=10.0.0.50::10.0.0.1:255.255.255.0")
+		"BOOTIF=01-52-54-00-00-00-21 appliance.ip=10.0.0.50::10.0.0.1:255.255.255.0")
 	b, err := ParseBootArgs(words)
 	if err != nil {
 		t.Fatal(err)

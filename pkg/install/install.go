@@ -120,7 +120,11 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		return res, fmt.Errorf("install: the node image %s: %w", o.Image, err)
 	}
 	mnt := o.WorkDir
-	if mnt == "" {
+	if mnt != "" {
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			return res, err
+		}
+	} else {
 		d, err := os.MkdirTemp("", "install-root-")
 		if err != nil {
 			return res, err

@@ -94,7 +94,7 @@ func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 	base := s.baseURL()
 	if s.cfg.RootFS != "" {
 		args = append(args, "appliance.rootfs="+base+RootFSPath, "appliance.rootfs_sha256="+s.rootFSSHA256,
-			"appliance.initrd="+base+InitrdPath, "BOOTIF=01-${netX/mac:hexhyp}", "ip=${netX/ip}::${netX/gateway}:${netX/netmask}")
+			"appliance.initrd="+base+InitrdPath, "BOOTIF=01-${netX/mac:hexhyp}", "appliance.ip=${netX/ip}::${netX/gateway}:${netX/netmask}")
 	}
 	return fmt.Sprintf("#!ipxe\n"+
 		"echo appliance: network boot of %s (${netX/mac})\n"+

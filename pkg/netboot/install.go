@@ -26,7 +26,9 @@ import (
 //	appliance.rootfs_sha256=HEX                                 its SHA-256, checked by the initramfs
 //	appliance.initrd=http://SERVER:PORT/boot/initrd             the initramfs again, for the disk
 //	BOOTIF=01-aa-bb-cc-dd-ee-ff                                 the NIC iPXE booted from (PXELINUX's form)
-//	ip=ADDR::GATEWAY:NETMASK                                    the address iPXE got by DHCP
+//	appliance.ip=ADDR::GATEWAY:NETMASK                          the address iPXE got by DHCP (not the
+//	                                                            kernel's ip=, which systemd's network
+//	                                                            generator would also read)
 //
 // Once the machine has installed itself to its disk it says so (POST InstalledPath+MAC, see
 // MarkInstalled): from then on its script boots the local disk (sanboot of BIOS drive 0x80, else

@@ -52,7 +52,7 @@ func TestNodeImageScriptAndInstallMark(t *testing.T) {
 		"appliance.rootfs=http://10.77.0.1:8080" + RootFSPath,
 		"appliance.rootfs_sha256=" + hex.EncodeToString(sum[:]),
 		"appliance.initrd=http://10.77.0.1:8080" + InitrdPath,
-		"BOOTIF=01-${netX/mac:hexhyp}", "ip=${netX/ip}::${netX/gateway}:${netX/netmask}",
+		"BOOTIF=01-${netX/mac:hexhyp}", "appliance.ip=${netX/ip}::${netX/gateway}:${netX/netmask}",
 		"appliance.rootdevice.serialNumber=NODE-DISK-1", "appliance.node=w1",
 	} {
 		if code != 200 || !strings.Contains(script, want) {
