@@ -49,7 +49,7 @@ func expectedRuleLines(s Spec) []*regexp.Regexp {
 	var out []*regexp.Regexp
 	q := regexp.QuoteMeta
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !containsRole(s.Roles, p.Role) || p.From == DNSPort && !s.DNS ||
+		if !containsRole(s.Roles, p.Role) || p.From == DNSPort && !s.DNS || strings.HasPrefix(p.Name, "ingress-") && !s.Ingress ||
 			strings.HasPrefix(p.Name, "boot-") && !s.Boot || p.From == PXEPort && !s.BootProxy {
 			continue
 		}

@@ -77,6 +77,13 @@ const (
 	DefaultBootHTTPPort uint16 = 8080
 )
 
+// Ports of the cluster's ingress (ingress.vip; kcli's layout): HTTP and HTTPS of the *.apps names, on
+// the control planes (HAProxy on the ingress VIP) and on the nodes running the ingress routers.
+const (
+	IngressHTTPPort  uint16 = 80  // RFC 9110 §4.2.1
+	IngressHTTPSPort uint16 = 443 // RFC 9110 §4.2.2
+)
+
 // References cited by the port table.
 const (
 	RefKubeadmPorts    = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
@@ -88,6 +95,7 @@ const (
 	RefPXE             = "PXE 2.1 §2.2.6 (proxyDHCP boot-server port 4011)"
 	RefTFTP            = "RFC 1350 (TFTP, port 69)"
 	RefNetboot         = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
+	RefIngress         = "RFC 9110 §4.2 (http 80, https 443); kcli's OpenShift ingress VIP layout"
 	RefAPILoadBalancer = "OpenShift on-prem API load balancer (haproxy on :9445, the API VIP's port redirected to it)"
 )
 
@@ -179,6 +187,10 @@ func Ports(httpsPort, apiPort uint16) []Port {
 	add([]Role{RoleControlPlane}, Port{Name: "apiserver-lb", Protocol: ProtoTCP, From: APILoadBalancerPort, To: APILoadBalancerPort,
 		Source: SourceAnywhere, Description: "API load balancer (HAProxy across every ready kube-apiserver); the VIP's API port is redirected to it (table inet " + DefaultRedirectTable + ")",
 		Reference: RefAPILoadBalancer})
+	add(nodes, Port{Name: "ingress-http", Protocol: ProtoTCP, From: IngressHTTPPort, To: IngressHTTPPort, Source: SourceAnywhere,
+		Description: "ingress (*.apps over HTTP): HAProxy on the ingress VIP (control planes), the ingress routers; opened only when ingress.vip is set", Reference: RefIngress})
+	add(nodes, Port{Name: "ingress-https", Protocol: ProtoTCP, From: IngressHTTPSPort, To: IngressHTTPSPort, Source: SourceAnywhere,
+		Description: "ingress (*.apps over HTTPS, passed through); opened only when ingress.vip is set", Reference: RefIngress})
 	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,
 		Description: "etcd server client API and peer traffic", Reference: RefKubeadmPorts})
 	add(nodes, Port{Name: "kubelet", Protocol: ProtoTCP, From: 10250, To: 10250, Source: SourceNodeNetworks,

@@ -84,6 +84,10 @@ func TestPortsRequired(t *testing.T) {
 		{RoleBootstrap, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
 		{RoleControlPlane, "kube-apiserver", ProtoTCP, 7443, 7443, SourceAnywhere},
 		{RoleControlPlane, "apiserver-lb", ProtoTCP, 9445, 9445, SourceAnywhere},
+		{RoleControlPlane, "ingress-http", ProtoTCP, 80, 80, SourceAnywhere},
+		{RoleWorker, "ingress-http", ProtoTCP, 80, 80, SourceAnywhere},
+		{RoleControlPlane, "ingress-https", ProtoTCP, 443, 443, SourceAnywhere},
+		{RoleWorker, "ingress-https", ProtoTCP, 443, 443, SourceAnywhere},
 		{RoleEtcd, "etcd", ProtoTCP, 2379, 2380, SourceNodeNetworks},
 		{RoleControlPlane, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
 		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
@@ -280,13 +284,15 @@ var renderSpecs = []struct {
 		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24")},
 		Boot:         true, BootProxy: true, BootHTTPPort: 8081}},
 	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
+	// A worker in a cluster with an ingress VIP: 80 and 443 for its ingress router.
+	{"worker-ingress", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}, Ingress: true}},
 	// A control plane running the cluster's CoreDNS (hostagent sets DNS from the node config): 53
 	// from the node networks only; control-plane-etcd-dualstack, without DNS, has no 53.
 	{"control-plane-dns", Spec{Roles: []Role{RoleControlPlane, RoleEtcd},
 		NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/24"), netip.MustParsePrefix("10.244.0.0/16")},
 		VRRPPeers:    []netip.Addr{netip.MustParseAddr("10.77.0.12")}, DNS: true}},
 	{"all-roles", Spec{Roles: Roles(), NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, DNS: true}},
+		VRRPPeers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, DNS: true, Ingress: true}},
 }
 
 func TestRenderGolden(t *testing.T) {

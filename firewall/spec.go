@@ -30,6 +30,10 @@ type Spec struct {
 	// answers the cluster's zone (the appliance with dns.listenAddress set; a control plane running
 	// the CoreDNS static pod, baseDomain set). Without it nothing listens there, so nothing is opened.
 	DNS bool `json:",omitempty"`
+	// Ingress opens the table's ingress rows (IngressHTTPPort, IngressHTTPSPort) of the host's roles:
+	// only in a cluster with an ingress VIP (ingress.vip), where the control planes' HAProxy and the
+	// ingress routers answer there.
+	Ingress bool `json:",omitempty"`
 	// Boot opens the table's network-boot rows (DHCPPort, TFTPPort and the boot HTTP port): only when
 	// the host serves network boot (the appliance with boot.dhcp proxy or server).
 	Boot bool `json:",omitempty"`
@@ -88,7 +92,7 @@ func (s Spec) ports() []Port {
 	seen := map[key]bool{}
 	var out []Port
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS || p.isBoot() && !s.Boot || p.Name == "boot-proxydhcp" && !s.BootProxy {
+		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS || p.isIngress() && !s.Ingress || p.isBoot() && !s.Boot || p.Name == "boot-proxydhcp" && !s.BootProxy {
 			continue
 		}
 		if p.Name == "boot-http" && s.BootHTTPPort != 0 {
@@ -194,6 +198,9 @@ func splitPeers(as []netip.Addr) (v4, v6 []netip.Addr) {
 	}
 	return sortUniq(v4), sortUniq(v6)
 }
+
+// isIngress reports whether p is one of the table's ingress rows, opened only with Spec.Ingress.
+func (p Port) isIngress() bool { return strings.HasPrefix(p.Name, "ingress-") }
 
 // isBoot reports whether p is one of the table's network-boot rows, opened only with Spec.Boot.
 func (p Port) isBoot() bool { return strings.HasPrefix(p.Name, "boot-") }

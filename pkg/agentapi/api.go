@@ -49,6 +49,10 @@ type NodeConfig struct {
 	// carries, unless bootstrap.yaml turns it off (apiServer.loadBalancer.enabled: false): the node's
 	// HAProxy balances the VIP's port across every kube-apiserver that answers /readyz (StepAPILB).
 	APILoadBalancer *APILoadBalancerConfig `json:"apiLoadBalancer,omitempty"`
+	// Ingress is set on Kubernetes nodes when bootstrap.yaml sets ingress.vip: control planes carry
+	// the ingress VIP (a second keepalived instance) and, with routers on other nodes, balance its
+	// ports to them (their HAProxy); every node opens the ingress ports for the routers.
+	Ingress *IngressConfig `json:"ingress,omitempty"`
 	// Mirrors are the containerd registry mirrors (hosts.toml) pointing at the appliance.
 	Mirrors []Mirror `json:"mirrors"`
 	// CAPEM is the appliance CA certificate (PEM).
@@ -81,6 +85,25 @@ type APILoadBalancerConfig struct {
 	// Servers are every control plane's kube-apiserver: node name and control-plane address with the
 	// API port, in nodes[] order.
 	Servers []APIServerEndpoint `json:"servers"`
+}
+
+// IngressConfig is the cluster's ingress VIP as a node needs it (config.Ingress; kcli's layout).
+type IngressConfig struct {
+	// VIP is the ingress VIP and VirtualRouterID its VRRP VRID (control planes' VRRPIngressInstanceName).
+	VIP             netip.Addr `json:"vip"`
+	VirtualRouterID uint8      `json:"virtualRouterID"`
+	// Ports are the ingress ports (firewall.IngressHTTPPort, and the HTTPS one when the routers serve it).
+	Ports []uint16 `json:"ports"`
+	// Routers are the nodes whose ingress routers the control planes' HAProxy balances the VIP's ports
+	// to (the workers, by their control-plane address), in nodes[] order. Empty: the routers run on
+	// the control planes and the VIP's holder answers on them itself (no HAProxy frontend).
+	Routers []RouterEndpoint `json:"routers"`
+}
+
+// RouterEndpoint is one node running an ingress router.
+type RouterEndpoint struct {
+	Node    string     `json:"node"`
+	Address netip.Addr `json:"address"`
 }
 
 // APIServerEndpoint is one kube-apiserver behind the API load balancer.

@@ -99,6 +99,11 @@ const (
 	VRRPAppliancePriority        = VRRPControlPlaneBasePriority + VRRPAPIHealthWeight/2
 )
 
+// VRRPIngressInstanceName is the control planes' second keepalived instance, for the ingress VIP
+// (NodeConfig.Ingress): the same peers (without the bootstrap host, which never carries it),
+// priorities, interval and track script as the API's, its own VRID.
+const VRRPIngressInstanceName = "ingress-vip"
+
 // ErrBadPin is wrapped when a CA pin is not "sha256:" and 64 hex digits.
 var ErrBadPin = errors.New("CA pin must be sha256:<64 hex digits>")
 

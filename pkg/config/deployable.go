@@ -209,6 +209,9 @@ func (v *validator) ports() {
 	for _, h := range v.portHosts() {
 		var open []firewall.Port
 		for _, p := range table {
+			if strings.HasPrefix(p.Name, "ingress-") && !v.c.Ingress.VIP.IsValid() {
+				continue // opened only with an ingress VIP (firewall.Spec.Ingress)
+			}
 			if p.Protocol == firewall.ProtoTCP && slices.Contains(h.roles, p.Role) &&
 				!slices.ContainsFunc(open, func(q firewall.Port) bool { return q.Name == p.Name }) {
 				open = append(open, p)

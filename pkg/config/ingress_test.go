@@ -21,6 +21,10 @@ func TestIngressValid(t *testing.T) {
 	if id := DefaultIngressVirtualRouterID("lab", c.Ingress.VIP, c.Ingress.VirtualRouterID); id == c.Ingress.VirtualRouterID {
 		t.Errorf("DefaultIngressVirtualRouterID kept the API's VRID %d", id)
 	}
+	// Without an ingress VIP the ingress rows are not opened, so the API may use 443.
+	if _, _, errs := labWith(t, "", "vip: 10.100.0.100", "vip: 10.100.0.100\n  port: 443"); len(errs) > 0 {
+		t.Errorf("apiServer.port 443 without ingress: %v", errs)
+	}
 	c, _, errs = labWith(t, "")
 	if len(errs) > 0 || !c.Ingress.IsZero() {
 		t.Errorf("without ingress: %v, %+v", errs, c.Ingress)
@@ -57,6 +61,8 @@ func TestIngressInvalid(t *testing.T) {
 		{"without Kubernetes", "ingress:\n  vip: 10.100.0.101\nkubernetes:\n  enabled: false\n", nil, []want{
 			{"ingress.vip", "kubernetes.enabled is false"}}},
 		{"unknown key", "ingress:\n  vip: 10.100.0.101\n  port: 80\n", nil, []want{{"ingress.port", ""}}},
+		{"API port is the ingress's", "ingress:\n  vip: 10.100.0.101\n", []string{"vip: 10.100.0.100", "vip: 10.100.0.100\n  port: 443"}, []want{
+			{"apiServer.port", "443 is also the port of ingress-https (tcp 443) on control-plane nodes"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
