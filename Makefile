@@ -47,12 +47,13 @@ build-bin:
 # Every fixture is built here, in the root namespace (it downloads from the Go module proxy and Debian's
 # mirror), before any test or lab needs it: nothing inside a lab namespace ever downloads (issue 8).
 .PHONY: fixtures
-fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit and bundle under $(APPLIANCE_CACHE)
+fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit, bundle, ISO and node image systems under $(APPLIANCE_CACHE)
 	@$(STAGE) fixture-kubernetes -- test/fixtures/build-kubernetes.sh $(KUBERNETES_VERSION)
 	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
 	@$(STAGE) fixture-vmkit -- test/fixtures/build-vmkit.sh
 	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
 	@$(STAGE) fixture-iso-system -- iso/build-iso.sh --system-only
+	@$(STAGE) fixture-node-image -- iso/build-node-image.sh --system-only
 
 .PHONY: check
 check: test e2e ## everything CI runs: `make test`, then `make e2e`
