@@ -71,6 +71,7 @@ func newRootCommand() *cobra.Command {
 		newBundleCommand(g),
 		newFirstbootCommand(),
 		newClusterMirrorCommand(g),
+		newIngressRouterCommand(g),
 		newVersionCommand(g),
 	)
 	walkCommands(root, requireKnownSubcommand)

@@ -1,0 +1,242 @@
+package ingressrouter
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// Names of the objects Manifest renders (ServiceAccount, ClusterRole, ClusterRoleBinding and
+// DaemonSet share Name; the IngressClass is ManifestOptions.IngressClass).
+const (
+	Name      = "appliance-ingress-router"
+	Namespace = "kube-system"
+)
+
+// ControlPlaneTaint is the taint kubeadm puts on control planes (node-role.kubernetes.io/control-plane,
+// NoSchedule), tolerated when ManifestOptions.TolerateControlPlane is set.
+const ControlPlaneTaint = "node-role.kubernetes.io/control-plane"
+
+// ManifestOptions are what the router's manifest depends on.
+type ManifestOptions struct {
+	// Image is the appliance image by digest (registry.ExecutableImage's pinned reference,
+	// "host/repo@sha256:<64 hex>"), whose /appliance runs `appliance ingress-router`. Required.
+	Image string
+	// NodeSelector is the DaemonSet's spec.template.spec.nodeSelector: where routers run. kcli's
+	// rule, the caller's to apply: the workers when there are any (the ingress VIP's HAProxy on the
+	// control planes balances to them), else the control planes (with TolerateControlPlane).
+	// Empty: every node that tolerates.
+	NodeSelector map[string]string
+	// TolerateControlPlane adds the toleration of ControlPlaneTaint.
+	TolerateControlPlane bool
+	// IngressClass is the IngressClass created (marked default) and served; "" means
+	// DefaultIngressClass.
+	IngressClass string
+	// ListenPort and HealthPort are the host ports of HTTP and of HealthPath (hostNetwork); 0
+	// means ListenPort and HealthPort of this package.
+	ListenPort, HealthPort uint16
+	// StatusAddress, when valid, is passed as --status-address: the ingress VIP, written into the
+	// served Ingresses' status.
+	StatusAddress netip.Addr
+	// APIServer, when set ("host:port", e.g. the API VIP and port), is given to the router as
+	// KUBERNETES_SERVICE_HOST/PORT so it reaches the API without the kubernetes Service (kube-proxy),
+	// as pkg/calico does.
+	APIServer string
+}
+
+// ErrManifest is wrapped by Manifest's errors for options it cannot render.
+var ErrManifest = errors.New("ingress-router manifest: invalid options")
+
+// Flags of `appliance ingress-router`, shared by the command and the manifest.
+const (
+	FlagKubeconfig    = "kubeconfig"
+	FlagListen        = "listen"
+	FlagHealthListen  = "health-listen"
+	FlagIngressClass  = "ingress-class"
+	FlagStatusAddress = "status-address"
+)
+
+// Manifest renders the YAML stream (documents separated by "---") to apply with `kubectl apply
+// --server-side`: the ServiceAccount, ClusterRole (get/list/watch Ingresses, IngressClasses,
+// Services and EndpointSlices; update ingresses/status), ClusterRoleBinding, the IngressClass
+// (spec.controller ControllerName, marked default) and the DaemonSet: host network, the appliance
+// image, priority class system-cluster-critical, only NET_BIND_SERVICE, a readiness probe on
+// HealthPath. It fails (ErrManifest) for an image not pinned by digest, an APIServer that is not
+// host:port, or equal ports. The same options give the same bytes.
+func Manifest(o ManifestOptions) ([]byte, error) {
+	if _, digest, ok := strings.Cut(o.Image, "@sha256:"); !ok || len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
+		return nil, fmt.Errorf("%w: image %q: give the appliance image by digest (host/repo@sha256:<64 hex digits>)", ErrManifest, o.Image)
+	}
+	if o.IngressClass == "" {
+		o.IngressClass = DefaultIngressClass
+	}
+	if o.ListenPort == 0 {
+		o.ListenPort = ListenPort
+	}
+	if o.HealthPort == 0 {
+		o.HealthPort = HealthPort
+	}
+	if o.ListenPort == o.HealthPort {
+		return nil, fmt.Errorf("%w: listen port and health port are both %d: give them different ports", ErrManifest, o.ListenPort)
+	}
+	var apiHost, apiPort string
+	if o.APIServer != "" {
+		h, p, err := net.SplitHostPort(o.APIServer)
+		if n, perr := strconv.Atoi(p); err != nil || h == "" || perr != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%w: API server %q: give host:port, e.g. 10.0.0.10:6443", ErrManifest, o.APIServer)
+		}
+		apiHost, apiPort = h, p
+	}
+	labels := map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "airgap-appliance"}
+	meta := func(name, ns string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
+	}
+	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(Name, Namespace)}
+	read := []string{"get", "list", "watch"}
+	role := &rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta(Name, ""),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"ingresses", "ingressclasses"}, Verbs: read},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"ingresses/status"}, Verbs: []string{"update"}},
+			{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: read},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: meta(Name, ""),
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: Name, Namespace: Namespace}},
+	}
+	class := &networkingv1.IngressClass{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "IngressClass"},
+		ObjectMeta: meta(o.IngressClass, ""),
+		Spec:       networkingv1.IngressClassSpec{Controller: ControllerName},
+	}
+	class.Annotations = map[string]string{AnnotationDefaultClass: "true"}
+
+	args := []string{"/appliance", "ingress-router",
+		"--" + FlagKubeconfig, InCluster,
+		"--" + FlagListen, ":" + strconv.Itoa(int(o.ListenPort)),
+		"--" + FlagHealthListen, ":" + strconv.Itoa(int(o.HealthPort)),
+		"--" + FlagIngressClass, o.IngressClass}
+	if o.StatusAddress.IsValid() {
+		args = append(args, "--"+FlagStatusAddress, o.StatusAddress.String())
+	}
+	var env []corev1.EnvVar
+	if apiHost != "" {
+		env = []corev1.EnvVar{{Name: "KUBERNETES_SERVICE_HOST", Value: apiHost}, {Name: "KUBERNETES_SERVICE_PORT", Value: apiPort}}
+	}
+	var tolerations []corev1.Toleration
+	if o.TolerateControlPlane {
+		tolerations = []corev1.Toleration{{Key: ControlPlaneTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	}
+	no, yes := false, true
+	selector := map[string]string{"app.kubernetes.io/name": Name}
+	ds := &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: meta(Name, Namespace),
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: selector},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
+				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr(intstr.FromInt32(1))},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: Name,
+					HostNetwork:        true,
+					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+					PriorityClassName:  "system-cluster-critical",
+					NodeSelector:       o.NodeSelector,
+					Tolerations:        tolerations,
+					Containers: []corev1.Container{{
+						Name:            "router",
+						Image:           o.Image,
+						ImagePullPolicy: corev1.PullIfNotPresent,
+						Command:         args,
+						Env:             env,
+						Ports: []corev1.ContainerPort{
+							{Name: "http", ContainerPort: int32(o.ListenPort), HostPort: int32(o.ListenPort), Protocol: corev1.ProtocolTCP},
+							{Name: "health", ContainerPort: int32(o.HealthPort), HostPort: int32(o.HealthPort), Protocol: corev1.ProtocolTCP},
+						},
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: HealthPath, Port: intstr.FromInt32(int32(o.HealthPort))}},
+							PeriodSeconds: 5,
+						},
+						LivenessProbe: &corev1.Probe{
+							ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(int32(o.HealthPort))}},
+							InitialDelaySeconds: 10,
+							PeriodSeconds:       10,
+						},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: &no,
+							ReadOnlyRootFilesystem:   &yes,
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_BIND_SERVICE"}},
+						},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
+						}},
+					}},
+				},
+			},
+		},
+	}
+	var out bytes.Buffer
+	for i, obj := range []any{sa, role, binding, class, ds} {
+		b, err := marshal(obj)
+		if err != nil {
+			return nil, fmt.Errorf("ingress-router manifest: %w", err)
+		}
+		if i > 0 {
+			out.WriteString("---\n")
+		}
+		out.Write(b)
+	}
+	return out.Bytes(), nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// marshal serialises a typed object as YAML with sorted keys, without the zero status and
+// creationTimestamp the Go types always carry (pkg/calico's approach).
+func marshal(o any) ([]byte, error) {
+	j, err := json.Marshal(o)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(j, &m); err != nil {
+		return nil, err
+	}
+	prune(m)
+	return yaml.Marshal(m)
+}
+
+func prune(m map[string]any) {
+	delete(m, "status")
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "creationTimestamp")
+	}
+	for _, k := range []string{"spec", "template"} {
+		if sub, ok := m[k].(map[string]any); ok {
+			prune(sub)
+		}
+	}
+}
