@@ -62,6 +62,8 @@ func (v *validator) ingress() {
 		v.errorf(path, "is set but kubernetes.enabled is false: the ingress routers run in the cluster; remove ingress or enable Kubernetes")
 	case !v.c.APIServer.Keepalived.IsEnabled():
 		v.errorf(path, "is set but apiServer.keepalived.enabled is false: keepalived on the control planes carries the ingress VIP; enable it or remove ingress")
+	case !v.c.APIServer.LoadBalancer.IsEnabled():
+		v.errorf(path, "is set but apiServer.loadBalancer.enabled is false: the control planes' HAProxy passes the ingress ports to the routers; enable it or remove ingress")
 	case in.VIP == v.c.APIServer.VIP:
 		v.errorf(path, "%s is also apiServer.vip: the ingress VIP moves on its own (another VRRP instance), so choose another free address", in.VIP)
 	}

@@ -60,6 +60,8 @@ func TestIngressInvalid(t *testing.T) {
 			{"ingress.virtualRouterID", "is set but ingress.vip is not"}}},
 		{"without Kubernetes", "ingress:\n  vip: 10.100.0.101\nkubernetes:\n  enabled: false\n", nil, []want{
 			{"ingress.vip", "kubernetes.enabled is false"}}},
+		{"without the load balancer", "ingress:\n  vip: 10.100.0.101\n", []string{"vip: 10.100.0.100", "vip: 10.100.0.100\n  loadBalancer:\n    enabled: false"}, []want{
+			{"ingress.vip", "apiServer.loadBalancer.enabled is false"}}},
 		{"unknown key", "ingress:\n  vip: 10.100.0.101\n  port: 80\n", nil, []want{{"ingress.port", ""}}},
 		{"API port is the ingress's", "ingress:\n  vip: 10.100.0.101\n", []string{"vip: 10.100.0.100", "vip: 10.100.0.100\n  port: 443"}, []want{
 			{"apiServer.port", "443 is also the port of ingress-https (tcp 443) on control-plane nodes"}}},

@@ -65,6 +65,19 @@ type Config struct {
 	Fall, Rise    int
 	// StatsPort is the loopback port of the statistics page; 0 = DefaultStatsPort.
 	StatsPort uint16
+	// Passthrough are further TCP frontends, each balanced round robin over its servers with a TCP
+	// connect check (same interval, fall and rise): the ingress VIP's ports to the ingress routers.
+	Passthrough []Frontend
+}
+
+// Frontend is a TCP passthrough: Port on every address (or Config.Bind) to Servers.
+type Frontend struct {
+	// Name names the frontend and its backend (letters, digits, '-', '_'), e.g. "ingress-80".
+	Name string
+	// Port is the frontend's TCP port, not Config.Port nor another frontend's.
+	Port uint16
+	// Servers are the backends; at least one.
+	Servers []Server
 }
 
 var cfgTemplate = template.Must(template.New("haproxy.cfg").Parse(`# Rendered by the appliance's hostagent (apilb step); changes here are overwritten.
@@ -95,6 +108,20 @@ backend apiservers
 	default-server check check-ssl verify none inter {{.Inter}} fall {{.Fall}} rise {{.Rise}}
 {{- range .Servers}}
 	server {{.Name}} {{.Address}}
+{{- end}}
+
+{{- range .Passthrough}}
+
+frontend {{.Name}}
+	bind {{.Bind}}
+	default_backend {{.Name}}
+
+backend {{.Name}}
+	balance roundrobin
+	default-server check inter {{$.Inter}} fall {{$.Fall}} rise {{$.Rise}}
+{{- range .Servers}}
+	server {{.Name}} {{.Address}}
+{{- end}}
 {{- end}}
 
 listen stats
@@ -158,9 +185,39 @@ func Render(c Config) ([]byte, error) {
 	case v6:
 		bind = fmt.Sprintf(":::%d v4v6", c.Port)
 	}
+	type passthrough struct {
+		Name, Bind string
+		Servers    []Server
+	}
+	var pts []passthrough
+	ports := map[uint16]bool{c.Port: true, stats: true}
+	for _, f := range c.Passthrough {
+		if f.Name == "" || strings.IndexFunc(f.Name, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+		}) >= 0 {
+			return nil, fmt.Errorf("haproxy: frontend name %q: use letters, digits, '-' and '_'", f.Name)
+		}
+		if f.Port == 0 || ports[f.Port] {
+			return nil, fmt.Errorf("haproxy: frontend %s: port %d is zero or already taken", f.Name, f.Port)
+		}
+		ports[f.Port] = true
+		if len(f.Servers) == 0 {
+			return nil, fmt.Errorf("haproxy: frontend %s has no server", f.Name)
+		}
+		for _, sv := range f.Servers {
+			if sv.Name == "" || strings.ContainsAny(sv.Name, " \t\r\n#") || !sv.Address.IsValid() || sv.Address.Port() == 0 {
+				return nil, fmt.Errorf("haproxy: frontend %s: server %q needs a name without blanks and an address with a port", f.Name, sv.Name)
+			}
+		}
+		fb := fmt.Sprintf(":%d", f.Port)
+		if c.Bind.IsValid() {
+			fb = netip.AddrPortFrom(c.Bind, f.Port).String()
+		}
+		pts = append(pts, passthrough{Name: f.Name, Bind: fb, Servers: f.Servers})
+	}
 	var b bytes.Buffer
 	err := cfgTemplate.Execute(&b, map[string]any{
-		"Bind": bind, "Path": path, "Servers": c.Servers, "StatsPort": stats,
+		"Bind": bind, "Path": path, "Servers": c.Servers, "StatsPort": stats, "Passthrough": pts,
 		"Inter": fmt.Sprintf("%dms", inter.Milliseconds()), "Fall": fall, "Rise": rise,
 	})
 	return b.Bytes(), err

@@ -241,3 +241,73 @@ func TestParseStatsRefusesOtherText(t *testing.T) {
 		}
 	}
 }
+
+// TestPassthroughFrontend runs a TCP passthrough frontend (the ingress VIP's port to the routers) in
+// the real HAProxy beside the API's: fresh connections reach both plain-HTTP servers; one stopped, every
+// request is still answered (redispatched) and its TCP check marks it DOWN.
+func TestPassthroughFrontend(t *testing.T) {
+	api := newAPIServer(t, "cp1")
+	var routers []*httptest.Server
+	for _, name := range []string{"w1", "w2"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, name) }))
+		t.Cleanup(srv.Close)
+		routers = append(routers, srv)
+	}
+	f := Frontend{Name: "ingress-80", Port: freePort(t)}
+	for i, srv := range routers {
+		f.Servers = append(f.Servers, Server{Name: fmt.Sprintf("w%d", i+1), Address: netip.MustParseAddrPort(srv.Listener.Addr().String())})
+	}
+	c := Config{Port: freePort(t), Bind: netip.MustParseAddr("127.0.0.1"), StatsPort: freePort(t),
+		Servers: []Server{{Name: "cp1", Address: api.addr()}}, Passthrough: []Frontend{f}}
+	startHAProxy(t, c)
+	up := func(server string) {
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stats;csv", c.StatsPort))
+			if err != nil {
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ss, _ := ParseStats(b)
+			for _, s := range ss {
+				if s.Backend == "ingress-80" && s.Server == server && strings.HasPrefix(s.Status, "UP") {
+					return
+				}
+			}
+		}
+		t.Fatalf("ingress-80/%s never UP", server)
+	}
+	up("w1")
+	up("w2")
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	get := func(n int) (map[string]int, int) {
+		got, failed := map[string]int{}, 0
+		for range n {
+			resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/", f.Port))
+			if err != nil {
+				failed++
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got[string(b)]++
+		}
+		return got, failed
+	}
+	if got, failed := get(10); failed != 0 || got["w1"] == 0 || got["w2"] == 0 {
+		t.Fatalf("10 requests: %v, %d failed; want both routers and none failed", got, failed)
+	}
+	routers[1].Close()
+	if got, failed := get(10); failed != 0 || got["w1"] != 10 {
+		t.Errorf("w2 stopped: %v, %d failed; want all 10 on w1", got, failed)
+	}
+	if _, err := Render(Config{Port: 9445, Servers: c.Servers, Passthrough: []Frontend{{Name: "x", Port: 9445, Servers: f.Servers}}}); err == nil {
+		t.Error("a passthrough on the API's port: no error")
+	}
+	if _, err := Render(Config{Port: 9445, Servers: c.Servers, Passthrough: []Frontend{{Name: "bad name", Port: 80, Servers: f.Servers}}}); err == nil {
+		t.Error("a frontend name with a blank: no error")
+	}
+	if _, err := Render(Config{Port: 9445, Servers: c.Servers, Passthrough: []Frontend{{Name: "x", Port: 80}}}); err == nil {
+		t.Error("a frontend without servers: no error")
+	}
+}

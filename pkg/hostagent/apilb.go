@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -19,7 +20,8 @@ import (
 const HAProxyUnit = "haproxy.service"
 
 // HAProxyConfig is the node's API load balancer configuration (pkg/haproxy) from nc.APILoadBalancer:
-// a server per control plane, named by node. Errors: nc has no load balancer; Render's.
+// a server per control plane, named by node; with nc.Ingress routers, a TCP passthrough frontend
+// "ingress-PORT" per ingress port to them. Errors: nc has no load balancer; Render's.
 func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
 	lb := nc.APILoadBalancer
 	if lb == nil {
@@ -28,6 +30,16 @@ func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
 	c := haproxy.Config{Port: lb.Port}
 	for _, s := range lb.Servers {
 		c.Servers = append(c.Servers, haproxy.Server{Name: s.Node, Address: s.Address})
+	}
+	// The ingress VIP's ports to the routers on the workers (none: they run here, kcli's rule).
+	if in := nc.Ingress; in != nil && len(in.Routers) > 0 {
+		for _, port := range in.Ports {
+			f := haproxy.Frontend{Name: fmt.Sprintf("ingress-%d", port), Port: port}
+			for _, r := range in.Routers {
+				f.Servers = append(f.Servers, haproxy.Server{Name: r.Node, Address: netip.AddrPortFrom(r.Address, port)})
+			}
+			c.Passthrough = append(c.Passthrough, f)
+		}
 	}
 	conf, err := haproxy.Render(c)
 	return c, conf, err

@@ -19,7 +19,8 @@ import (
 // KeepalivedConfig builds the node's keepalived configuration: unicast from the node's control-plane
 // address cp (its interface carries the VIP) to the peers of nc.Keepalived, VIP nc.APIServerVIP with
 // the prefix length of the control-plane CIDR that holds it (cp's CIDR when none does), and a track
-// script (command track, run as scriptUser) that adds agentapi.VRRPAPIHealthWeight while the local API answers.
+// script (command track, run as scriptUser) that adds agentapi.VRRPAPIHealthWeight while the local API answers;
+// with nc.Ingress, a second instance (agentapi.VRRPIngressInstanceName) for the ingress VIP.
 // Errors: nc has no keepalived section or no VIP.
 func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []string, scriptUser string) (keepalived.Config, error) {
 	k := nc.Keepalived
@@ -33,7 +34,7 @@ func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []str
 			break
 		}
 	}
-	return keepalived.Config{
+	kc := keepalived.Config{
 		RouterID:   nc.Node,
 		ScriptUser: scriptUser,
 		Instances: []keepalived.Instance{{
@@ -51,7 +52,31 @@ func KeepalivedConfig(nc agentapi.NodeConfig, cp netresolve.Address, track []str
 				Weight: agentapi.VRRPAPIHealthWeight,
 			},
 		}},
-	}, nil
+	}
+	if in := nc.Ingress; in != nil && in.VIP.IsValid() {
+		// The ingress VIP: a second instance with the same speakers but the bootstrap host (which never
+		// carries it), priorities and track script; its own VRID.
+		ibits := cp.CIDR.Bits()
+		for _, p := range nc.ControlPlaneCIDRs {
+			if p.Contains(in.VIP) {
+				ibits = p.Bits()
+				break
+			}
+		}
+		api := kc.Instances[0]
+		ing := api
+		ing.Name = agentapi.VRRPIngressInstanceName
+		ing.VIP = netip.PrefixFrom(in.VIP, ibits)
+		ing.VirtualRouterID = in.VirtualRouterID
+		ing.Peers = nil
+		for _, p := range api.Peers {
+			if p != nc.ApplianceAddress {
+				ing.Peers = append(ing.Peers, p)
+			}
+		}
+		kc.Instances = append(kc.Instances, ing)
+	}
+	return kc, nil
 }
 
 // keepalivedSupervisor is the keepalived child of this agent.

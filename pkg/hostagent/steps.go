@@ -51,6 +51,7 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 		NodeNetworks: nc.NodeNetworks,
 		APIPort:      nc.APIServerPort,
 		DNS:          nc.DNS != nil && nc.DNS.Server != nil, // the control planes' CoreDNS (dns step)
+		Ingress:      nc.Ingress != nil,                     // HAProxy on the ingress VIP, the ingress routers
 	}
 	if nc.Keepalived != nil {
 		spec.VRRPPeers = nc.Keepalived.Peers

@@ -50,6 +50,9 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		}
 		nc.Kubernetes = k
 	}
+	if nc.Kubernetes != nil {
+		nc.Ingress = ingressFor(c)
+	}
 	if !n.HasRole(config.RoleControlPlane) || !c.APIServer.Keepalived.IsEnabled() {
 		return nc, nil
 	}
@@ -79,6 +82,34 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 		nc.Kubernetes.Packages = append(nc.Kubernetes.Packages, APILoadBalancerPackages...)
 	}
 	return nc, nil
+}
+
+// IngressPorts are the ingress VIP's ports the control planes' HAProxy passes to the routers: HTTP
+// (the appliance's ingress router serves HTTP; HTTPS is not balanced yet).
+var IngressPorts = []uint16{firewall.IngressHTTPPort}
+
+// ingressFor is the cluster's ingress as every Kubernetes node gets it (config.Ingress), nil without
+// ingress.vip or keepalived: routers on the workers (by control-plane address, else first address),
+// none listed when there is no worker (the routers then run on the control planes: kcli's rule).
+func ingressFor(c *config.BootstrapConfiguration) *agentapi.IngressConfig {
+	if !c.Ingress.VIP.IsValid() || !c.APIServer.Keepalived.IsEnabled() {
+		return nil
+	}
+	in := &agentapi.IngressConfig{VIP: c.Ingress.VIP, VirtualRouterID: c.Ingress.VirtualRouterID,
+		Ports: slices.Clone(IngressPorts), Routers: []agentapi.RouterEndpoint{}}
+	for _, n := range c.Nodes {
+		if n.HasRole(config.RoleControlPlane) || !n.HasRole(config.RoleWorker) {
+			continue
+		}
+		a, ok := ControlPlaneAddress(c, n)
+		if !ok && len(n.Addresses) > 0 {
+			a, ok = n.Addresses[0], true
+		}
+		if ok {
+			in.Routers = append(in.Routers, agentapi.RouterEndpoint{Node: n.Name, Address: a})
+		}
+	}
+	return in
 }
 
 // APILoadBalancerPackages are the packages a control plane installs for its API load balancer (beyond
