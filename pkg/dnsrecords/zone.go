@@ -6,7 +6,7 @@
 // <clusterName>.<baseDomain>:
 //
 //	api.Z, api-int.Z          A    apiServer.vip
-//	*.apps.Z                  A    every control plane's control-plane address (no ingress VIP yet)
+//	*.apps.Z                  A    ingress.vip; without it every control plane's control-plane address
 //	etcd-N.Z                  A    control plane N's control-plane address (N = 0, 1, … in document order)
 //	_etcd-server-ssl._tcp.Z   SRV  0 10 2380 etcd-N.Z, one per control plane (RFC 2782)
 //	<node>.Z                  A    each node's control-plane address (its kubelet --node-ip), else its
@@ -151,10 +151,13 @@ func New(c *config.BootstrapConfiguration, o Options) (*Zone, error) {
 	if vip := c.APIServer.VIP; vip.IsValid() {
 		rrs = append(rrs, a(name(config.DNSNameAPI), vip), a(name(config.DNSNameAPIInternal), vip))
 	}
-	// The ingress routers run on the control planes while there are no workers (kcli's rule); with
-	// no ingress VIP in the configuration yet, *.apps names every control plane.
-	for _, addr := range nodeaddr.ControlPlanes(c) {
-		rrs = append(rrs, a(name("*."+config.DNSNameApps), addr))
+	// *.apps names the ingress VIP (kcli's layout); without one, every control plane.
+	if vip := c.Ingress.VIP; vip.IsValid() {
+		rrs = append(rrs, a(name("*."+config.DNSNameApps), vip))
+	} else {
+		for _, addr := range nodeaddr.ControlPlanes(c) {
+			rrs = append(rrs, a(name("*."+config.DNSNameApps), addr))
+		}
 	}
 	var srv []dns.RR
 	for i, n := range c.ControlPlaneNodes() {

@@ -92,6 +92,9 @@ func TestNew(t *testing.T) {
 			c.Nodes[3].Addresses = nil
 			c.Kubernetes.Enabled = new(bool)
 		}, want: cat(head, api, cps, nodes[:3], nodes[4:])},
+		{name: "an ingress VIP: *.apps names it alone", edit: func(c *config.BootstrapConfiguration) {
+			c.Ingress.VIP = netip.MustParseAddr("10.100.0.101")
+		}, want: cat(head, api, []string{"*.apps.lab.example.com. A 10.100.0.101"}, cps[3:], nodes)},
 		{name: "one control plane", edit: func(c *config.BootstrapConfiguration) {
 			c.Nodes = c.Nodes[:1]
 		}, want: cat(head, api, []string{cps[0], cps[3], cps[6]}, nodes[:1])},
