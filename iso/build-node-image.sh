@@ -40,10 +40,11 @@ PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,linux-image-amd64,iproute2,iputils-
 # From the bundle's repo, at the versions its Packages index lists.
 BUNDLE_PACKAGES=(containerd runc containernetworking-plugins kubelet kubeadm kubectl)
 # Modules the initramfs loads (with their dependencies): NICs (virtio and the common server NICs),
-# disks (virtio, SATA/AHCI, NVMe, SCSI, USB), the CD, and the filesystems.
+# disks (virtio, SATA/AHCI, NVMe, SCSI, USB), the CD, and the filesystems; crc32c_generic is ext4's
+# soft dependency (metadata checksums), which modules.dep does not list.
 MODULES=(virtio_pci virtio_net virtio_blk virtio_scsi e1000 e1000e igb ixgbe i40e tg3 bnx2 r8169
 	ata_piix ahci libata sd_mod nvme usb-storage uas xhci_pci ehci_pci uhci_hcd cdrom sr_mod isofs
-	af_packet loop squashfs overlay ext4)
+	af_packet loop squashfs overlay ext4 crc32c_generic)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
