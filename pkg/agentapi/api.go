@@ -256,6 +256,10 @@ type KubernetesConfig struct {
 	// each applies it server-side with its admin.conf once its kube-apiserver is ready (step api)
 	// and again whenever it changes.
 	CNIManifest string `json:"cniManifest,omitempty"`
+	// IngressRouterManifest is the YAML stream that deploys the ingress routers (pkg/ingressrouter),
+	// sent to control planes only when the cluster has an ingress VIP: applied like CNIManifest
+	// (step api), after it.
+	IngressRouterManifest string `json:"ingressRouterManifest,omitempty"`
 	// IgnorePreflightErrors are passed to kubeadm (nodeRegistration.ignorePreflightErrors).
 	IgnorePreflightErrors []string `json:"ignorePreflightErrors,omitempty"`
 	// Proceed is set by the appliance when the node is served its config: false while the node must

@@ -100,6 +100,7 @@ func (renderPhase) Run(ctx context.Context, st *State) (Result, error) {
 		Config: st.Config, ControlPlane: st.ControlPlane, ApplianceURL: st.ApplianceURL, CA: st.CA,
 		Tokens: st.Tokens, VRRPAuth: st.VRRPAuth, RecordedVRRP: recorded, Cluster: cluster,
 		Registries: st.Images.Registries, HostagentSHA256: agentSum, Snippets: snippets, Handoff: handoff,
+		ApplianceImage: st.ApplianceImage.Pinned,
 	})
 	if err != nil {
 		return Result{}, err

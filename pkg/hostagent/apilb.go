@@ -108,3 +108,13 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%s on :%d across %d kube-apiservers (/readyz), %s:%d %s", verb, c.Port, len(c.Servers),
 		nc.APIServerVIP, nc.APIServerPort, red), nil
 }
+
+// Paths of the ingress routers' manifest on a control plane (applied by the api step like the CNI's).
+const (
+	// IngressRouterManifestPath is the manifest applied (0644: no secret in it).
+	IngressRouterManifestPath = "/etc/kubernetes/appliance/ingress-router.yaml"
+	// IngressRouterAppliedPath records the SHA-256 of the manifest last applied.
+	IngressRouterAppliedPath = "/var/lib/hostagent/ingress-router-applied"
+)
+
+var nodeIngressRouterPaths = cniPaths{AdminKubeconfigPath, IngressRouterManifestPath, IngressRouterAppliedPath, KubeadmLogPath}

@@ -63,22 +63,27 @@ func applyCNI(ctx context.Context, k *agentapi.KubernetesConfig, p cniPaths) (st
 	if k == nil || k.CNIManifest == "" {
 		return "", nil
 	}
-	sum := sha256.Sum256([]byte(k.CNIManifest))
+	return applyManifest(ctx, k.CNI, k.CNIManifest, p)
+}
+
+// applyManifest applies manifest (named what in the detail and errors) as applyCNI describes.
+func applyManifest(ctx context.Context, what, manifest string, p cniPaths) (string, error) {
+	sum := sha256.Sum256([]byte(manifest))
 	want := hex.EncodeToString(sum[:])
 	if b, err := os.ReadFile(p.applied); err == nil && strings.TrimSpace(string(b)) == want {
-		return k.CNI + " manifest unchanged", nil
+		return what + " manifest unchanged", nil
 	}
-	if _, err := atomicfile.Write(p.manifest, []byte(k.CNIManifest), 0o644); err != nil {
+	if _, err := atomicfile.Write(p.manifest, []byte(manifest), 0o644); err != nil {
 		return "", fmt.Errorf("write %s: %w", p.manifest, err)
 	}
 	start := time.Now()
 	out, err := run(ctx, applyTimeout, p.log, nil, "kubectl", "--kubeconfig", p.kubeconfig, "apply",
 		"--server-side", "--force-conflicts", "--field-manager", "appliance", "-f", p.manifest)
 	if err != nil {
-		return "", fmt.Errorf("apply the %s manifest: %w", k.CNI, err)
+		return "", fmt.Errorf("apply the %s manifest: %w", what, err)
 	}
 	if _, err := atomicfile.Write(p.applied, []byte(want+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("write %s: %w", p.applied, err)
 	}
-	return fmt.Sprintf("applied the %s manifest (%d objects) in %.1fs", k.CNI, strings.Count(out, "serverside-applied"), time.Since(start).Seconds()), nil
+	return fmt.Sprintf("applied the %s manifest (%d objects) in %.1fs", what, strings.Count(out, "serverside-applied"), time.Since(start).Seconds()), nil
 }

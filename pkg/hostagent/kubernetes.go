@@ -588,14 +588,23 @@ func (a *Agent) stepAPI(ctx context.Context) (string, error) {
 	if err := a.checkInNS(ctx, url); err != nil {
 		return "", fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
-	if _, k := a.kube(); k != nil && k.CNIManifest != "" {
+	detail := "kube-apiserver ready at " + url
+	_, k := a.kube()
+	if k != nil && k.CNIManifest != "" {
 		did, err := applyCNI(ctx, k, nodeCNIPaths)
 		if err != nil {
 			return "", err
 		}
-		return "kube-apiserver ready at " + url + "; " + did, nil
+		detail += "; " + did
 	}
-	return "kube-apiserver ready at " + url, nil
+	if k != nil && k.IngressRouterManifest != "" {
+		did, err := applyManifest(ctx, "ingress router", k.IngressRouterManifest, nodeIngressRouterPaths)
+		if err != nil {
+			return "", err
+		}
+		detail += "; " + did
+	}
+	return detail, nil
 }
 
 // prepullTimeout bounds the image pre-pull of a control plane waiting for its kubeadm turn.

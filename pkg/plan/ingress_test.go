@@ -2,8 +2,11 @@ package plan
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 )
 
@@ -43,5 +46,46 @@ func TestIngressFor(t *testing.T) {
 	c.Nodes = cps
 	if g := ingressFor(c); g == nil || len(g.Routers) != 0 {
 		t.Errorf("control planes only: %+v, want no routers listed", g)
+	}
+}
+
+// TestIngressRouterManifest: control planes of a cluster with an ingress VIP get the routers' manifest
+// with the appliance image by digest, on the workers (no control-plane toleration) when there are
+// any, else on the control planes; workers, a cluster without ingress, or no image yet get none.
+func TestIngressRouterManifest(t *testing.T) {
+	in := labInputs(t)
+	image := "appliance.local/airgap-appliance/appliance@sha256:" + strings.Repeat("ab", 32)
+	in.ApplianceImage = image
+	p, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range p.Nodes {
+		if a.NodeConfig.Kubernetes.IngressRouterManifest != "" {
+			t.Errorf("%s got a router manifest without ingress.vip", a.Name)
+		}
+	}
+	in.Config.Ingress = config.Ingress{VIP: netip.MustParseAddr("10.100.0.101")}
+	config.SetDefaults(in.Config)
+	if p, err = Build(in); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range p.Nodes {
+		m := a.NodeConfig.Kubernetes.IngressRouterManifest
+		switch cp := slices.Contains(a.NodeConfig.Roles, "control-plane"); {
+		case cp && (!strings.Contains(m, "image: "+image) || !strings.Contains(m, "kind: DaemonSet") || strings.Contains(m, "tolerations")):
+			t.Errorf("%s: router manifest without the image, a DaemonSet, or with the control-plane toleration although w1 is a worker:\n%s", a.Name, m)
+		case !cp && m != "":
+			t.Errorf("worker %s got the router manifest", a.Name)
+		}
+	}
+	var nc agentapi.NodeConfig
+	nc.Kubernetes, nc.Ingress = &agentapi.KubernetesConfig{}, &agentapi.IngressConfig{VIP: in.Config.Ingress.VIP}
+	if err := ingressRouterFor(in.Config, in.Config.Nodes[0], &nc, image); err != nil || !strings.Contains(nc.Kubernetes.IngressRouterManifest, "tolerations") {
+		t.Errorf("no routers (control planes only): %v, want the control-plane toleration:\n%s", err, nc.Kubernetes.IngressRouterManifest)
+	}
+	nc.Kubernetes.IngressRouterManifest = ""
+	if err := ingressRouterFor(in.Config, in.Config.Nodes[0], &nc, ""); err != nil || nc.Kubernetes.IngressRouterManifest != "" {
+		t.Errorf("no appliance image yet: %v %q", err, nc.Kubernetes.IngressRouterManifest)
 	}
 }

@@ -1,13 +1,16 @@
 package plan
 
 import (
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/ingressrouter"
 )
 
 // NodeConfigFor derives node n's agentapi.NodeConfig from the configuration c (defaulted and
@@ -110,6 +113,31 @@ func ingressFor(c *config.BootstrapConfiguration) *agentapi.IngressConfig {
 		}
 	}
 	return in
+}
+
+// ingressRouterFor gives a control plane of a cluster with an ingress VIP the ingress routers'
+// manifest (pkg/ingressrouter, the appliance image by digest): the routers run on the workers, or,
+// with none, on the control planes (kcli's rule), serve the cluster's default IngressClass, write the
+// ingress VIP into the Ingresses' status and reach the API through the VIP. Nothing without ingress,
+// on workers, or before the bundle phase made the appliance image.
+func ingressRouterFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.NodeConfig, image string) error {
+	if nc.Ingress == nil || nc.Kubernetes == nil || image == "" || !n.HasRole(config.RoleControlPlane) {
+		return nil
+	}
+	o := ingressrouter.ManifestOptions{Image: image, StatusAddress: nc.Ingress.VIP,
+		APIServer: net.JoinHostPort(c.APIServer.VIP.String(), strconv.Itoa(int(c.APIServer.Port)))}
+	if len(nc.Ingress.Routers) == 0 {
+		// No worker: on the control planes (the label and the taint kubeadm gives them share a name).
+		o.NodeSelector = map[string]string{ingressrouter.ControlPlaneTaint: ""}
+		o.TolerateControlPlane = true
+	} // else every node that does not carry kubeadm's control-plane taint: the workers
+
+	m, err := ingressrouter.Manifest(o)
+	if err != nil {
+		return err
+	}
+	nc.Kubernetes.IngressRouterManifest = string(m)
+	return nil
 }
 
 // APILoadBalancerPackages are the packages a control plane installs for its API load balancer (beyond

@@ -57,6 +57,9 @@ type Inputs struct {
 	HostagentSHA256 string
 	// Snippets are each node's user Ignition snippets in merge order (ReadSnippets reads them).
 	Snippets map[string][]ignition.Snippet
+	// ApplianceImage is the appliance's own executable as an image, by digest (bundle phase:
+	// registry.ExecutableImage.Pinned), which the ingress routers run; "" deploys no router.
+	ApplianceImage string
 	// Handoff is the hand-off's state, nil before `appliance handoff`: it adds each node's
 	// agentapi.HandoffConfig (handoffFor).
 	Handoff *Handoff
@@ -135,6 +138,9 @@ func Build(in Inputs) (*Plan, error) {
 		}
 		if err := dnsFor(c, n, &a.NodeConfig); err != nil {
 			return nil, fmt.Errorf("node %s: DNS: %w", n.Name, err)
+		}
+		if err := ingressRouterFor(c, n, &a.NodeConfig, in.ApplianceImage); err != nil {
+			return nil, fmt.Errorf("node %s: ingress router: %w", n.Name, err)
 		}
 		nc, err := json.MarshalIndent(a.NodeConfig, "", "  ")
 		if err != nil {
