@@ -1,0 +1,148 @@
+package ingressrouter
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// backend is a real HTTP server on 127.0.0.1 that answers its name, the Host it saw, the
+// X-Forwarded-* headers and the request body.
+type backend struct {
+	name string
+	srv  *httptest.Server
+}
+
+func startBackend(t testing.TB, name string) *backend {
+	t.Helper()
+	b := &backend{name: name}
+	b.srv = httptest.NewServer(echoHandler(name))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// echoHandler answers its name, the Host it saw, the X-Forwarded-* headers, the path and the body.
+func echoHandler(name string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s host=%s xff=%s xfh=%s xfp=%s path=%s body=%s", name, r.Host,
+			r.Header.Get("X-Forwarded-For"), r.Header.Get("X-Forwarded-Host"), r.Header.Get("X-Forwarded-Proto"), r.URL.Path, body)
+	})
+}
+
+// addrPort is the backend's 127.0.0.1:port.
+func (b *backend) addrPort() netip.AddrPort {
+	return netip.MustParseAddrPort(strings.TrimPrefix(b.srv.URL, "http://"))
+}
+
+// refusedPort is a 127.0.0.1 port nothing listens on (a listener opened and closed).
+func refusedPort(t testing.TB) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return uint16(p)
+}
+
+// get sends one request through the handler's server with the Host header host.
+func get(t testing.TB, url, host, path, body string) (int, string) {
+	t.Helper()
+	method := http.MethodGet
+	var rd io.Reader
+	if body != "" {
+		method, rd = http.MethodPost, strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestProxy runs the proxy in front of real HTTP servers on 127.0.0.1 (no API server: the table is
+// built from objects in memory): requests reach the matched Service's endpoints round robin with
+// the original Host and the X-Forwarded headers, a refused endpoint is skipped (a POST body too),
+// an unknown host is 404, a Service without ready endpoints 503, all endpoints refusing 503.
+func TestProxy(t *testing.T) {
+	one, two, other := startBackend(t, "one"), startBackend(t, "two"), startBackend(t, "other")
+	ready := true
+	ep := func(b *backend) endpointSpec { return endpointSpec{b.addrPort().Addr().String(), &ready} }
+	// One Service "web" whose two endpoints and a dead one listen on different ports: one slice per
+	// port, as the EndpointSlice controller makes them for pods with different target ports.
+	slices := []*discoveryv1.EndpointSlice{
+		sliceObj("ns", "web-1", "web", "http", int32(one.addrPort().Port()), ep(one)),
+		sliceObj("ns", "web-2", "web", "http", int32(two.addrPort().Port()), ep(two)),
+		sliceObj("ns", "web-3", "web", "http", int32(refusedPort(t)), endpointSpec{"127.0.0.1", nil}),
+		sliceObj("ns", "other-1", "other", "http", int32(other.addrPort().Port()), ep(other)),
+		sliceObj("ns", "dead-1", "dead", "http", int32(refusedPort(t)), endpointSpec{"127.0.0.1", nil}),
+		sliceObj("ns", "empty-1", "empty", "http", 80, endpointSpec{"127.0.0.1", new(bool)}), // not ready
+	}
+	svcs := []*corev1.Service{serviceObj("ns", "web", "http"), serviceObj("ns", "other", "http"), serviceObj("ns", "dead", "http"), serviceObj("ns", "empty", "http")}
+	ings := []*networkingv1.Ingress{ingressObj("ns", "i", time.Time{}, nil, "", map[string][]pathSpec{
+		"web.apps.test":   {{"/", "Prefix", "web"}, {"/other", "Prefix", "other"}},
+		"dead.apps.test":  {{"/", "Prefix", "dead"}},
+		"empty.apps.test": {{"/", "Prefix", "empty"}},
+	})}
+	p := NewProxy(nil)
+	front := httptest.NewServer(p)
+	t.Cleanup(front.Close)
+	if code, _ := get(t, front.URL, "web.apps.test", "/", ""); code != http.StatusNotFound {
+		t.Errorf("before any table: %d, want 404", code)
+	}
+	p.SetTable(Build(ings, svcs, slices, nil))
+
+	counts := map[string]int{}
+	for i := 0; i < 12; i++ {
+		body := ""
+		if i%2 == 1 {
+			body = fmt.Sprintf("payload-%d", i)
+		}
+		code, got := get(t, front.URL, "web.apps.test", "/x", body)
+		if code != http.StatusOK {
+			t.Fatalf("request %d: %d %q", i, code, got)
+		}
+		name, _, _ := strings.Cut(got, " ")
+		counts[name]++
+		for _, want := range []string{"host=web.apps.test ", "xff=127.0.0.1 ", "xfh=web.apps.test ", "xfp=http ", "path=/x ", "body=" + body} {
+			if !strings.Contains(got, want) {
+				t.Errorf("request %d: answer %q lacks %q", i, got, want)
+			}
+		}
+	}
+	// Three endpoints in rotation, the refused one's turns taken by the next: 12 requests, 4 + 8.
+	if counts["one"]+counts["two"] != 12 || counts["one"] < 4 || counts["two"] < 4 {
+		t.Errorf("requests per endpoint %v, want all 12 on one and two, at least 4 each", counts)
+	}
+	if code, got := get(t, front.URL, "web.apps.test", "/other/y", ""); code != http.StatusOK || !strings.HasPrefix(got, "other ") {
+		t.Errorf("/other/y: %d %q, want other", code, got)
+	}
+	if code, got := get(t, front.URL, "nothing.apps.test", "/", ""); code != http.StatusNotFound || !strings.Contains(got, "no ingress rule") {
+		t.Errorf("unknown host: %d %q, want 404", code, got)
+	}
+	if code, got := get(t, front.URL, "empty.apps.test", "/", ""); code != http.StatusServiceUnavailable || !strings.Contains(got, "ns/empty has no ready endpoint") {
+		t.Errorf("no ready endpoint: %d %q, want 503", code, got)
+	}
+	if code, got := get(t, front.URL, "dead.apps.test", "/", "body"); code != http.StatusServiceUnavailable || !strings.Contains(got, "no backend endpoint accepted") {
+		t.Errorf("every endpoint refusing: %d %q, want 503", code, got)
+	}
+}
