@@ -120,11 +120,11 @@ const (
 	portNameAPI       = "kube-apiserver"  // apiServer.port
 )
 
-// firewallRoles maps node roles to port-table roles as the nodes' hostagent does
-// (hostagent.FirewallRoles; TestFirewallRolesAsHostagent keeps the two equal): control-plane →
-// control-plane and etcd (kubeadm's stacked etcd), worker → worker. It is repeated here so that the
-// configuration does not depend on the node agent.
-func firewallRoles(roles []Role) []firewall.Role {
+// FirewallRoles maps node roles to port-table roles as the nodes' hostagent does
+// (hostagent.FirewallRoles; pkg/hostagent's TestFirewallRolesAsConfig keeps the two equal):
+// control-plane → control-plane and etcd (kubeadm's stacked etcd), worker → worker. It is repeated
+// here so that the configuration does not depend on the node agent.
+func FirewallRoles(roles []Role) []firewall.Role {
 	var out []firewall.Role
 	add := func(r firewall.Role) {
 		if !slices.Contains(out, r) {
@@ -170,7 +170,7 @@ func (v *validator) portHosts() []portHost {
 		for _, r := range n.Roles {
 			roles = append(roles, string(r))
 		}
-		fw := firewallRoles(n.Roles)
+		fw := FirewallRoles(n.Roles)
 		if slices.ContainsFunc(n.Addresses, func(a netip.Addr) bool { return slices.Contains(own, a) }) {
 			boot.where += fmt.Sprintf(", which is also nodes[%d] (%s)", i, n.Name)
 			for _, r := range fw {
