@@ -50,7 +50,7 @@ func ingressObj(ns, name string, created time.Time, class *string, def string, r
 func serviceObj(ns, name string, portName string) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: portName, Port: 80, Protocol: corev1.ProtocolTCP}}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: portName, Port: 80, Protocol: corev1.ProtocolTCP}}},
 	}
 }
 
@@ -187,4 +187,26 @@ func TestRoundRobinSurvivesRebuild(t *testing.T) {
 	if second := b2.Endpoints[b2.start()]; second == first {
 		t.Errorf("after a rebuild the rotation restarted: %s twice", first)
 	}
+}
+
+// FuzzLookup feeds client-controlled Host headers and paths to a table with every kind of rule:
+// no panic, and a backend only from the table (exact host "a.example.com" answers its own).
+func FuzzLookup(f *testing.F) {
+	for _, s := range [][2]string{{"a.example.com", "/foo/bar"}, {"x.example.com:8080", "//"}, {"[::1]:80", ""}, {".", "/%2F"}, {"*.example.com", "/foo/"}} {
+		f.Add(s[0], s[1])
+	}
+	tab := Build([]*networkingv1.Ingress{ingressObj("ns", "i", time.Time{}, nil, "def", map[string][]pathSpec{
+		"a.example.com": {{"/foo", "Exact", "exact"}, {"/foo/", "Prefix", "prefix"}, {"/", "ImplementationSpecific", "root"}},
+		"*.example.com": {{"/", "Prefix", "wild"}},
+		"":              {{"/any", "Prefix", "any"}},
+	})}, nil, nil, nil)
+	f.Fuzz(func(t *testing.T, host, path string) {
+		b := tab.Lookup(host, path)
+		if b == nil {
+			t.Fatalf("Lookup(%q, %q) = nil despite a defaultBackend", host, path)
+		}
+		if normalizeHost(host) == "a.example.com" && b.Service != "exact" && b.Service != "prefix" && b.Service != "root" {
+			t.Errorf("Lookup(%q, %q) = %s, want a route of a.example.com", host, path, b.Service)
+		}
+	})
 }
