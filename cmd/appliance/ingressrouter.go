@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -35,12 +37,30 @@ ready endpoints, round robin. Unknown host or path: 404; a Service without a rea
 TLS (443) is not terminated.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var errs []error
+			if o.Kubeconfig == "" {
+				errs = append(errs, fmt.Errorf("--%s: required (a kubeconfig file, or %q)", ingressrouter.FlagKubeconfig, ingressrouter.InCluster))
+			}
+			for _, l := range []struct{ flag, addr string }{{ingressrouter.FlagListen, o.Listen}, {ingressrouter.FlagHealthListen, o.HealthListen}} {
+				if _, _, err := net.SplitHostPort(l.addr); err != nil {
+					errs = append(errs, fmt.Errorf("--%s: %q is not [HOST]:PORT", l.flag, l.addr))
+				}
+			}
+			if _, port, _ := net.SplitHostPort(o.Listen); o.Listen == o.HealthListen && port != "0" {
+				errs = append(errs, fmt.Errorf("--%s and --%s: both %q; give two ports", ingressrouter.FlagListen, ingressrouter.FlagHealthListen, o.Listen))
+			}
+			if o.IngressClass == "" {
+				errs = append(errs, fmt.Errorf("--%s: empty; give the IngressClass name (default %q)", ingressrouter.FlagIngressClass, ingressrouter.DefaultIngressClass))
+			}
 			if status != "" {
 				a, err := netip.ParseAddr(status)
 				if err != nil {
-					return fmt.Errorf("--%s %q: give an IP address (the ingress VIP): %w", ingressrouter.FlagStatusAddress, status, err)
+					errs = append(errs, fmt.Errorf("--%s: %q is not an IP address (give the ingress VIP)", ingressrouter.FlagStatusAddress, status))
 				}
 				o.StatusAddress = a
+			}
+			if err := errors.Join(errs...); err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -63,6 +83,5 @@ TLS (443) is not terminated.`,
 	f.StringVar(&o.HealthListen, ingressrouter.FlagHealthListen, o.HealthListen, "address:port of the health endpoint "+ingressrouter.HealthPath)
 	f.StringVar(&o.IngressClass, ingressrouter.FlagIngressClass, o.IngressClass, "name of the IngressClass to serve")
 	f.StringVar(&status, ingressrouter.FlagStatusAddress, "", "IP written into served Ingresses' status.loadBalancer.ingress (the ingress VIP); empty: status untouched")
-	_ = cmd.MarkFlagRequired(ingressrouter.FlagKubeconfig)
 	return cmd
 }
