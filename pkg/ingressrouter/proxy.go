@@ -18,6 +18,7 @@ import (
 // request body, never read before the connection is up, is forwarded whole. The request keeps its
 // Host header; X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are set
 // (ProxyRequest.SetXForwarded). Answers of its own, with a short text body:
+//   - 503 before the first table (the router has not synced with the API server yet);
 //   - 404 when no rule and no defaultBackend matches the host and path (the client asked for
 //     something the cluster does not serve);
 //   - 503 when the backend's Service has no ready endpoint (or none could be dialled): RFC 9110
@@ -33,7 +34,7 @@ type Proxy struct {
 
 type ctxKey struct{}
 
-// NewProxy returns a Proxy with an empty table (every request 404 until SetTable). log receives
+// NewProxy returns a Proxy without a table (every request 503 until SetTable). log receives
 // one debug line per failed dial and one warning per failed upstream exchange; nil discards them.
 func NewProxy(log *slog.Logger) *Proxy {
 	if log == nil {
@@ -77,7 +78,13 @@ func (p *Proxy) SetTable(t *Table) { p.table.Store(t) }
 func (p *Proxy) Table() *Table { return p.table.Load() }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b := p.table.Load().Lookup(r.Host, r.URL.Path)
+	t := p.table.Load()
+	if t == nil {
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "503 the router has not synced with the API server yet", http.StatusServiceUnavailable)
+		return
+	}
+	b := t.Lookup(r.Host, r.URL.Path)
 	switch {
 	case b == nil:
 		http.Error(w, "404 no ingress rule for this host and path", http.StatusNotFound)

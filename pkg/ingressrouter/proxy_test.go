@@ -82,7 +82,8 @@ func get(t testing.TB, url, host, path, body string) (int, string) {
 // TestProxy runs the proxy in front of real HTTP servers on 127.0.0.1 (no API server: the table is
 // built from objects in memory): requests reach the matched Service's endpoints round robin with
 // the original Host and the X-Forwarded headers, a refused endpoint is skipped (a POST body too),
-// an unknown host is 404, a Service without ready endpoints 503, all endpoints refusing 503.
+// before the first table every request is 503, an unknown host is 404, a Service without ready
+// endpoints 503, all endpoints refusing 503.
 func TestProxy(t *testing.T) {
 	one, two, other := startBackend(t, "one"), startBackend(t, "two"), startBackend(t, "other")
 	ready := true
@@ -106,8 +107,8 @@ func TestProxy(t *testing.T) {
 	p := NewProxy(nil)
 	front := httptest.NewServer(p)
 	t.Cleanup(front.Close)
-	if code, _ := get(t, front.URL, "web.apps.test", "/", ""); code != http.StatusNotFound {
-		t.Errorf("before any table: %d, want 404", code)
+	if code, got := get(t, front.URL, "web.apps.test", "/", ""); code != http.StatusServiceUnavailable || !strings.Contains(got, "not synced") {
+		t.Errorf("before any table: %d %q, want 503 not synced", code, got)
 	}
 	p.SetTable(Build(ings, svcs, slices, nil))
 

@@ -28,7 +28,7 @@
 //
 // Health. Options.HealthListen serves HealthPath: 503 until the informers have synced and the
 // first table is in place, then 200 "ok" (the DaemonSet's readiness probe, and what the VIP's
-// HAProxy may check).
+// HAProxy may check). Before that every proxied request is 503 too, never a premature 404.
 package ingressrouter
 
 import (
