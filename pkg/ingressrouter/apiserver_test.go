@@ -200,7 +200,7 @@ func TestRouterOnRealAPIServer(t *testing.T) {
 	t.Cleanup(cancel)
 
 	// The manifest, as the lead's deployment applies it.
-	manifest, err := Manifest(ManifestOptions{Image: testImage, NodeSelector: map[string]string{"node-role.kubernetes.io/worker": ""}})
+	manifest, err := Manifest(ManifestOptions{Image: testImage, WorkersOnly: true, StatusAddress: netip.MustParseAddr("192.0.2.80")})
 	if err != nil {
 		t.Fatal(err)
 	}

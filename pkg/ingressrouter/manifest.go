@@ -28,7 +28,8 @@ const (
 )
 
 // ControlPlaneTaint is the taint kubeadm puts on control planes (node-role.kubernetes.io/control-plane,
-// NoSchedule), tolerated when ManifestOptions.TolerateControlPlane is set.
+// NoSchedule), tolerated when ManifestOptions.TolerateControlPlane is set; kubeadm labels them with
+// the same key.
 const ControlPlaneTaint = "node-role.kubernetes.io/control-plane"
 
 // ManifestOptions are what the router's manifest depends on.
@@ -39,8 +40,14 @@ type ManifestOptions struct {
 	// NodeSelector is the DaemonSet's spec.template.spec.nodeSelector: where routers run. kcli's
 	// rule, the caller's to apply: the workers when there are any (the ingress VIP's HAProxy on the
 	// control planes balances to them), else the control planes (with TolerateControlPlane).
-	// Empty: every node that tolerates.
+	// Empty: every node that tolerates. kubeadm labels control planes only
+	// (node-role.kubernetes.io/control-plane), and kubelet may not give itself a
+	// node-role.kubernetes.io label: for "the workers" use WorkersOnly, not a selector.
 	NodeSelector map[string]string
+	// WorkersOnly keeps the routers off the control planes: a required node affinity on the
+	// absence of kubeadm's control-plane label (ControlPlaneTaint's key). kcli's "workers when
+	// there are workers" without a worker label.
+	WorkersOnly bool
 	// TolerateControlPlane adds the toleration of ControlPlaneTaint.
 	TolerateControlPlane bool
 	// IngressClass is the IngressClass created (marked default) and served; "" means
@@ -76,7 +83,7 @@ const (
 // (spec.controller ControllerName, marked default) and the DaemonSet: host network, the appliance
 // image, priority class system-cluster-critical, only NET_BIND_SERVICE, a readiness probe on
 // HealthPath. It fails (ErrManifest) for an image not pinned by digest, an APIServer that is not
-// host:port, or equal ports. The same options give the same bytes.
+// host:port, equal ports, or WorkersOnly with TolerateControlPlane. The same options give the same bytes.
 func Manifest(o ManifestOptions) ([]byte, error) {
 	if _, digest, ok := strings.Cut(o.Image, "@sha256:"); !ok || len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
 		return nil, fmt.Errorf("%w: image %q: give the appliance image by digest (host/repo@sha256:<64 hex digits>)", ErrManifest, o.Image)
@@ -89,6 +96,9 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	}
 	if o.HealthPort == 0 {
 		o.HealthPort = HealthPort
+	}
+	if o.WorkersOnly && o.TolerateControlPlane {
+		return nil, fmt.Errorf("%w: WorkersOnly and TolerateControlPlane both set: choose the workers or the control planes", ErrManifest)
 	}
 	if o.ListenPort == o.HealthPort {
 		return nil, fmt.Errorf("%w: listen port and health port are both %d: give them different ports", ErrManifest, o.ListenPort)
@@ -146,6 +156,14 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	if o.TolerateControlPlane {
 		tolerations = []corev1.Toleration{{Key: ControlPlaneTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	}
+	var affinity *corev1.Affinity
+	if o.WorkersOnly {
+		affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: ControlPlaneTaint, Operator: corev1.NodeSelectorOpDoesNotExist}},
+			}}},
+		}}
+	}
 	no, yes := false, true
 	selector := map[string]string{"app.kubernetes.io/name": Name}
 	ds := &appsv1.DaemonSet{
@@ -165,6 +183,7 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
 					PriorityClassName:  "system-cluster-critical",
 					NodeSelector:       o.NodeSelector,
+					Affinity:           affinity,
 					Tolerations:        tolerations,
 					Containers: []corev1.Container{{
 						Name:            "router",

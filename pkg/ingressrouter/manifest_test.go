@@ -39,7 +39,7 @@ func TestManifestGolden(t *testing.T) {
 		name string
 		o    ManifestOptions
 	}{
-		{"workers", ManifestOptions{Image: testImage, NodeSelector: map[string]string{"node-role.kubernetes.io/worker": ""},
+		{"workers", ManifestOptions{Image: testImage, WorkersOnly: true,
 			StatusAddress: netip.MustParseAddr("10.100.0.20"), APIServer: "10.100.0.10:6443"}},
 		{"control-planes", ManifestOptions{Image: testImage, NodeSelector: map[string]string{"node-role.kubernetes.io/control-plane": ""},
 			TolerateControlPlane: true, IngressClass: "apps", ListenPort: 8080, HealthPort: 10254}},
@@ -89,6 +89,7 @@ func TestManifestErrors(t *testing.T) {
 		{"upper-case digest", ManifestOptions{Image: strings.ToUpper(testImage)}, "give the appliance image by digest"},
 		{"same ports", ManifestOptions{Image: testImage, ListenPort: 1936}, "give them different ports"},
 		{"api server without port", ManifestOptions{Image: testImage, APIServer: "10.0.0.1"}, "give host:port"},
+		{"workers and control planes", ManifestOptions{Image: testImage, WorkersOnly: true, TolerateControlPlane: true}, "choose the workers or the control planes"},
 		{"api server port 0", ManifestOptions{Image: testImage, APIServer: "10.0.0.1:0"}, "give host:port"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
