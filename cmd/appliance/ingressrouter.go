@@ -23,6 +23,7 @@ func newIngressRouterCommand(g *globalFlags) *cobra.Command {
 		Listen:       ":" + strconv.Itoa(ingressrouter.ListenPort),
 		HealthListen: ":" + strconv.Itoa(ingressrouter.HealthPort),
 		IngressClass: ingressrouter.DefaultIngressClass,
+		DrainDelay:   ingressrouter.DefaultDrainDelay,
 	}
 	var status string
 	cmd := &cobra.Command{
@@ -33,7 +34,8 @@ func newIngressRouterCommand(g *globalFlags) *cobra.Command {
 IngressClass whose controller is ` + ingressrouter.ControllerName + `; Ingresses without a class when
 such a class is the default), their Services and EndpointSlices, and proxies HTTP on --listen to the
 ready endpoints, round robin. Unknown host or path: 404; a Service without a ready endpoint: 503.
---health-listen serves ` + ingressrouter.HealthPath + `: 200 once synced with the API server, else 503.
+--health-listen serves ` + ingressrouter.HealthPath + `: 200 once synced with the API server, else 503;
+after SIGTERM it answers 503 for --drain-delay while requests are still proxied, then the router stops.
 TLS (443) is not terminated.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +53,9 @@ TLS (443) is not terminated.`,
 			}
 			if o.IngressClass == "" {
 				errs = append(errs, fmt.Errorf("--%s: empty; give the IngressClass name (default %q)", ingressrouter.FlagIngressClass, ingressrouter.DefaultIngressClass))
+			}
+			if o.DrainDelay < 0 {
+				errs = append(errs, fmt.Errorf("--%s: %s is negative; give 0 to stop at once", ingressrouter.FlagDrainDelay, o.DrainDelay))
 			}
 			if status != "" {
 				a, err := netip.ParseAddr(status)
@@ -82,6 +87,7 @@ TLS (443) is not terminated.`,
 	f.StringVar(&o.Listen, ingressrouter.FlagListen, o.Listen, "address:port to serve HTTP on")
 	f.StringVar(&o.HealthListen, ingressrouter.FlagHealthListen, o.HealthListen, "address:port of the health endpoint "+ingressrouter.HealthPath)
 	f.StringVar(&o.IngressClass, ingressrouter.FlagIngressClass, o.IngressClass, "name of the IngressClass to serve")
+	f.DurationVar(&o.DrainDelay, ingressrouter.FlagDrainDelay, o.DrainDelay, "after SIGTERM, keep proxying this long while "+ingressrouter.HealthPath+" answers 503, so the balancer in front stops first")
 	f.StringVar(&status, ingressrouter.FlagStatusAddress, "", "IP written into served Ingresses' status.loadBalancer.ingress (the ingress VIP); empty: status untouched")
 	return cmd
 }

@@ -8,7 +8,7 @@ import (
 // TestIngressRouterFlags: `appliance ingress-router` reports every missing or wrong flag at once,
 // each by its name, before it listens or contacts an API server.
 func TestIngressRouterFlags(t *testing.T) {
-	_, _, err := runCLI("ingress-router", "--listen", "80", "--health-listen", "80", "--ingress-class", "", "--status-address", "vip")
+	_, _, err := runCLI("ingress-router", "--listen", "80", "--health-listen", "80", "--ingress-class", "", "--status-address", "vip", "--drain-delay", "-1s")
 	if err == nil {
 		t.Fatal("ingress-router without a kubeconfig succeeded")
 	}
@@ -19,6 +19,7 @@ func TestIngressRouterFlags(t *testing.T) {
 		`--listen and --health-listen: both "80"; give two ports`,
 		`--ingress-class: empty; give the IngressClass name`,
 		`--status-address: "vip" is not an IP address (give the ingress VIP)`,
+		`--drain-delay: -1s is negative; give 0 to stop at once`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)

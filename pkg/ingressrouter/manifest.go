@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -75,7 +76,13 @@ const (
 	FlagHealthListen  = "health-listen"
 	FlagIngressClass  = "ingress-class"
 	FlagStatusAddress = "status-address"
+	FlagDrainDelay    = "drain-delay"
 )
+
+// DefaultDrainDelay is the command's --drain-delay: long enough for a balancer checking HealthPath
+// every second or two to take the router out (two failed checks) before its port closes, well
+// within kubelet's default 30 s SIGTERM grace period.
+const DefaultDrainDelay = 5 * time.Second
 
 // Manifest renders the YAML stream (documents separated by "---") to apply with `kubectl apply
 // --server-side`: the ServiceAccount, ClusterRole (get/list/watch Ingresses, IngressClasses,

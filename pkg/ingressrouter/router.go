@@ -100,6 +100,10 @@ type Options struct {
 	// StatusAddress, when valid, is written into status.loadBalancer.ingress[].ip of each served
 	// Ingress: the ingress VIP.
 	StatusAddress netip.Addr
+	// DrainDelay is how long Serve keeps proxying after its context ends while the health
+	// endpoint already answers 503 ("draining"), so that a balancer checking it stops sending
+	// new connections first (kubelet's SIGTERM grace period must be longer). 0: stop at once.
+	DrainDelay time.Duration
 	// Resync is the informers' resync period; 0 means none (events only).
 	Resync time.Duration
 	// Log receives progress and errors; nil discards them.
@@ -129,7 +133,8 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // Run serves until ctx ends: it starts the controller and both listeners, and returns the first
-// listener error, or nil after a graceful stop (in-flight requests get 10 s).
+// listener error, or nil after a graceful stop (Controller.Serve: the drain, then 10 s for
+// in-flight requests).
 func Run(ctx context.Context, o Options) error {
 	if o.Listen == "" || o.HealthListen == "" {
 		return fmt.Errorf("%w: --listen and --health-listen are required", ErrOptions)
@@ -158,21 +163,23 @@ func Run(ctx context.Context, o Options) error {
 
 // Controller watches the API and keeps a Proxy's table current.
 type Controller struct {
-	opts    Options
-	log     *slog.Logger
-	rc      *rest.RESTClient
-	proxy   *Proxy
-	ready   atomic.Bool
-	dirty   chan struct{}
-	builds  atomic.Uint64
-	ingInf  cache.SharedIndexInformer
-	clsInf  cache.SharedIndexInformer
-	svcInf  cache.SharedIndexInformer
-	epsInf  cache.SharedIndexInformer
-	ingList listersnetworkingv1.IngressLister
-	clsList listersnetworkingv1.IngressClassLister
-	svcList listerscorev1.ServiceLister
-	epsList listersdiscoveryv1.EndpointSliceLister
+	opts  Options
+	log   *slog.Logger
+	rc    *rest.RESTClient
+	proxy *Proxy
+	ready atomic.Bool
+	// draining is set when Serve's context ended and DrainDelay runs.
+	draining atomic.Bool
+	dirty    chan struct{}
+	builds   atomic.Uint64
+	ingInf   cache.SharedIndexInformer
+	clsInf   cache.SharedIndexInformer
+	svcInf   cache.SharedIndexInformer
+	epsInf   cache.SharedIndexInformer
+	ingList  listersnetworkingv1.IngressLister
+	clsList  listersnetworkingv1.IngressClassLister
+	svcList  listerscorev1.ServiceLister
+	epsList  listersdiscoveryv1.EndpointSliceLister
 }
 
 // scheme holds the three API groups the router reads.
@@ -251,10 +258,15 @@ func (c *Controller) markDirty() {
 	}
 }
 
-// HealthHandler answers HealthPath: 200 "ok" once Ready, else 503.
+// HealthHandler answers HealthPath: 200 "ok" once Ready, else 503; 503 "draining" once Serve
+// drains.
 func (c *Controller) HealthHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+HealthPath, func(w http.ResponseWriter, _ *http.Request) {
+		if c.draining.Load() {
+			http.Error(w, "draining: the router is stopping", http.StatusServiceUnavailable)
+			return
+		}
 		if !c.Ready() {
 			http.Error(w, "not synced with the API server yet", http.StatusServiceUnavailable)
 			return
@@ -286,28 +298,42 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// Serve runs the controller, the proxy on ln and the health endpoint on hln until ctx ends.
+// Serve runs the controller, the proxy on ln and the health endpoint on hln until ctx ends and
+// Options.DrainDelay has passed (or a listener fails: its error is returned). In-flight requests
+// then get 10 s.
 func (c *Controller) Serve(ctx context.Context, ln, hln net.Listener) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	runCtx, stopRun := context.WithCancel(context.Background()) // the controller outlives ctx by the drain
+	defer stopRun()
 	srv := &http.Server{Handler: c.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second}
 	hsrv := &http.Server{Handler: c.HealthHandler(), ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 3)
-	go func() { errc <- c.Run(ctx) }()
+	go func() { errc <- c.Run(runCtx) }()
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { errc <- hsrv.Serve(hln) }()
 	c.log.Info("ingress router serving", "listen", ln.Addr().String(), "health", hln.Addr().String()+HealthPath)
 	var err error
 	select {
 	case <-ctx.Done():
+		if c.opts.DrainDelay > 0 {
+			// Health answers 503 while requests are still served, so that the balancer in front
+			// takes this router out before its port closes.
+			c.draining.Store(true)
+			c.log.Info("ingress router draining", "delay", c.opts.DrainDelay.String())
+			t := time.NewTimer(c.opts.DrainDelay)
+			select {
+			case <-t.C:
+			case err = <-errc:
+			}
+			t.Stop()
+		}
 	case err = <-errc:
 	}
-	cancel()
+	stopRun()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
 	_ = hsrv.Shutdown(sctx)
-	if errors.Is(err, http.ErrServerClosed) {
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	return err
