@@ -11,7 +11,8 @@
 //   - Node addresses: IP_AUTODETECTION_METHOD "cidr=" with the workload-plane CIDR list in the
 //     configuration's order (Calico takes the first interface address inside any of them).
 //   - Dataplane: felix's nftables mode (FELIX_NFTABLESMODE Enabled), beside kube-proxy's nftables
-//     mode: the image needs nft only, no iptables or ipset.
+//     mode. felix still runs iptables-nft-save and ipset (to clean up what an iptables-mode felix
+//     would have left, and it panics without them), so the image carries those too.
 //   - The API server is reached through the VIP (KUBERNETES_SERVICE_HOST/PORT in calico-node and in
 //     the CNI plugin's kubeconfig), not through the kubernetes Service, so the CNI does not depend
 //     on kube-proxy having programmed the service address first.
@@ -455,6 +456,10 @@ func daemonSet(p Params, cidrs string) *appsv1.DaemonSet {
 		"FELIX_LOGSEVERITYFILE", "None",
 		"FELIX_LOGSEVERITYSYS", "None",
 		"FELIX_METADATAADDR", "None",
+		// Felix without eBPF first removes an eBPF connect-time load balancer an eBPF-mode felix may
+		// have left; that opens BPF objects through libbpf, which Calico's CGO_ENABLED=0 build (the
+		// image's) only stubs with a panic. This cluster's felix never runs eBPF: skip it.
+		"FELIX_DebugSkipCTLBCleanup", "true",
 	)...)
 	nodeEnv = append(nodeEnv, nodeName("NODENAME"), fromConfig("CALICO_NETWORKING_BACKEND", "calico_backend"), fromConfig("FELIX_VXLANMTU", "veth_mtu"))
 	probe := func(flag string, failure int32) *corev1.Probe {
