@@ -1,6 +1,7 @@
 package ingressrouter
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -145,5 +146,59 @@ func TestProxy(t *testing.T) {
 	}
 	if code, got := get(t, front.URL, "dead.apps.test", "/", "body"); code != http.StatusServiceUnavailable || !strings.Contains(got, "no backend endpoint accepted") {
 		t.Errorf("every endpoint refusing: %d %q, want 503", code, got)
+	}
+}
+
+// TestProxyUpgrade: a connection upgrade (RFC 9110 §7.8, as WebSocket uses it) passes through the
+// router: the real backend answers 101 and then echoes what the client writes on the hijacked
+// connection, through the proxy's tunnel.
+func TestProxyUpgrade(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "upgrade required", http.StatusUpgradeRequired)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = rw.Flush()
+		line, _ := rw.ReadString('\n')
+		_, _ = rw.WriteString("echo " + line)
+		_ = rw.Flush()
+	}))
+	t.Cleanup(be.Close)
+	port := netip.MustParseAddrPort(strings.TrimPrefix(be.URL, "http://")).Port()
+	p := NewProxy(nil)
+	p.SetTable(Build(
+		[]*networkingv1.Ingress{ingressObj("ns", "i", time.Time{}, nil, "ws", nil)},
+		[]*corev1.Service{serviceObj("ns", "ws", "http")},
+		[]*discoveryv1.EndpointSlice{sliceObj("ns", "ws-1", "ws", "http", int32(port), endpointSpec{"127.0.0.1", nil})}, nil))
+	front := httptest.NewServer(p)
+	t.Cleanup(front.Close)
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /socket HTTP/1.1\r\nHost: ws.apps.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade answered %s", resp.Status)
+	}
+	if _, err := io.WriteString(conn, "hello through the tunnel\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := br.ReadString('\n'); err != nil || got != "echo hello through the tunnel\n" {
+		t.Errorf("tunnel answered %q, %v", got, err)
 	}
 }
