@@ -16,7 +16,7 @@ func TestIngressRouterFlags(t *testing.T) {
 		`--kubeconfig: required (a kubeconfig file, or "in-cluster")`,
 		`--listen: "80" is not [HOST]:PORT`,
 		`--health-listen: "80" is not [HOST]:PORT`,
-		`--listen and --health-listen: both "80"; give two ports`,
+		`--listen and --health-listen: both "80"; give different ports`,
 		`--ingress-class: empty; give the IngressClass name`,
 		`--status-address: "vip" is not an IP address (give the ingress VIP)`,
 		`--drain-delay: -1s is negative; give 0 to stop at once`,
@@ -26,7 +26,7 @@ func TestIngressRouterFlags(t *testing.T) {
 		}
 	}
 	// A kubeconfig that is not there is named too, before anything listens.
-	_, _, err = runCLI("ingress-router", "--kubeconfig", "/nonexistent/router.conf", "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0")
+	_, _, err = runCLI("ingress-router", "--kubeconfig", "/nonexistent/router.conf", "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--listen-tls", "127.0.0.1:0")
 	if err == nil || !strings.Contains(err.Error(), "--kubeconfig /nonexistent/router.conf") {
 		t.Errorf("missing kubeconfig: %v", err)
 	}

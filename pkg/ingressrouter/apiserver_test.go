@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,6 +42,7 @@ func TestMain(m *testing.M) {
 const (
 	nsRouterListen = "127.0.0.1:80"
 	nsHealthListen = "127.0.0.1:1936"
+	nsTLSListen    = "127.0.0.1:443"
 	nsAPIServer    = "127.0.0.1:6443"
 	nsBackendPort  = 8080
 )
@@ -54,7 +57,7 @@ func routerProbe(args []string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 	fmt.Println("ready")
-	err := Run(ctx, Options{Kubeconfig: args[1], Listen: nsRouterListen, HealthListen: nsHealthListen,
+	err := Run(ctx, Options{Kubeconfig: args[1], Listen: nsRouterListen, HealthListen: nsHealthListen, ListenTLS: nsTLSListen,
 		StatusAddress: netip.MustParseAddr(args[2]), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "router:", err)
@@ -100,9 +103,10 @@ func inNS(ns *labns.NS, fn func() error) error {
 	return <-errc
 }
 
-// nsClient is an HTTP client whose connections are made inside ns.
-func nsClient(ns *labns.NS) *http.Client {
-	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+// nsClient is an HTTP client whose connections are made inside ns; tlsConfig is its TLS
+// configuration for https URLs (nil: the default).
+func nsClient(ns *labns.NS, tlsConfig *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsConfig,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var c net.Conn
 			err := inNS(ns, func() (err error) {
@@ -193,6 +197,8 @@ func expect(c *http.Client, url, host, path, want string) func() error {
 // class is served because the manifest's IngressClass is the default; an unknown host gets 404 and
 // a Service without ready endpoints 503; an Ingress change, an endpoint going not-ready and a new
 // Ingress are followed; the served Ingresses' status gets the ingress VIP, the others' does not.
+// HTTPS: the certificate of an Ingress's spec.tls Secret is served by SNI (verified by the client
+// against its CA) and the backend sees X-Forwarded-Proto https; another name fails the handshake.
 func TestRouterOnRealAPIServer(t *testing.T) {
 	labns.RequireRoot(t)
 	s := kubetest.StartAPIServer(t, kubetest.Options{})
@@ -252,7 +258,7 @@ func TestRouterOnRealAPIServer(t *testing.T) {
 	}
 	labns.StartProbe(t, ns, append([]string{"backends"}, backendArgs...)...)
 	forwardAPIServer(t, ns, s.Port)
-	hc := nsClient(ns)
+	hc := nsClient(ns, nil)
 
 	yes := true
 	createSlice := func(name, svc, backend string, ready *bool) {
@@ -288,6 +294,13 @@ func TestRouterOnRealAPIServer(t *testing.T) {
 	create(ingressObj("apps", "classless", time.Time{}, nil, "", map[string][]pathSpec{
 		"classless.test": {{"/", "Prefix", "c"}},
 	}))
+
+	// HTTPS: a kubernetes.io/tls Secret and an Ingress whose spec.tls names it.
+	ca := testCA(t)
+	must(cs.CoreV1().Secrets("apps").Create(ctx, tlsSecret(t, ca, "apps", "secure", "secure.apps.test"), metav1.CreateOptions{}))
+	create(withTLS(ingressObj("apps", "secure", time.Time{}, &class, "", map[string][]pathSpec{
+		"secure.apps.test": {{"/", "Prefix", "c"}},
+	}), "secure", "secure.apps.test"))
 
 	// The router, a process of its own in the namespace, as the DaemonSet's ServiceAccount.
 	kc := filepath.Join(t.TempDir(), "router.conf")
@@ -332,6 +345,33 @@ func TestRouterOnRealAPIServer(t *testing.T) {
 		}
 	}
 
+	// HTTPS: the Ingress's certificate by SNI, verified against its CA; the backend sees
+	// X-Forwarded-Proto https. A name without a certificate fails the handshake.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.CertPEM)
+	secure := nsClient(ns, &tls.Config{RootCAs: pool, ServerName: "secure.apps.test"})
+	eventually(t, "HTTPS with the Ingress's certificate", func() error {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+nsTLSListen+"/x", nil)
+		req.Host = "secure.apps.test"
+		resp, err := secure.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), "c ") || !strings.Contains(string(b), "xfp=https ") {
+			return fmt.Errorf("%d %q, want 200 from c with xfp=https", resp.StatusCode, b)
+		}
+		return nil
+	})
+	nocert := nsClient(ns, &tls.Config{RootCAs: pool, ServerName: "nocert.test"})
+	if resp, err := nocert.Get("https://" + nsTLSListen + "/"); err == nil {
+		resp.Body.Close()
+		t.Errorf("HTTPS for a name without a certificate: %s, want a failed handshake", resp.Status)
+	} else if !strings.Contains(err.Error(), "tls:") {
+		t.Errorf("HTTPS for a name without a certificate: %v, want a TLS alert", err)
+	}
+
 	// Round robin over d's two endpoints.
 	if got := []string{answer(hc, url, "anything.apps.test", "/"), answer(hc, url, "anything.apps.test", "/")}; !(got[0] == "200 d1" && got[1] == "200 d2") && !(got[0] == "200 d2" && got[1] == "200 d1") {
 		t.Errorf("two requests to *.apps.test: %q, want d1 and d2", got)
@@ -370,7 +410,7 @@ func TestRouterOnRealAPIServer(t *testing.T) {
 
 	// Status: the served Ingresses carry the VIP, the other class's does not.
 	eventually(t, "status of served Ingresses", func() error {
-		for _, name := range []string{"main", "classless", "late"} {
+		for _, name := range []string{"main", "classless", "late", "secure"} {
 			in, err := cs.NetworkingV1().Ingresses("apps").Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err

@@ -42,7 +42,7 @@ func TestDrain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
-	go func() { served <- c.Serve(ctx, ln, hln) }()
+	go func() { served <- c.Serve(ctx, ln, hln, nil) }()
 	health := func() string {
 		resp, err := http.Get("http://" + hln.Addr().String() + HealthPath)
 		if err != nil {

@@ -54,9 +54,9 @@ type ManifestOptions struct {
 	// IngressClass is the IngressClass created (marked default) and served; "" means
 	// DefaultIngressClass.
 	IngressClass string
-	// ListenPort and HealthPort are the host ports of HTTP and of HealthPath (hostNetwork); 0
-	// means ListenPort and HealthPort of this package.
-	ListenPort, HealthPort uint16
+	// ListenPort, TLSPort and HealthPort are the host ports of HTTP, HTTPS and HealthPath
+	// (hostNetwork); 0 means ListenPort, TLSListenPort and HealthPort of this package.
+	ListenPort, TLSPort, HealthPort uint16
 	// StatusAddress, when valid, is passed as --status-address: the ingress VIP, written into the
 	// served Ingresses' status.
 	StatusAddress netip.Addr
@@ -73,6 +73,7 @@ var ErrManifest = errors.New("ingress-router manifest: invalid options")
 const (
 	FlagKubeconfig    = "kubeconfig"
 	FlagListen        = "listen"
+	FlagListenTLS     = "listen-tls"
 	FlagHealthListen  = "health-listen"
 	FlagIngressClass  = "ingress-class"
 	FlagStatusAddress = "status-address"
@@ -86,11 +87,11 @@ const DefaultDrainDelay = 5 * time.Second
 
 // Manifest renders the YAML stream (documents separated by "---") to apply with `kubectl apply
 // --server-side`: the ServiceAccount, ClusterRole (get/list/watch Ingresses, IngressClasses,
-// Services and EndpointSlices; update ingresses/status), ClusterRoleBinding, the IngressClass
+// Services, EndpointSlices and Secrets; update ingresses/status), ClusterRoleBinding, the IngressClass
 // (spec.controller ControllerName, marked default) and the DaemonSet: host network, the appliance
 // image, priority class system-cluster-critical, only NET_BIND_SERVICE, a readiness probe on
 // HealthPath. It fails (ErrManifest) for an image not pinned by digest, an APIServer that is not
-// host:port, equal ports, or WorkersOnly with TolerateControlPlane. The same options give the same bytes.
+// host:port, two equal ports, or WorkersOnly with TolerateControlPlane. The same options give the same bytes.
 func Manifest(o ManifestOptions) ([]byte, error) {
 	if _, digest, ok := strings.Cut(o.Image, "@sha256:"); !ok || len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
 		return nil, fmt.Errorf("%w: image %q: give the appliance image by digest (host/repo@sha256:<64 hex digits>)", ErrManifest, o.Image)
@@ -107,8 +108,11 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	if o.WorkersOnly && o.TolerateControlPlane {
 		return nil, fmt.Errorf("%w: WorkersOnly and TolerateControlPlane both set: choose the workers or the control planes", ErrManifest)
 	}
-	if o.ListenPort == o.HealthPort {
-		return nil, fmt.Errorf("%w: listen port and health port are both %d: give them different ports", ErrManifest, o.ListenPort)
+	if o.TLSPort == 0 {
+		o.TLSPort = TLSListenPort
+	}
+	if o.ListenPort == o.HealthPort || o.ListenPort == o.TLSPort || o.TLSPort == o.HealthPort {
+		return nil, fmt.Errorf("%w: ports %d (HTTP), %d (HTTPS), %d (health) are not all different: give three ports", ErrManifest, o.ListenPort, o.TLSPort, o.HealthPort)
 	}
 	var apiHost, apiPort string
 	if o.APIServer != "" {
@@ -131,6 +135,9 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"ingresses", "ingressclasses"}, Verbs: read},
 			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"ingresses/status"}, Verbs: []string{"update"}},
 			{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: read},
+			// TLS Secrets of the Ingresses' spec.tls (the router lists only type kubernetes.io/tls;
+			// RBAC cannot narrow a rule by type).
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: read},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
 		},
 	}
@@ -150,6 +157,7 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	args := []string{"/appliance", "ingress-router",
 		"--" + FlagKubeconfig, InCluster,
 		"--" + FlagListen, ":" + strconv.Itoa(int(o.ListenPort)),
+		"--" + FlagListenTLS, ":" + strconv.Itoa(int(o.TLSPort)),
 		"--" + FlagHealthListen, ":" + strconv.Itoa(int(o.HealthPort)),
 		"--" + FlagIngressClass, o.IngressClass}
 	if o.StatusAddress.IsValid() {
@@ -200,6 +208,7 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 						Env:             env,
 						Ports: []corev1.ContainerPort{
 							{Name: "http", ContainerPort: int32(o.ListenPort), HostPort: int32(o.ListenPort), Protocol: corev1.ProtocolTCP},
+							{Name: "https", ContainerPort: int32(o.TLSPort), HostPort: int32(o.TLSPort), Protocol: corev1.ProtocolTCP},
 							{Name: "health", ContainerPort: int32(o.HealthPort), HostPort: int32(o.HealthPort), Protocol: corev1.ProtocolTCP},
 						},
 						ReadinessProbe: &corev1.Probe{

@@ -13,9 +13,14 @@
 // discovery.k8s.io/v1 EndpointSlices to ready endpoint addresses, and reached over plain HTTP with
 // httputil.ReverseProxy, round robin (see Proxy). Resource backends are not routed.
 //
-// Not done: TLS (spec.tls, port 443) is out of scope: HAProxy on the VIP passes 443 through in
-// TCP mode and no router terminates it yet. No per-Ingress annotations (rewrites, timeouts,
-// affinity) and no metrics besides the health endpoint.
+// HTTPS (Options.ListenTLS, port 443, which HAProxy on the VIP passes through in TCP mode): TLS is
+// terminated with the certificate of the served Ingresses' spec.tls for the client's server name
+// (SNI; see Certificates), read from kubernetes.io/tls Secrets (only that type is listed), and the
+// request goes the same way as over HTTP. There is no default certificate: a name without one
+// fails the handshake. No HTTP-to-HTTPS redirect, no TLS to the backends.
+//
+// Not done: per-Ingress annotations (rewrites, timeouts, affinity), HTTP/2, and metrics besides
+// the health endpoint.
 //
 // How. client-go shared informers (tools/cache) with listers on Ingresses, IngressClasses,
 // Services and EndpointSlices, over one RESTClient built on a scheme of those three API groups:
@@ -33,14 +38,18 @@ package ingressrouter
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -67,13 +76,14 @@ const ControllerName = "appliance.airgap.dev/ingress-router"
 // DefaultIngressClass is the name of the IngressClass Manifest creates and the router serves.
 const DefaultIngressClass = "appliance"
 
-// Ports and path the router listens on by default: HTTP on ListenPort (every address of the node:
-// the DaemonSet runs on the host network), and HealthPath on HealthPort, OpenShift's router
-// statistics/health port.
+// Ports and path the router listens on by default: HTTP on ListenPort and HTTPS on TLSListenPort
+// (every address of the node: the DaemonSet runs on the host network), and HealthPath on
+// HealthPort, OpenShift's router statistics/health port.
 const (
-	ListenPort = 80
-	HealthPort = 1936
-	HealthPath = "/healthz"
+	ListenPort    = 80
+	TLSListenPort = 443
+	HealthPort    = 1936
+	HealthPath    = "/healthz"
 )
 
 // InCluster is the Options.Kubeconfig value that means the pod's service account
@@ -94,6 +104,10 @@ type Options struct {
 	Kubeconfig string
 	// Listen is the HTTP address, e.g. ":80"; HealthListen the health endpoint's, e.g. ":1936".
 	Listen, HealthListen string
+	// ListenTLS is the HTTPS address, e.g. ":443": TLS terminated with the served Ingresses'
+	// spec.tls certificates, chosen by SNI (Certificates). "" serves no HTTPS and watches no
+	// Secrets.
+	ListenTLS string
 	// IngressClass is the name of the IngressClass served besides those whose controller is
 	// ControllerName; "" means DefaultIngressClass.
 	IngressClass string
@@ -152,13 +166,24 @@ func Run(ctx context.Context, o Options) error {
 		ln.Close()
 		return fmt.Errorf("--health-listen %s: %w", o.HealthListen, err)
 	}
+	var tln net.Listener
+	if o.ListenTLS != "" {
+		if tln, err = net.Listen("tcp", o.ListenTLS); err != nil {
+			ln.Close()
+			hln.Close()
+			return fmt.Errorf("--listen-tls %s: %w", o.ListenTLS, err)
+		}
+	}
 	c, err := NewController(cfg, o)
 	if err != nil {
 		ln.Close()
 		hln.Close()
+		if tln != nil {
+			tln.Close()
+		}
 		return err
 	}
-	return c.Serve(ctx, ln, hln)
+	return c.Serve(ctx, ln, hln, tln)
 }
 
 // Controller watches the API and keeps a Proxy's table current.
@@ -176,10 +201,15 @@ type Controller struct {
 	clsInf   cache.SharedIndexInformer
 	svcInf   cache.SharedIndexInformer
 	epsInf   cache.SharedIndexInformer
-	ingList  listersnetworkingv1.IngressLister
-	clsList  listersnetworkingv1.IngressClassLister
-	svcList  listerscorev1.ServiceLister
-	epsList  listersdiscoveryv1.EndpointSliceLister
+	secInf   cache.SharedIndexInformer // nil without ListenTLS
+	certs    atomic.Pointer[Certificates]
+	// certProblems are the TLS problems last logged, so that each is logged once.
+	certProblems map[string]bool
+	ingList      listersnetworkingv1.IngressLister
+	clsList      listersnetworkingv1.IngressClassLister
+	svcList      listerscorev1.ServiceLister
+	epsList      listersdiscoveryv1.EndpointSliceLister
+	secList      listerscorev1.SecretLister
 }
 
 // scheme holds the three API groups the router reads.
@@ -213,13 +243,15 @@ func NewController(cfg *rest.Config, o Options) (*Controller, error) {
 		return nil, fmt.Errorf("ingress-router: API client: %w", err)
 	}
 	ctl := &Controller{opts: o, log: o.Log, rc: rc, proxy: NewProxy(o.Log), dirty: make(chan struct{}, 1)}
-	newInf := func(prefix, resource string, obj runtime.Object) cache.SharedIndexInformer {
+	newInf := func(prefix, resource string, obj runtime.Object, fieldSelector ...string) cache.SharedIndexInformer {
 		lw := &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+				opts.FieldSelector = strings.Join(fieldSelector, ",")
 				return rc.Get().AbsPath(prefix, resource).VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Get()
 			},
 			WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 				opts.Watch = true
+				opts.FieldSelector = strings.Join(fieldSelector, ",")
 				return rc.Get().AbsPath(prefix, resource).VersionedParams(&opts, metav1.ParameterCodec).Watch(ctx)
 			},
 		}
@@ -239,6 +271,11 @@ func NewController(cfg *rest.Config, o Options) (*Controller, error) {
 	ctl.clsList = listersnetworkingv1.NewIngressClassLister(ctl.clsInf.GetIndexer())
 	ctl.svcList = listerscorev1.NewServiceLister(ctl.svcInf.GetIndexer())
 	ctl.epsList = listersdiscoveryv1.NewEndpointSliceLister(ctl.epsInf.GetIndexer())
+	if o.ListenTLS != "" {
+		// Only TLS Secrets: the router never holds the cluster's other Secrets in memory.
+		ctl.secInf = newInf("/api/v1", "secrets", &corev1.Secret{}, "type="+string(corev1.SecretTypeTLS))
+		ctl.secList = listerscorev1.NewSecretLister(ctl.secInf.GetIndexer())
+	}
 	return ctl, nil
 }
 
@@ -279,10 +316,16 @@ func (c *Controller) HealthHandler() http.Handler {
 // Run starts the informers and rebuilds the table on every change until ctx ends. It returns an
 // error only if the caches do not sync before ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
-	for _, inf := range []cache.SharedIndexInformer{c.ingInf, c.clsInf, c.svcInf, c.epsInf} {
-		go inf.RunWithContext(ctx)
+	infs := []cache.SharedIndexInformer{c.ingInf, c.clsInf, c.svcInf, c.epsInf}
+	if c.secInf != nil {
+		infs = append(infs, c.secInf)
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), c.ingInf.HasSynced, c.clsInf.HasSynced, c.svcInf.HasSynced, c.epsInf.HasSynced) {
+	synced := make([]cache.InformerSynced, len(infs))
+	for i, inf := range infs {
+		go inf.RunWithContext(ctx)
+		synced[i] = inf.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("ingress-router: informers did not sync: %w", ctx.Err())
 	}
 	c.rebuild(ctx)
@@ -301,15 +344,22 @@ func (c *Controller) Run(ctx context.Context) error {
 // Serve runs the controller, the proxy on ln and the health endpoint on hln until ctx ends and
 // Options.DrainDelay has passed (or a listener fails: its error is returned). In-flight requests
 // then get 10 s.
-func (c *Controller) Serve(ctx context.Context, ln, hln net.Listener) error {
+func (c *Controller) Serve(ctx context.Context, ln, hln, tln net.Listener) error {
 	runCtx, stopRun := context.WithCancel(context.Background()) // the controller outlives ctx by the drain
 	defer stopRun()
 	srv := &http.Server{Handler: c.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second}
 	hsrv := &http.Server{Handler: c.HealthHandler(), ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- c.Run(runCtx) }()
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { errc <- hsrv.Serve(hln) }()
+	var tsrv *http.Server
+	if tln != nil {
+		tsrv = &http.Server{Handler: c.proxy, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
+			TLSConfig: c.TLSConfig(), ErrorLog: discardLog}
+		go func() { errc <- tsrv.Serve(tls.NewListener(tln, tsrv.TLSConfig)) }()
+		c.log.Info("ingress router serving HTTPS", "listen", tln.Addr().String())
+	}
 	c.log.Info("ingress router serving", "listen", ln.Addr().String(), "health", hln.Addr().String()+HealthPath)
 	var err error
 	select {
@@ -333,11 +383,31 @@ func (c *Controller) Serve(ctx context.Context, ln, hln net.Listener) error {
 	defer scancel()
 	_ = srv.Shutdown(sctx)
 	_ = hsrv.Shutdown(sctx)
+	if tsrv != nil {
+		_ = tsrv.Shutdown(sctx)
+	}
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	return err
 }
+
+// TLSConfig is the HTTPS listener's configuration: TLS 1.2 or newer, HTTP/1.1 only (what the
+// proxy speaks), the certificate chosen by SNI from the served Ingresses' spec.tls; a name without
+// one fails the handshake (ErrNoCertificate).
+func (c *Controller) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return c.certs.Load().Get(hello.ServerName)
+		},
+	}
+}
+
+// discardLog silences net/http's log of failed TLS handshakes: every client asking for a name
+// without a certificate (or a port scanner) would write a line.
+var discardLog = log.New(io.Discard, "", 0)
 
 // servedClasses returns the IngressClass names the router serves and whether one of them is the
 // cluster's default.
@@ -379,6 +449,19 @@ func (c *Controller) rebuild(ctx context.Context) {
 	svcs, _ := c.svcList.List(labels.Everything())
 	eps, _ := c.epsList.List(labels.Everything())
 	c.proxy.SetTable(Build(ours, svcs, eps, c.proxy.Table()))
+	if c.secList != nil {
+		secrets, _ := c.secList.List(labels.Everything())
+		certs, problems := BuildCertificates(ours, secrets)
+		c.certs.Store(certs)
+		seen := map[string]bool{}
+		for _, p := range problems {
+			seen[p.Error()] = true
+			if !c.certProblems[p.Error()] {
+				c.log.Warn("ingress TLS certificate not served", "problem", p.Error())
+			}
+		}
+		c.certProblems = seen
+	}
 	c.builds.Add(1)
 	if c.opts.StatusAddress.IsValid() {
 		for _, in := range ours {

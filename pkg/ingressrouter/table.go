@@ -150,16 +150,7 @@ func segments(p string) int {
 // to backends that did not change, so a rebuild does not restart every rotation.
 func Build(ingresses []*networkingv1.Ingress, services []*corev1.Service, slices []*discoveryv1.EndpointSlice, previous *Table) *Table {
 	ing := append([]*networkingv1.Ingress(nil), ingresses...)
-	sort.SliceStable(ing, func(i, j int) bool {
-		a, b := ing[i], ing[j]
-		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-			return a.CreationTimestamp.Before(&b.CreationTimestamp)
-		}
-		if a.Namespace != b.Namespace {
-			return a.Namespace < b.Namespace
-		}
-		return a.Name < b.Name
-	})
+	sortIngresses(ing)
 	svcs := map[string]*corev1.Service{}
 	for _, s := range services {
 		svcs[s.Namespace+"/"+s.Name] = s
@@ -266,6 +257,20 @@ func Build(ingresses []*networkingv1.Ingress, services []*corev1.Service, slices
 		sortRoutes(t.anyHost)
 	}
 	return t
+}
+
+// sortIngresses ranks Ingresses oldest first (creationTimestamp, then namespace/name).
+func sortIngresses(ing []*networkingv1.Ingress) {
+	sort.SliceStable(ing, func(i, j int) bool {
+		a, b := ing[i], ing[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
 }
 
 func (b *Backend) key() string {
