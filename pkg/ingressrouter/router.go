@@ -146,7 +146,7 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	return c, nil
 }
 
-// Run serves until ctx ends: it starts the controller and both listeners, and returns the first
+// Run serves until ctx ends: it starts the controller and its listeners, and returns the first
 // listener error, or nil after a graceful stop (Controller.Serve: the drain, then 10 s for
 // in-flight requests).
 func Run(ctx context.Context, o Options) error {
@@ -196,7 +196,6 @@ type Controller struct {
 	// draining is set when Serve's context ended and DrainDelay runs.
 	draining atomic.Bool
 	dirty    chan struct{}
-	builds   atomic.Uint64
 	ingInf   cache.SharedIndexInformer
 	clsInf   cache.SharedIndexInformer
 	svcInf   cache.SharedIndexInformer
@@ -281,9 +280,6 @@ func NewController(cfg *rest.Config, o Options) (*Controller, error) {
 
 // Proxy is the controller's HTTP handler.
 func (c *Controller) Proxy() *Proxy { return c.proxy }
-
-// Builds counts the tables built so far (tests wait on it, never on time).
-func (c *Controller) Builds() uint64 { return c.builds.Load() }
 
 // Ready reports whether the informers synced and the first table is in place.
 func (c *Controller) Ready() bool { return c.ready.Load() }
@@ -462,7 +458,6 @@ func (c *Controller) rebuild(ctx context.Context) {
 		}
 		c.certProblems = seen
 	}
-	c.builds.Add(1)
 	if c.opts.StatusAddress.IsValid() {
 		for _, in := range ours {
 			c.updateStatus(ctx, in)
