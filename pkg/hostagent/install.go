@@ -150,13 +150,15 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 			return res, fmt.Errorf("fetch the initramfs for the installed system: %w", err)
 		}
 	}
-	var files []install.File
-	if o.BootMAC != "" {
-		// The installed system's network: DHCP on the boot NIC, by MAC (names can change with the kernel).
-		files = append(files, install.File{Path: "/etc/systemd/network/10-node-boot.network", Mode: 0o644,
-			Data: []byte("# written by the node install: the NIC the machine network-booted from\n[Match]\nMACAddress=" + o.BootMAC +
-				"\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")})
+	// The installed system's network: DHCP on the boot NIC, by MAC (names can change with the
+	// kernel); after a virtual-media boot (no boot NIC known) on every Ethernet NIC.
+	match := "MACAddress=" + o.BootMAC
+	if o.BootMAC == "" {
+		match = "Name=en* eth*"
 	}
+	files := []install.File{{Path: "/etc/systemd/network/10-node-boot.network", Mode: 0o644,
+		Data: []byte("# written by the node install: the NIC the machine booted from\n[Match]\n" + match +
+			"\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")}}
 	files = append(files, install.File{Path: CACertPath, Data: ca, Mode: 0o644})
 	t2 := time.Now()
 	ir, err := install.Install(ctx, install.Options{

@@ -1,11 +1,14 @@
-// Package nodeimage proves the node image (iso/build-node-image.sh) end to end on a real VM: a QEMU
+// Package nodeimage proves the node image (iso/build-node-image.sh) end to end on real VMs: a QEMU
 // (TCG) machine with two blank virtio disks network-boots it from the appliance, enrols, installs
 // itself to the disk its root-device hints name, reboots from that disk, and its hostagent reports to
-// the appliance; a power cycle boots the disk again without reinstalling.
+// the appliance; a power cycle boots the disk again without reinstalling. A second machine does the
+// same from the image's ISO form (virtual media).
 package nodeimage
 
 import (
 	"bytes"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,6 +30,7 @@ const (
 	serverIP   = "10.83.0.1"
 	pxeROM     = "/usr/lib/ipxe/qemu/pxe-virtio.rom"
 	diskSerial = "NODE-DISK-1"
+	isoMAC     = "52:54:00:4e:49:22"
 )
 
 func repoRoot(t *testing.T) string {
@@ -61,14 +65,14 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-// nodeImage builds (or reuses: its system is cached by content, `make fixtures` builds it) the node
+// buildImage builds (or reuses: its system is cached by content, `make fixtures` builds it) the node
 // image with this tree's hostagent, into a directory of this test.
-func nodeImage(t *testing.T, hostagent string) string {
+func buildImage(t *testing.T, hostagent string, extra ...string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "node-image")
 	start := time.Now()
-	cmd := exec.Command("bash", filepath.Join(repoRoot(t), "iso", "build-node-image.sh"), "--hostagent", hostagent,
-		"--bundle", filepath.Join(cacheDir(), "bundle"), "--out", out)
+	cmd := exec.Command("bash", append([]string{filepath.Join(repoRoot(t), "iso", "build-node-image.sh"), "--hostagent", hostagent,
+		"--bundle", filepath.Join(cacheDir(), "bundle"), "--out", out}, extra...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if _, err := cmd.Output(); err != nil {
@@ -94,6 +98,141 @@ func nodeImage(t *testing.T, hostagent string) string {
 // its disk again (no second install, no second root filesystem download) and reports again with a
 // new boot ID. It prints the DHCP/TFTP/kernel/rootfs/install/reboot shares.
 func TestNodeImagePXEInstall(t *testing.T) {
+	l := newNodeLab(t)
+	qemu, dir, state, store, ns := l.qemu, l.dir, l.state, l.store, l.ns
+	if _, err := store.Set("n1", agentapi.StatePowering, "test: QEMU started in place of a BMC power-on"); err != nil {
+		t.Fatal(err)
+	}
+	decoy, target := filepath.Join(dir, "decoy.img"), filepath.Join(dir, "disk.img")
+	for p, size := range map[string]int64{decoy: 5 << 30, target: 8 << 30} {
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	console := filepath.Join(dir, "console.log")
+	vm := startVM(t, ns, qemu, console, pxeDevices(decoy, target))
+	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
+
+	// First boot: network, enrol, install, reboot.
+	tKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*appliance\.rootfs=`), 0, 4*time.Minute)
+	tFetched := c.wait(regexp.MustCompile(`NODE-INIT: fetched `), 0, 6*time.Minute)
+	tSystemd := c.wait(regexp.MustCompile(`NODE-INIT: live root ready`), 0, 6*time.Minute)
+	installLine := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n1 installed to [^\n]*`), 12*time.Minute)
+	tInstalled := c.since()
+	if !strings.Contains(installLine, "vdb") || !strings.Contains(installLine, `serial="`+diskSerial+`"`) {
+		t.Errorf("installed to the wrong disk (want vdb, serial %s): %s", diskSerial, installLine)
+	}
+	tDiskKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0, 5*time.Minute)
+	mark, ok, err := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1")
+	if err != nil || !ok {
+		t.Fatalf("the appliance has no install mark for n1 (%v): the machine's notice did not arrive", err)
+	}
+	st1 := waitReport(t, store, "n1", "", 8*time.Minute, c)
+	tReport := c.since()
+
+	// The decoy stays blank: the hint chose the target.
+	if b := readHead(t, decoy, 1<<20); bytes.Count(b, []byte{0}) != len(b) {
+		t.Errorf("the decoy disk (serial DECOY-DISK) was written: the install ignored nodes[].rootDevice")
+	}
+
+	t.Logf("FIGURES: node image PXE → install → reboot under TCG (host clock from QEMU's start): kernel booting %s, "+
+		"root filesystem fetched %s, systemd %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s: %s)",
+		tKernel, tFetched, tSystemd, tInstalled, strings.TrimPrefix(installLine, "NODE-INSTALL: "), tDiskKernel, tReport, st1.State, steps(st1))
+	t.Logf("FIGURES: shares: DHCP+TFTP+iPXE+kernel/initrd %s, root filesystem (%s) %s, systemd→installed %s, reboot→disk kernel %s, disk boot→report %s",
+		tKernel, sizeOf(t, filepath.Join(l.img, "rootfs.squashfs")), tFetched-tKernel, tInstalled-tSystemd, tDiskKernel-tInstalled, tReport-tDiskKernel)
+
+	// Second power-on: the disk boots, nothing is installed again.
+	vm.stop()
+	before := c.size()
+	vm = startVM(t, ns, qemu, console, pxeDevices(decoy, target))
+	c.start, c.vm, c.from = vm.start, vm, before
+	t2Kernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), before, 5*time.Minute)
+	st2 := waitReport(t, store, "n1", st1.BootID, 8*time.Minute, c)
+	t2Report := c.since()
+	again, _ := os.ReadFile(console)
+	if second := string(again[before:]); strings.Contains(second, "NODE-INIT: fetched") || strings.Contains(second, "NODE-INSTALL:") {
+		t.Errorf("the second power-on network-booted or installed again:\n%s", lastLines(second, 40))
+	}
+	if mark2, _, _ := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); !mark2.Time.Equal(mark.Time) {
+		t.Errorf("install mark changed on the second boot: %v → %v", mark.Time, mark2.Time)
+	}
+	t.Logf("FIGURES: second power-on: kernel from disk %s, hostagent report %s (new boot %s, state %s)", t2Kernel, t2Report, st2.BootID, st2.State)
+}
+
+// TestNodeImageISOInstall: the node image's ISO form (what pkg/power's Redfish virtual media
+// inserts) installs a machine too. The ISO is built with the appliance URL and CA pin on its kernel
+// command line (--iso-args, public data only); the VM (TCG, one blank disk, no hint: the smallest disk
+// of at least 4 GiB) boots it from its CD (disk first in the boot order, so a blank disk falls
+// through to the CD as a one-time virtual-media boot does), takes DHCP on its NIC, enrols as n2 (its
+// MAC), installs, reboots from its disk, and its hostagent reports its config step done.
+func TestNodeImageISOInstall(t *testing.T) {
+	l := newNodeLab(t)
+	caPEM, err := os.ReadFile(filepath.Join(statedir.PKI(l.state), "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(caPEM)
+	if blk == nil {
+		t.Fatal("no PEM block in the appliance CA")
+	}
+	ca, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := "appliance.url=https://" + serverIP + ":8443 appliance.ca_pin=" + agentapi.PinOf(ca)
+	isoDir := buildImage(t, filepath.Join(l.bin, "hostagent"), "--iso-args", args)
+	iso := filepath.Join(isoDir, "node-amd64.iso")
+	disk := filepath.Join(l.dir, "iso-disk.img")
+	f, err := os.Create(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(8 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := l.store.Set("n2", agentapi.StatePowering, "test: QEMU started in place of a BMC virtual-media boot"); err != nil {
+		t.Fatal(err)
+	}
+	console := filepath.Join(l.dir, "iso-console.log")
+	vm := startVM(t, l.ns, l.qemu, console, []string{
+		"-netdev", "tap,id=n0,ifname=nitap0,script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac=" + isoMAC + ",romfile=",
+		"-drive", "file=" + disk + ",format=raw,if=none,id=d0,cache=unsafe",
+		"-device", "virtio-blk-pci,drive=d0,serial=ISO-NODE-DISK,bootindex=1",
+		"-drive", "file=" + iso + ",format=raw,if=none,id=cd,media=cdrom,readonly=on",
+		"-device", "ide-cd,drive=cd,bootindex=2",
+	})
+	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
+	tMedium := c.wait(regexp.MustCompile(`NODE-INIT: medium `), 0, 5*time.Minute)
+	line := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n2 installed to [^\n]*`), 12*time.Minute)
+	tInstalled := c.since()
+	if !strings.Contains(line, "vda") {
+		t.Errorf("installed to %s, want vda (the only disk)", line)
+	}
+	tDisk := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0, 5*time.Minute)
+	st := waitReport(t, l.store, "n2", "", 8*time.Minute, c)
+	t.Logf("FIGURES: node image ISO (virtual media) under TCG: medium mounted %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s: %s)",
+		tMedium, tInstalled, strings.TrimPrefix(line, "NODE-INSTALL: "), tDisk, c.since(), st.State, steps(st))
+}
+
+// nodeLab is the appliance side shared by the tests: the binaries and the node image of this tree,
+// a lab namespace with the boot network (bridge nibr0, the appliance at 10.83.0.1, tap nitap0 for the
+// VM), and `appliance bootstrap` run up to serve there (boot.dhcp: server) for cp1 (never booted),
+// n1 (network boot, hinted disk) and n2 (the ISO).
+type nodeLab struct {
+	qemu, bin, img, dir, state, cfgPath string
+	ns                                  *labns.NS
+	store                               *nodestate.Store
+}
+
+func newNodeLab(t *testing.T) *nodeLab {
+	t.Helper()
 	labns.RequireRoot(t)
 	qemu := labns.RequireTool(t, "qemu-system-x86_64")
 	for _, tool := range []string{"go", "debootstrap", "mksquashfs", "grub-mkrescue", "nft"} {
@@ -107,7 +246,7 @@ func TestNodeImagePXEInstall(t *testing.T) {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
 	bin := buildBinaries(t)
-	img := nodeImage(t, filepath.Join(bin, "hostagent"))
+	img := buildImage(t, filepath.Join(bin, "hostagent"))
 
 	ns := labns.New(t, "ni")
 	for _, c := range [][]string{
@@ -118,10 +257,6 @@ func TestNodeImagePXEInstall(t *testing.T) {
 		{"ip", "tuntap", "add", "dev", "nitap0", "mode", "tap"},
 		{"ip", "link", "set", "nitap0", "master", "nibr0"},
 		{"ip", "link", "set", "nitap0", "up"},
-		// The appliance's workload-plane address (the resolve phase needs one); nothing is on it.
-		{"ip", "link", "add", "niwl0", "type", "bridge"},
-		{"ip", "addr", "add", "10.84.0.1/24", "dev", "niwl0"},
-		{"ip", "link", "set", "niwl0", "up"},
 	} {
 		ns.MustRun(c...)
 	}
@@ -138,7 +273,7 @@ clusterName: nodeimage
 kubernetes: {enabled: false}
 networks:
   controlPlane: {cidrs: [10.83.0.0/24]}
-  workloadPlane: {cidrs: [10.84.0.0/24]}
+  workloadPlane: {cidrs: [10.83.0.0/24]}
   services: 10.96.0.0/16
 apiServer: {vip: 10.83.0.100}
 bundle:
@@ -162,6 +297,11 @@ nodes:
   mac: "` + mac + `"
   power: {kind: ipmi, address: 10.83.0.221, username: admin, passwordFile: ` + pw + `}
   rootDevice: {serialNumber: ` + diskSerial + `}
+- name: n2
+  roles: [worker]
+  addresses: [10.83.0.22]
+  mac: "` + isoMAC + `"
+  power: {kind: ipmi, address: 10.83.0.222, username: admin, passwordFile: ` + pw + `}
 `
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -183,70 +323,9 @@ nodes:
 	}
 	t.Logf("appliance bootstrap (to serve) in %.1fs:\n%s", time.Since(t0).Seconds(), lastLines(string(out), 15))
 
-	// The power-on, as the power phase records it before it asks the BMC (see the test's doc).
-	store := nodestate.Open(statedir.Nodes(state))
-	if _, err := store.Set("n1", agentapi.StatePowering, "test: QEMU started in place of a BMC power-on"); err != nil {
-		t.Fatal(err)
-	}
-	decoy, target := filepath.Join(dir, "decoy.img"), filepath.Join(dir, "disk.img")
-	for p, size := range map[string]int64{decoy: 5 << 30, target: 8 << 30} {
-		f, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(size); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-	}
-	console := filepath.Join(dir, "console.log")
-	vm := startVM(t, ns, qemu, console, decoy, target)
-	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
-
-	// First boot: network, enrol, install, reboot.
-	tKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*appliance\.rootfs=`), 0, 4*time.Minute)
-	tFetched := c.wait(regexp.MustCompile(`NODE-INIT: fetched `), 0, 6*time.Minute)
-	tSystemd := c.wait(regexp.MustCompile(`NODE-INIT: live root ready`), 0, 6*time.Minute)
-	installLine := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n1 installed to [^\n]*`), 12*time.Minute)
-	tInstalled := c.since()
-	if !strings.Contains(installLine, "vdb") || !strings.Contains(installLine, `serial="`+diskSerial+`"`) {
-		t.Errorf("installed to the wrong disk (want vdb, serial %s): %s", diskSerial, installLine)
-	}
-	tDiskKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0, 5*time.Minute)
-	mark, ok, err := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1")
-	if err != nil || !ok {
-		t.Fatalf("the appliance has no install mark for n1 (%v): the machine's notice did not arrive", err)
-	}
-	st1 := waitReport(t, store, "", 8*time.Minute, c)
-	tReport := c.since()
-
-	// The decoy stays blank: the hint chose the target.
-	if b := readHead(t, decoy, 1<<20); bytes.Count(b, []byte{0}) != len(b) {
-		t.Errorf("the decoy disk (serial DECOY-DISK) was written: the install ignored nodes[].rootDevice")
-	}
-
-	t.Logf("FIGURES: node image PXE → install → reboot under TCG (host clock from QEMU's start): kernel booting %s, "+
-		"root filesystem fetched %s, systemd %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s, %d steps)",
-		tKernel, tFetched, tSystemd, tInstalled, strings.TrimPrefix(installLine, "NODE-INSTALL: "), tDiskKernel, tReport, st1.State, len(st1.Steps))
-	t.Logf("FIGURES: shares: DHCP+TFTP+iPXE+kernel/initrd %s, root filesystem (%s) %s, systemd→installed %s, reboot→disk kernel %s, disk boot→report %s",
-		tKernel, sizeOf(t, filepath.Join(img, "rootfs.squashfs")), tFetched-tKernel, tInstalled-tSystemd, tDiskKernel-tInstalled, tReport-tDiskKernel)
-
-	// Second power-on: the disk boots, nothing is installed again.
-	vm.stop()
-	before := c.size()
-	vm = startVM(t, ns, qemu, console, decoy, target)
-	c.start, c.vm, c.from = vm.start, vm, before
-	t2Kernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), before, 5*time.Minute)
-	st2 := waitReport(t, store, st1.BootID, 8*time.Minute, c)
-	t2Report := c.since()
-	again, _ := os.ReadFile(console)
-	if second := string(again[before:]); strings.Contains(second, "NODE-INIT: fetched") || strings.Contains(second, "NODE-INSTALL:") {
-		t.Errorf("the second power-on network-booted or installed again:\n%s", lastLines(second, 40))
-	}
-	if mark2, _, _ := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); !mark2.Time.Equal(mark.Time) {
-		t.Errorf("install mark changed on the second boot: %v → %v", mark.Time, mark2.Time)
-	}
-	t.Logf("FIGURES: second power-on: kernel from disk %s, hostagent report %s (new boot %s, state %s)", t2Kernel, t2Report, st2.BootID, st2.State)
+	// Power-ons are recorded by the tests, as the power phase records them before it asks the BMC.
+	return &nodeLab{qemu: qemu, bin: bin, img: img, ns: ns, dir: dir, state: state, cfgPath: cfgPath,
+		store: nodestate.Open(statedir.Nodes(state))}
 }
 
 // vmProc is one QEMU process.
@@ -266,20 +345,26 @@ func (v *vmProc) stop() {
 	}
 }
 
-// startVM starts the machine: NIC first in the boot order (the BMC's "boot from PXE"), then the
-// target disk; the decoy last. Serial console appended to console.
-func startVM(t *testing.T, ns *labns.NS, qemu, console, decoy, target string) *vmProc {
-	t.Helper()
-	cmd := ns.Command(qemu, "-name", "nodeimage", "-accel", "tcg", "-cpu", "qemu64,+rdrand", "-m", "1536", "-smp", "1",
-		"-nodefaults", "-no-user-config", "-display", "none",
-		"-chardev", "file,id=con,path="+console+",append=on", "-serial", "chardev:con",
+// pxeDevices: NIC first in the boot order (the BMC's "boot from PXE"), then the target disk; the decoy last.
+func pxeDevices(decoy, target string) []string {
+	return []string{
 		"-netdev", "tap,id=n0,ifname=nitap0,script=no,downscript=no",
 		// pxe-virtio.rom names the modern virtio-net device (1af4:1041): disable-legacy=on, or SeaBIOS skips it.
-		"-device", "virtio-net-pci,disable-legacy=on,netdev=n0,mac="+mac+",romfile="+pxeROM+",bootindex=1",
-		"-drive", "file="+decoy+",format=raw,if=none,id=d0,cache=unsafe",
+		"-device", "virtio-net-pci,disable-legacy=on,netdev=n0,mac=" + mac + ",romfile=" + pxeROM + ",bootindex=1",
+		"-drive", "file=" + decoy + ",format=raw,if=none,id=d0,cache=unsafe",
 		"-device", "virtio-blk-pci,drive=d0,serial=DECOY-DISK,bootindex=3",
-		"-drive", "file="+target+",format=raw,if=none,id=d1,cache=unsafe",
-		"-device", "virtio-blk-pci,drive=d1,serial="+diskSerial+",bootindex=2")
+		"-drive", "file=" + target + ",format=raw,if=none,id=d1,cache=unsafe",
+		"-device", "virtio-blk-pci,drive=d1,serial=" + diskSerial + ",bootindex=2",
+	}
+}
+
+// startVM starts the machine with devices; serial console appended to console.
+func startVM(t *testing.T, ns *labns.NS, qemu, console string, devices []string) *vmProc {
+	t.Helper()
+	args := append([]string{"-name", "nodeimage", "-accel", "tcg", "-cpu", "qemu64,+rdrand", "-m", "1536", "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-chardev", "file,id=con,path=" + console + ",append=on", "-serial", "chardev:con"}, devices...)
+	cmd := ns.Command(append([]string{qemu}, args...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	v := &vmProc{cmd: cmd, start: time.Now(), exited: make(chan struct{}), out: &out}
@@ -346,27 +431,43 @@ func (c *consoleWatch) wait(re *regexp.Regexp, from int, limit time.Duration) ti
 	return c.since()
 }
 
-// waitReport waits until n1's hostagent has reported from a boot other than notBoot, and returns
-// the status.
-func waitReport(t *testing.T, store *nodestate.Store, notBoot string, limit time.Duration, c *consoleWatch) agentapi.NodeStatus {
+// waitReport waits until node's hostagent, from a boot other than notBoot, has reported its config
+// step done (it reached the appliance with its token and its configuration applies), and returns
+// the status; a failed node ends the test with its reason.
+func waitReport(t *testing.T, store *nodestate.Store, node, notBoot string, limit time.Duration, c *consoleWatch) agentapi.NodeStatus {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		st, err := store.Get("n1")
-		if err == nil && st.BootID != "" && st.BootID != notBoot && len(st.Steps) > 0 {
-			return st
+		st, err := store.Get(node)
+		if err == nil && st.BootID != "" && st.BootID != notBoot {
+			if st.State == agentapi.StateFailed {
+				t.Fatalf("%s failed: %s", node, st.Reason)
+			}
+			if st.Steps[agentapi.StepConfig].Status == agentapi.StatusDone {
+				return st
+			}
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(c.path)
-			t.Fatalf("n1's hostagent never reported from a new boot within %s (status %+v, %v); console tail:\n%s", limit, st, err, lastLines(string(b), 80))
+			t.Fatalf("%s's hostagent never reported its config step done from a new boot within %s (status %+v, %v); console tail:\n%s", node, limit, st, err, lastLines(string(b), 80))
 		}
 		select {
 		case <-c.vm.exited:
-			t.Fatalf("QEMU exited before n1 reported: %s", c.vm.out.String())
+			t.Fatalf("QEMU exited before %s reported: %s", node, c.vm.out.String())
 		default:
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+func steps(st agentapi.NodeStatus) string {
+	var out []string
+	for _, s := range agentapi.Steps {
+		if r, ok := st.Steps[s]; ok {
+			out = append(out, s+" "+r.Status)
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func readHead(t *testing.T, p string, n int) []byte {
