@@ -173,10 +173,11 @@ func (k *k8sLab) pods(namespace, selector string) ([]podInfo, error) {
 	return l.Items, nil
 }
 
-// fetch runs wget in the client pod against url (2 s timeout) and returns the body. Any failure is an
-// error; busybox 1.35's wget ends by SIGSEGV (exit status 139) when it cannot connect.
+// fetch runs wget in the client pod against url (at most 3 s, busybox's timeout) and returns the
+// body; any failure is an error. Not wget -T: busybox 1.35's wget with -T ends by SIGSEGV (exit
+// status 139) whatever the answer (checked on Debian's busybox 1:1.35.0-4+deb12u1).
 func (k *k8sLab) fetch(client, url string) (string, error) {
-	out, err := k.kube("exec", "-n", cniNamespace, client, "--", "wget", "-q", "-T", "2", "-O", "-", url)
+	out, err := k.kube("exec", "-n", cniNamespace, client, "--", "timeout", "3", "wget", "-q", "-O", "-", url)
 	if err != nil {
 		return "", fmt.Errorf("%s: wget %s: %v %s", client, url, err, strings.TrimSpace(out))
 	}
