@@ -294,7 +294,9 @@ func (k *k8sLab) podNetwork(t *testing.T, cni string, start time.Time, racked ti
 		})
 	}
 
-	t.Cleanup(func() { _, _ = k.kube("delete", "namespace", cniNamespace, "--ignore-not-found", "--wait=false") })
+	// Whatever happens below, the namespace and its pods are gone before day 2 starts: `appliance node
+	// remove w1` refuses a node that runs pods no controller owns (web-w1 is one).
+	defer k.deleteCNINamespace(t)
 	// Servers on w1 and cp2, the clients on cp1: every path crosses a node.
 	manifest := "apiVersion: v1\nkind: Namespace\nmetadata: {name: " + cniNamespace + "}\n---\n" +
 		webPod("web-w1", "w1") + "---\n" + webPod("web-cp2", "cp2") + "---\n" +
@@ -438,7 +440,24 @@ spec:
 			t.Errorf("after deleting the policies: %v", err)
 		}
 	})
-	if out, err := k.kube("delete", "namespace", cniNamespace, "--wait=false"); err != nil {
-		t.Logf("delete namespace %s: %v %s", cniNamespace, err, out)
+}
+
+// deleteCNINamespace deletes cniNamespace and waits (at most 2 minutes) until none of its pods is left.
+func (k *k8sLab) deleteCNINamespace(t *testing.T) {
+	if out, err := k.kube("delete", "namespace", cniNamespace, "--ignore-not-found", "--wait=false"); err != nil {
+		t.Errorf("delete namespace %s: %v %s", cniNamespace, err, out)
+		return
+	}
+	if err := poll(2*time.Minute, func() error {
+		ps, err := k.pods(cniNamespace, "")
+		if err != nil {
+			return err
+		}
+		if len(ps) > 0 {
+			return fmt.Errorf("%d pods of namespace %s left", len(ps), cniNamespace)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("deleting namespace %s: %v", cniNamespace, err)
 	}
 }
