@@ -37,7 +37,9 @@ func TestValidateRootDevice(t *testing.T) {
 			[]string{"nodes[3].rootDevice"}, "is empty: give at least one hint"},
 		{"device name not a path", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{DeviceName: "sda"} },
 			[]string{"nodes[3].rootDevice.deviceName"}, "is not a device path"},
-		{"device name unclean", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/../etc/passwd"} },
+		{"device name unclean", func(c *BootstrapConfiguration) {
+			netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/../etc/passwd"}
+		},
 			[]string{"nodes[3].rootDevice.deviceName"}, "is not a device path"},
 		{"device name by label", func(c *BootstrapConfiguration) {
 			netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/disk/by-label/root"}
@@ -47,7 +49,9 @@ func TestValidateRootDevice(t *testing.T) {
 		{"by-path partition", func(c *BootstrapConfiguration) {
 			netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/disk/by-path/pci-0000:00:05.0-part1"}
 		}, []string{"nodes[3].rootDevice.deviceName"}, "is a partition"},
-		{"nvme partition", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/nvme0n1p2"} },
+		{"nvme partition", func(c *BootstrapConfiguration) {
+			netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/nvme0n1p2"}
+		},
 			[]string{"nodes[3].rootDevice.deviceName"}, "is a partition"},
 		{"bad hctl", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{HCTL: "0:0:0"} },
 			[]string{"nodes[3].rootDevice.hctl"}, "Host:Channel:Target:Lun"},
