@@ -1,14 +1,22 @@
 package main
 
 import (
+	"bytes"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // TestNodeReinstall: `appliance node reinstall` refuses, with what to fix, a node that does not
@@ -72,4 +80,113 @@ func TestNodeReinstall(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cfg.StateDir, "nodes")); err == nil {
 		t.Errorf("--no-power recorded a power-on in the node store")
 	}
+}
+
+// chassisLog is ipmi_sim's chassis_control PROGRAM for TestNodeReinstallThroughBMC: power and boot
+// device live in files beside it, and every set is appended to "log".
+const chassisLog = `#!/bin/sh
+dir=$(dirname "$0")
+shift
+op=$1; shift
+case $op in
+get)
+  for p in "$@"; do
+    case $p in
+      power) echo "power:$(cat "$dir/power")";;
+      boot) echo "boot:$(cat "$dir/boot")";;
+      *) echo "Invalid parameter: $p"; exit 1;;
+    esac
+  done;;
+set)
+  echo "$*" >> "$dir/log"
+  while [ $# -gt 1 ]; do
+    case $1 in
+      power) echo "$2" > "$dir/power";;
+      boot) echo "$2" > "$dir/boot";;
+      reset) ;;
+      *) echo "Invalid parameter: $1"; exit 1;;
+    esac
+    shift 2
+  done;;
+*) exit 1;;
+esac
+`
+
+// TestNodeReinstallThroughBMC: against a real IPMI BMC (OpenIPMI's ipmi_sim on 127.0.0.1, its
+// chassis in files), reinstall forgets the install, records the power-on (the enrolment window) and
+// has the BMC set a PXE boot and power-cycle the node.
+func TestNodeReinstallThroughBMC(t *testing.T) {
+	sim := labns.RequireTool(t, "ipmi_sim")
+	labns.RequireTool(t, "ipmitool")
+	dir := t.TempDir()
+	l, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.LocalAddr().(*net.UDPAddr).Port
+	l.Close()
+	for name, data := range map[string]string{"power": "1\n", "boot": "none\n", "chassis": chassisLog} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lan := fmt.Sprintf("name \"w1\"\nset_working_mc 0x20\n  startlan 1\n    addr 127.0.0.1 %d\n    priv_limit admin\n"+
+		"    allowed_auths_callback none md2 md5 straight\n    allowed_auths_user none md2 md5 straight\n"+
+		"    allowed_auths_operator none md2 md5 straight\n    allowed_auths_admin none md2 md5 straight\n"+
+		"    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"%s 0x20\"\n"+
+		"  user 2 true \"admin\" \"s3cret\" admin 10 none md2 md5 straight\n", port, filepath.Join(dir, "chassis"))
+	emu := "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n"
+	for name, data := range map[string]string{"lan.conf": lan, "bmc.emu": emu, "password": "s3cret\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "state"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var simOut bytes.Buffer
+	cmd := exec.Command(sim, "-n", "-c", filepath.Join(dir, "lan.conf"), "-f", filepath.Join(dir, "bmc.emu"), "-s", filepath.Join(dir, "state"))
+	cmd.Stdout, cmd.Stderr = &simOut, &simOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	cfg := config.Example()
+	cfg.StateDir = t.TempDir()
+	for i := range cfg.Nodes {
+		if cfg.Nodes[i].Name == "w1" {
+			cfg.Nodes[i].MAC = "52:54:00:00:00:21"
+			cfg.Nodes[i].Power = config.Power{Kind: config.PowerIPMI, Address: fmt.Sprintf("127.0.0.1:%d", port),
+				Username: "admin", PasswordFile: filepath.Join(dir, "password"), BootDevice: config.BootPXE}
+		}
+	}
+	path := writeConfig(t, cfg)
+	nb := filepath.Join(cfg.StateDir, "netboot")
+	if err := netboot.MarkInstalled(nb, netboot.Installed{Node: "w1", MAC: "52:54:00:00:00:21", Time: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var stderr string
+	for i := 0; ; i++ { // ipmi_sim takes a moment to listen
+		_, stderr, err = runCLI("node", "reinstall", "w1", "-c", path, "--yes")
+		if err == nil || i == 20 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("reinstall through ipmi_sim: %v\nstderr: %s\nipmi_sim: %s", err, stderr, simOut.String())
+	}
+	if _, ok, _ := netboot.InstalledMark(nb, "w1"); ok {
+		t.Error("w1 still marked installed")
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "log"))
+	if !strings.Contains(string(log), "boot pxe") || !strings.Contains(string(log), "power") {
+		t.Errorf("the BMC's chassis saw %q, want a PXE boot set and a power action", log)
+	}
+	st, err := nodestate.Open(statedir.Nodes(cfg.StateDir)).Get("w1")
+	if err != nil || st.State != agentapi.StatePowering {
+		t.Errorf("w1's record = %+v, %v; want %s (the enrolment window)", st, err, agentapi.StatePowering)
+	}
+	t.Logf("reinstall: %s; chassis log: %q", strings.TrimSpace(stderr), log)
 }
