@@ -17,14 +17,15 @@ const MinDefaultSizeBytes = 4 << 30
 // hints, with Metal3's semantics: every hint given must match (deviceName: the disk's path or one of
 // its /dev/disk links; hctl, serialNumber, the wwn fields: exactly; model and vendor: as substrings;
 // minSizeGigabytes: size ≥ that many GiB; rotational: equal); the first disk that matches is chosen.
-// With no hint the smallest writable disk of at least 4 GiB is chosen. Read-only disks are never
-// chosen. The error (ErrNoDisk) names the hints and every disk seen, so the operator can fix either.
+// With no hint the smallest writable, non-removable disk of at least 4 GiB is chosen (a USB stick or
+// a virtual-media drive is never taken by default; a hint can still name one). Read-only disks are
+// never chosen. The error (ErrNoDisk) names the hints and every disk seen, so the operator can fix either.
 func Choose(disks []Disk, h config.RootDeviceHints) (Disk, error) {
 	if h.IsZero() {
 		var best *Disk
 		for i := range disks {
 			d := &disks[i]
-			if d.ReadOnly || d.SizeBytes < MinDefaultSizeBytes {
+			if d.ReadOnly || d.Removable || d.SizeBytes < MinDefaultSizeBytes {
 				continue
 			}
 			if best == nil || d.SizeBytes < best.SizeBytes {
@@ -32,7 +33,7 @@ func Choose(disks []Disk, h config.RootDeviceHints) (Disk, error) {
 			}
 		}
 		if best == nil {
-			return Disk{}, fmt.Errorf("%w: no hints (nodes[].rootDevice unset) and no writable disk of at least 4 GiB; disks seen: %s", ErrNoDisk, seen(disks))
+			return Disk{}, fmt.Errorf("%w: no hints (nodes[].rootDevice unset) and no writable, non-removable disk of at least 4 GiB; disks seen: %s", ErrNoDisk, seen(disks))
 		}
 		return *best, nil
 	}

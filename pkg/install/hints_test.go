@@ -76,6 +76,16 @@ func TestChoose(t *testing.T) {
 			t.Errorf("Choose(read-only, no hints) = %v, want ErrNoDisk naming the missing hints", err)
 		}
 	})
+	t.Run("removable disks only by hint", func(t *testing.T) {
+		disks := []Disk{{Name: "sda", Path: "/dev/sda", SizeBytes: 64 << 30, Serial: "USB", Removable: true},
+			{Name: "sdb", Path: "/dev/sdb", SizeBytes: 500 << 30, Serial: "SSD"}}
+		if d, err := Choose(disks, config.RootDeviceHints{}); err != nil || d.Name != "sdb" {
+			t.Errorf("Choose(no hints) = %s, %v; want sdb, not the smaller removable sda", d.Name, err)
+		}
+		if d, err := Choose(disks, config.RootDeviceHints{SerialNumber: "USB"}); err != nil || d.Name != "sda" {
+			t.Errorf("Choose(serial USB) = %s, %v; want the removable sda the hint names", d.Name, err)
+		}
+	})
 	t.Run("no disks at all", func(t *testing.T) {
 		_, err := Choose(nil, config.RootDeviceHints{SerialNumber: "A"})
 		if !errors.Is(err, ErrNoDisk) || !strings.Contains(err.Error(), "disks seen: none") {
