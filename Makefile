@@ -75,6 +75,10 @@ e2e: deps build fixtures ## the end to end suites: the appliance ISO booted in Q
 iso: deps build fixtures ## the appliance ISO (iso/build-iso.sh) with the fixture bundle, cached by content under $(APPLIANCE_CACHE)/iso
 	@$(STAGE) iso --show -- iso/build-iso.sh --bundle $(APPLIANCE_CACHE)/bundle
 
+.PHONY: node-image
+node-image: deps build fixtures ## the node image (iso/build-node-image.sh: vmlinuz, initrd.img, rootfs.squashfs, node-amd64.iso) in $(APPLIANCE_CACHE)/node-image
+	@$(STAGE) node-image --show -- iso/build-node-image.sh --bundle $(APPLIANCE_CACHE)/bundle --hostagent $(BIN)/hostagent
+
 .PHONY: e2e-iso
 e2e-iso: deps build fixtures ## the ISO suites alone: test/iso (boots, refusals) and TestISOJourney (the lab bootstrapped from the ISO)
 	@$(STAGE) suite-iso --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 30m -v ./test/iso/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
