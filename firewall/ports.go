@@ -82,6 +82,9 @@ const (
 const (
 	IngressHTTPPort  uint16 = 80  // RFC 9110 §4.2.1
 	IngressHTTPSPort uint16 = 443 // RFC 9110 §4.2.2
+	// IngressRouterHealthPort is the ingress routers' health endpoint (OpenShift's router uses 1936),
+	// which the control planes' HAProxy checks.
+	IngressRouterHealthPort uint16 = 1936
 )
 
 // References cited by the port table.
@@ -191,6 +194,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		Description: "ingress (*.apps over HTTP): HAProxy on the ingress VIP (control planes), the ingress routers; opened only when ingress.vip is set", Reference: RefIngress})
 	add(nodes, Port{Name: "ingress-https", Protocol: ProtoTCP, From: IngressHTTPSPort, To: IngressHTTPSPort, Source: SourceAnywhere,
 		Description: "ingress (*.apps over HTTPS, passed through); opened only when ingress.vip is set", Reference: RefIngress})
+	add(nodes, Port{Name: "ingress-router-health", Protocol: ProtoTCP, From: IngressRouterHealthPort, To: IngressRouterHealthPort, Source: SourceNodeNetworks,
+		Description: "the ingress routers' /healthz, checked by the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
 	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,
 		Description: "etcd server client API and peer traffic", Reference: RefKubeadmPorts})
 	add(nodes, Port{Name: "kubelet", Protocol: ProtoTCP, From: 10250, To: 10250, Source: SourceNodeNetworks,

@@ -88,6 +88,8 @@ func TestPortsRequired(t *testing.T) {
 		{RoleWorker, "ingress-http", ProtoTCP, 80, 80, SourceAnywhere},
 		{RoleControlPlane, "ingress-https", ProtoTCP, 443, 443, SourceAnywhere},
 		{RoleWorker, "ingress-https", ProtoTCP, 443, 443, SourceAnywhere},
+		{RoleControlPlane, "ingress-router-health", ProtoTCP, 1936, 1936, SourceNodeNetworks},
+		{RoleWorker, "ingress-router-health", ProtoTCP, 1936, 1936, SourceNodeNetworks},
 		{RoleEtcd, "etcd", ProtoTCP, 2379, 2380, SourceNodeNetworks},
 		{RoleControlPlane, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
 		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},

@@ -98,6 +98,10 @@ type IngressConfig struct {
 	// to (the workers, by their control-plane address), in nodes[] order. Empty: the routers run on
 	// the control planes and the VIP's holder answers on them itself (no HAProxy frontend).
 	Routers []RouterEndpoint `json:"routers"`
+	// RouterHealthPort and RouterHealthPath are the routers' health endpoint (plain HTTP, 200 when
+	// serving, 503 while draining), which HAProxy checks; 0: a TCP connect check of each port.
+	RouterHealthPort uint16 `json:"routerHealthPort,omitempty"`
+	RouterHealthPath string `json:"routerHealthPath,omitempty"`
 }
 
 // RouterEndpoint is one node running an ingress router.

@@ -78,6 +78,11 @@ type Frontend struct {
 	Port uint16
 	// Servers are the backends; at least one.
 	Servers []Server
+	// HealthPort and HealthPath, when set, make the health check `GET HealthPath` over plain HTTP on
+	// each server's HealthPort (expecting 200), as OpenShift checks its routers on 1936/healthz, so a
+	// draining server leaves the rotation before it stops; 0 checks the TCP connect to the port.
+	HealthPort uint16
+	HealthPath string
 }
 
 var cfgTemplate = template.Must(template.New("haproxy.cfg").Parse(`# Rendered by the appliance's hostagent (apilb step); changes here are overwritten.
@@ -118,7 +123,14 @@ frontend {{.Name}}
 
 backend {{.Name}}
 	balance roundrobin
+{{- if .HealthPort}}
+	option httpchk
+	http-check send meth GET uri {{.HealthPath}} ver HTTP/1.1 hdr Host localhost
+	http-check expect status 200
+	default-server check port {{.HealthPort}} inter {{$.Inter}} fall {{$.Fall}} rise {{$.Rise}}
+{{- else}}
 	default-server check inter {{$.Inter}} fall {{$.Fall}} rise {{$.Rise}}
+{{- end}}
 {{- range .Servers}}
 	server {{.Name}} {{.Address}}
 {{- end}}
@@ -188,6 +200,8 @@ func Render(c Config) ([]byte, error) {
 	type passthrough struct {
 		Name, Bind string
 		Servers    []Server
+		HealthPort uint16
+		HealthPath string
 	}
 	var pts []passthrough
 	ports := map[uint16]bool{c.Port: true, stats: true}
@@ -213,7 +227,14 @@ func Render(c Config) ([]byte, error) {
 		if c.Bind.IsValid() {
 			fb = netip.AddrPortFrom(c.Bind, f.Port).String()
 		}
-		pts = append(pts, passthrough{Name: f.Name, Bind: fb, Servers: f.Servers})
+		hp := f.HealthPath
+		if f.HealthPort != 0 && hp == "" {
+			hp = "/healthz"
+		}
+		if f.HealthPort != 0 && (!strings.HasPrefix(hp, "/") || strings.ContainsAny(hp, " \t\r\n#")) {
+			return nil, fmt.Errorf("haproxy: frontend %s: health path %q is not an absolute path", f.Name, hp)
+		}
+		pts = append(pts, passthrough{Name: f.Name, Bind: fb, Servers: f.Servers, HealthPort: f.HealthPort, HealthPath: hp})
 	}
 	var b bytes.Buffer
 	err := cfgTemplate.Execute(&b, map[string]any{

@@ -311,3 +311,105 @@ func TestPassthroughFrontend(t *testing.T) {
 		t.Error("a frontend without servers: no error")
 	}
 }
+
+// TestPassthroughHTTPHealthCheck: with HealthPort the passthrough's servers are checked with GET
+// /healthz on that port (OpenShift's routers on 1936): a router whose health says "draining" leaves the
+// rotation while its data port still answers, and comes back when healthy.
+func TestPassthroughHTTPHealthCheck(t *testing.T) {
+	api := newAPIServer(t, "cp1")
+	type router struct {
+		data     *httptest.Server
+		draining atomic.Bool
+	}
+	healthPort := freePort(t)
+	var rs []*router
+	f := Frontend{Name: "ingress-80", Port: freePort(t), HealthPort: healthPort}
+	// Two routers on two loopback addresses, each with its data port and the shared health port.
+	for i, ip := range []string{"127.0.0.2", "127.0.0.3"} {
+		r := &router{}
+		name := fmt.Sprintf("w%d", i+1)
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.data = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) }))
+		r.data.Listener.Close()
+		r.data.Listener = l
+		r.data.Start()
+		t.Cleanup(r.data.Close)
+		hl, err := net.Listen("tcp", fmt.Sprintf("%s:%d", ip, healthPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.URL.Path != "/healthz" || r.draining.Load() {
+				http.Error(w, "draining", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(w, "ok")
+		})}
+		go hs.Serve(hl)
+		t.Cleanup(func() { hs.Close() })
+		rs = append(rs, r)
+		f.Servers = append(f.Servers, Server{Name: name, Address: netip.MustParseAddrPort(l.Addr().String())})
+	}
+	c := Config{Port: freePort(t), Bind: netip.MustParseAddr("127.0.0.1"), StatsPort: freePort(t),
+		Servers: []Server{{Name: "cp1", Address: api.addr()}}, Passthrough: []Frontend{f}}
+	conf, err := Render(c)
+	if err != nil || !strings.Contains(string(conf), fmt.Sprintf("check port %d", healthPort)) || !strings.Contains(string(conf), "uri /healthz") {
+		t.Fatalf("Render: %v\n%s", err, conf)
+	}
+	startHAProxy(t, c)
+	status := func(server, want string) {
+		t.Helper()
+		var last string
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			st, err := tryStatsOf(c.StatsPort, "ingress-80")
+			if err == nil {
+				if last = st[server].Status; strings.HasPrefix(last, want) {
+					return
+				}
+			}
+		}
+		t.Fatalf("ingress-80/%s is %q, want %s", server, last, want)
+	}
+	status("w1", "UP")
+	status("w2", "UP")
+	rs[1].draining.Store(true)
+	status("w2", "DOWN")
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 10 {
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/", f.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "w1" {
+			t.Fatalf("w2 draining (its data port still answers): a request reached %q", b)
+		}
+	}
+	rs[1].draining.Store(false)
+	status("w2", "UP")
+}
+
+// tryStatsOf is tryStats for another backend.
+func tryStatsOf(port uint16, backend string) (map[string]ServerStat, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stats;csv", port))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	ss, err := ParseStats(b)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]ServerStat{}
+	for _, s := range ss {
+		if s.Backend == backend {
+			out[s.Server] = s
+		}
+	}
+	return out, nil
+}

@@ -34,7 +34,8 @@ func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
 	// The ingress VIP's ports to the routers on the workers (none: they run here, kcli's rule).
 	if in := nc.Ingress; in != nil && len(in.Routers) > 0 {
 		for _, port := range in.Ports {
-			f := haproxy.Frontend{Name: fmt.Sprintf("ingress-%d", port), Port: port}
+			f := haproxy.Frontend{Name: fmt.Sprintf("ingress-%d", port), Port: port,
+				HealthPort: in.RouterHealthPort, HealthPath: in.RouterHealthPath}
 			for _, r := range in.Routers {
 				f.Servers = append(f.Servers, haproxy.Server{Name: r.Node, Address: netip.AddrPortFrom(r.Address, port)})
 			}

@@ -30,7 +30,7 @@ func TestIngressFor(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := nc.Ingress
-		if g == nil || g.VIP != c.Ingress.VIP || g.VirtualRouterID != c.Ingress.VirtualRouterID || len(g.Ports) != 1 || g.Ports[0] != 80 {
+		if g == nil || g.VIP != c.Ingress.VIP || g.VirtualRouterID != c.Ingress.VirtualRouterID || len(g.Ports) != 2 || g.Ports[0] != 80 || g.Ports[1] != 443 || g.RouterHealthPort != 1936 {
 			t.Fatalf("%s: ingress %+v", n.Name, g)
 		}
 		if len(g.Routers) != 1 || g.Routers[0].Node != "w1" || g.Routers[0].Address != netip.MustParseAddr("10.100.0.21") {

@@ -88,8 +88,8 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 }
 
 // IngressPorts are the ingress VIP's ports the control planes' HAProxy passes to the routers: HTTP
-// (the appliance's ingress router serves HTTP; HTTPS is not balanced yet).
-var IngressPorts = []uint16{firewall.IngressHTTPPort}
+// and HTTPS (the routers terminate TLS with the Ingresses' certificates).
+var IngressPorts = []uint16{firewall.IngressHTTPPort, firewall.IngressHTTPSPort}
 
 // ingressFor is the cluster's ingress as every Kubernetes node gets it (config.Ingress), nil without
 // ingress.vip or keepalived: routers on the workers (by control-plane address, else first address),
@@ -99,7 +99,8 @@ func ingressFor(c *config.BootstrapConfiguration) *agentapi.IngressConfig {
 		return nil
 	}
 	in := &agentapi.IngressConfig{VIP: c.Ingress.VIP, VirtualRouterID: c.Ingress.VirtualRouterID,
-		Ports: slices.Clone(IngressPorts), Routers: []agentapi.RouterEndpoint{}}
+		Ports: slices.Clone(IngressPorts), Routers: []agentapi.RouterEndpoint{},
+		RouterHealthPort: ingressrouter.HealthPort, RouterHealthPath: ingressrouter.HealthPath}
 	for _, n := range c.Nodes {
 		if n.HasRole(config.RoleControlPlane) || !n.HasRole(config.RoleWorker) {
 			continue

@@ -241,6 +241,8 @@ func TestKubernetesE2E(t *testing.T) {
 
 	t.Run("the API is balanced across the three apiservers and stays up with the holder's stopped", func(t *testing.T) { k.apiLoadBalanced(t) })
 
+	t.Run("an Ingress answers through the ingress VIP from w1, and again after the VIP holder's keepalived is killed", func(t *testing.T) { k.ingress(t) })
+
 	t.Run("a second bootstrap changes nothing", func(t *testing.T) {
 		// First the dry run: on a converged cluster every phase's check finds nothing to change.
 		d := k.bootstrap(ctx, "", 0, "--dry-run")

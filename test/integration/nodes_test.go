@@ -118,6 +118,10 @@ networks:
 {{- end}}
 apiServer:
   vip: 10.100.0.100
+{{- if .K8s}}
+# The ingress VIP (e2e_ingress_test.go): *.apps.<clusterName>.lab.test, balanced to the routers on the workers.
+ingress: {vip: 10.100.0.101}
+{{- end}}
 bundle:
   path: {{.Bundle}}
   publicKeyFiles: [{{.BundleKey}}]

@@ -1,0 +1,166 @@
+//go:build e2e
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/ingressrouter"
+)
+
+// ingressVIP is the lab's ingress.vip (nodeConfigTemplate).
+const ingressVIP = "10.100.0.101"
+
+const ingressNamespace = "ingress-e2e"
+
+// ingressHolders are the lab hosts carrying the ingress VIP.
+func (k *k8sLab) ingressHolders() []string {
+	var out []string
+	for _, h := range []string{"boot", "cp1", "cp2", "cp3"} {
+		if o, _ := k.run(h, "ip", "-o", "addr", "show"); strings.Contains(o, " "+ingressVIP+"/") {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// ingress proves issue 13 item 4 on the live cluster: the routers (the appliance image's `appliance
+// ingress-router`, a DaemonSet on the worker) are deployed by the control planes; an Ingress for
+// hello.apps.<cluster>.lab.test answers from a pod when w1 resolves the name with its own resolver
+// (CoreDNS on the control planes: *.apps → the ingress VIP) and asks it over HTTP (the VIP holder's
+// HAProxy → the router on w1 → the pod); the served Ingress's status names the VIP; with the VIP
+// holder's keepalived killed, the VIP moves and the name answers again.
+func (k *k8sLab) ingress(t *testing.T) {
+	host := "hello.apps." + k.prefix + ".lab.test"
+	if err := poll(3*time.Minute, func() error {
+		out, err := k.kube("-n", ingressrouter.Namespace, "get", "daemonset", ingressrouter.Name, "-o", "json")
+		if err != nil {
+			return fmt.Errorf("kubectl get daemonset %s: %v %s", ingressrouter.Name, err, out)
+		}
+		var ds struct {
+			Status struct {
+				Desired int `json:"desiredNumberScheduled"`
+				Ready   int `json:"numberReady"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(out), &ds); err != nil {
+			return err
+		}
+		if ds.Status.Desired == 0 || ds.Status.Ready != ds.Status.Desired {
+			return fmt.Errorf("ingress routers ready %d of %d", ds.Status.Ready, ds.Status.Desired)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: %[1]s}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hello, namespace: %[1]s, labels: {app: hello}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: %[2]s
+    command: [sh, -c, "mkdir -p /www && echo hello-from-a-pod > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello, namespace: %[1]s}
+spec:
+  selector: {app: hello}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: hello, namespace: %[1]s}
+spec:
+  rules:
+  - host: %[3]s
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: hello, port: {number: 80}}}}
+`, ingressNamespace, testImage, host)
+	if out, err := k.kubeStdin(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	defer func() {
+		// The pod has no controller: a later drain of its node (day 2) would refuse it.
+		if out, err := k.kube("delete", "namespace", ingressNamespace, "--wait=false"); err != nil {
+			t.Errorf("kubectl delete namespace %s: %v %s", ingressNamespace, err, out)
+		}
+	}()
+
+	if out := strings.TrimSpace(k.ssh(t, "w1", "getent ahostsv4 "+host+" | awk '{print $1}' | sort -u")); out != ingressVIP {
+		t.Errorf("w1 resolves %s to %q, want the ingress VIP %s", host, out, ingressVIP)
+	}
+	curl := func() (string, error) {
+		out, err := k.run("w1", "curl", "-sS", "--max-time", "3", "--resolve", host+":80:"+ingressVIP, "http://"+host+"/")
+		return strings.TrimSpace(out), err
+	}
+	// Through w1's own resolver too (above): curl --resolve pins the name to what it resolved to, so a
+	// run that ends in the namespace without the node's resolver still asks the VIP.
+	start := time.Now()
+	if err := poll(2*time.Minute, func() error {
+		body, err := curl()
+		if err != nil || body != "hello-from-a-pod" {
+			return fmt.Errorf("curl http://%s/ from w1: %v %q", host, err, body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("http://%s/ answered from the pod through the ingress VIP %.1fs after the Ingress was applied", host, time.Since(start).Seconds())
+	if out := k.ssh(t, "w1", "curl -sS --max-time 3 http://"+host+"/"); strings.TrimSpace(out) != "hello-from-a-pod" {
+		t.Errorf("curl on w1 with its own resolver: %q", out)
+	}
+	if err := poll(time.Minute, func() error {
+		out, err := k.kube("-n", ingressNamespace, "get", "ingress", "hello", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
+		if err != nil || strings.TrimSpace(out) != ingressVIP {
+			return fmt.Errorf("Ingress status addresses %q (%v), want %s", out, err, ingressVIP)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+
+	holders := k.ingressHolders()
+	if len(holders) != 1 || holders[0] == "boot" {
+		t.Fatalf("ingress VIP holders %v, want one control plane", holders)
+	}
+	k.ssh(t, holders[0], "kill -9 -- -$(cat /etc/keepalived/keepalived.pid)")
+	killed := time.Now()
+	// Where the VIP went (hostagent restarts the killed keepalived, which may take it back later).
+	var moved []string
+	for time.Since(killed) < 10*time.Second {
+		if h := k.ingressHolders(); len(h) == 1 && h[0] != holders[0] {
+			moved = h
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if moved == nil {
+		t.Errorf("keepalived on %s SIGKILLed: the ingress VIP did not move within 10 s (holders %v)", holders[0], k.ingressHolders())
+	}
+	fails := 0
+	if err := poll(time.Minute, func() error {
+		body, err := curl()
+		if err != nil || body != "hello-from-a-pod" {
+			fails++
+			return fmt.Errorf("curl http://%s/ from w1 after the kill: %v %q", host, err, body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("keepalived on %s (the ingress VIP's holder) SIGKILLed: the VIP moved to %v; %s answered again %.1fs after the kill (%d failed polls before)",
+		holders[0], moved, host, time.Since(killed).Seconds(), fails)
+}
