@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -96,7 +95,7 @@ func TestBootValid(t *testing.T) {
 
 // TestBootInvalid asserts the exact set of error paths, each with what its message must say.
 func TestBootInvalid(t *testing.T) {
-	type want struct{ path, msg string }
+	type want = fieldWant
 	tests := []struct {
 		name  string
 		extra string
@@ -150,14 +149,7 @@ func TestBootInvalid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, errs := labWith(t, tt.extra, tt.edits...)
-			var paths []string
-			for _, w := range tt.want {
-				requireErr(t, errs, w.path, w.msg, 0)
-				paths = append(paths, w.path)
-			}
-			if got := errPaths(errs); strings.Join(got, ",") != strings.Join(slices.Sorted(slices.Values(paths)), ",") {
-				t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
-			}
+			requireExactly(t, errs, tt.want)
 		})
 	}
 }

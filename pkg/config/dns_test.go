@@ -3,7 +3,6 @@ package config
 import (
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -36,7 +35,7 @@ func TestDNSValid(t *testing.T) {
 
 // TestDNSInvalid asserts the exact set of error paths, each with what its message must say.
 func TestDNSInvalid(t *testing.T) {
-	type want struct{ path, msg string }
+	type want = fieldWant
 	long := strings.Repeat("a", 60)
 	longDomain := strings.Join([]string{long, long, long, long}, ".") // 243 characters
 	tests := []struct {
@@ -84,14 +83,7 @@ func TestDNSInvalid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, errs := labWith(t, tt.extra, tt.edits...)
-			var paths []string
-			for _, w := range tt.want {
-				requireErr(t, errs, w.path, w.msg, 0)
-				paths = append(paths, w.path)
-			}
-			if got := errPaths(errs); strings.Join(got, ",") != strings.Join(slices.Sorted(slices.Values(paths)), ",") {
-				t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
-			}
+			requireExactly(t, errs, tt.want)
 		})
 	}
 }

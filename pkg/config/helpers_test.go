@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,4 +51,21 @@ func testHostKey(t testing.TB) (string, ed25519.PrivateKey) {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub))), priv
+}
+
+// fieldWant is an error a test expects: its field path and what its message must contain.
+type fieldWant struct{ path, msg string }
+
+// requireExactly asserts that errs hold exactly the paths of wants (no other path), each with an
+// error whose message contains its msg.
+func requireExactly(t *testing.T, errs ErrorList, wants []fieldWant) {
+	t.Helper()
+	var paths []string
+	for _, w := range wants {
+		requireErr(t, errs, w.path, w.msg, 0)
+		paths = append(paths, w.path)
+	}
+	if got := errPaths(errs); strings.Join(got, ",") != strings.Join(slices.Sorted(slices.Values(paths)), ",") {
+		t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
+	}
 }

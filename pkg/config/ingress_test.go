@@ -2,7 +2,6 @@ package config
 
 import (
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -37,7 +36,7 @@ func TestIngressValid(t *testing.T) {
 
 // TestIngressInvalid asserts the exact set of error paths, each with what its message must say.
 func TestIngressInvalid(t *testing.T) {
-	type want struct{ path, msg string }
+	type want = fieldWant
 	tests := []struct {
 		name  string
 		extra string
@@ -69,14 +68,7 @@ func TestIngressInvalid(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, errs := labWith(t, tt.extra, tt.edits...)
-			var paths []string
-			for _, w := range tt.want {
-				requireErr(t, errs, w.path, w.msg, 0)
-				paths = append(paths, w.path)
-			}
-			if got := errPaths(errs); strings.Join(got, ",") != strings.Join(slices.Sorted(slices.Values(paths)), ",") {
-				t.Errorf("error paths %v, want %v; errors:\n%v", got, slices.Sorted(slices.Values(paths)), errs)
-			}
+			requireExactly(t, errs, tt.want)
 		})
 	}
 }

@@ -93,25 +93,7 @@ func stats(t *testing.T, port uint16) map[string]ServerStat {
 	return out
 }
 
-func tryStats(port uint16) (map[string]ServerStat, error) {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stats;csv", port))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	ss, err := ParseStats(b)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]ServerStat{}
-	for _, s := range ss {
-		if s.Backend == "apiservers" {
-			out[s.Server] = s
-		}
-	}
-	return out, nil
-}
+func tryStats(port uint16) (map[string]ServerStat, error) { return tryStatsOf(port, "apiservers") }
 
 // waitStatus polls the statistics until server's status starts with want (bounded: 15 s).
 func waitStatus(t *testing.T, port uint16, server, want string) {
@@ -393,7 +375,7 @@ func TestPassthroughHTTPHealthCheck(t *testing.T) {
 	status("w2", "UP")
 }
 
-// tryStatsOf is tryStats for another backend.
+// tryStatsOf reads the statistics page's servers of one backend, by server name.
 func tryStatsOf(port uint16, backend string) (map[string]ServerStat, error) {
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/stats;csv", port))
 	if err != nil {
