@@ -106,8 +106,12 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 	if redirected {
 		red = "now redirected to it (" + rt.Objects() + ")"
 	}
-	return fmt.Sprintf("%s on :%d across %d kube-apiservers (/readyz), %s:%d %s", verb, c.Port, len(c.Servers),
-		nc.APIServerVIP, nc.APIServerPort, red), nil
+	detail := fmt.Sprintf("%s on :%d across %d kube-apiservers (/readyz), %s:%d %s", verb, c.Port, len(c.Servers),
+		nc.APIServerVIP, nc.APIServerPort, red)
+	for _, f := range c.Passthrough {
+		detail += fmt.Sprintf("; :%d to %d ingress routers", f.Port, len(f.Servers))
+	}
+	return detail, nil
 }
 
 // Paths of the ingress routers' manifest on a control plane (applied by the api step like the CNI's).
