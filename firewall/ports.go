@@ -82,6 +82,11 @@ const (
 const (
 	IngressHTTPPort  uint16 = 80  // RFC 9110 §4.2.1
 	IngressHTTPSPort uint16 = 443 // RFC 9110 §4.2.2
+	// IngressRouterHTTPPort and IngressRouterHTTPSPort are where the ingress routers listen (host
+	// network), behind the control planes' HAProxy: never 80 and 443, which HAProxy holds on the
+	// control planes, so routers can run there too (no worker) without a clash.
+	IngressRouterHTTPPort  uint16 = 10080
+	IngressRouterHTTPSPort uint16 = 10443
 	// IngressRouterHealthPort is the ingress routers' health endpoint (OpenShift's router uses 1936),
 	// which the control planes' HAProxy checks.
 	IngressRouterHealthPort uint16 = 1936
@@ -190,10 +195,14 @@ func Ports(httpsPort, apiPort uint16) []Port {
 	add([]Role{RoleControlPlane}, Port{Name: "apiserver-lb", Protocol: ProtoTCP, From: APILoadBalancerPort, To: APILoadBalancerPort,
 		Source: SourceAnywhere, Description: "API load balancer (HAProxy across every ready kube-apiserver); the VIP's API port is redirected to it (table inet " + DefaultRedirectTable + ")",
 		Reference: RefAPILoadBalancer})
-	add(nodes, Port{Name: "ingress-http", Protocol: ProtoTCP, From: IngressHTTPPort, To: IngressHTTPPort, Source: SourceAnywhere,
-		Description: "ingress (*.apps over HTTP): HAProxy on the ingress VIP (control planes), the ingress routers; opened only when ingress.vip is set", Reference: RefIngress})
-	add(nodes, Port{Name: "ingress-https", Protocol: ProtoTCP, From: IngressHTTPSPort, To: IngressHTTPSPort, Source: SourceAnywhere,
-		Description: "ingress (*.apps over HTTPS, passed through); opened only when ingress.vip is set", Reference: RefIngress})
+	add([]Role{RoleControlPlane}, Port{Name: "ingress-http", Protocol: ProtoTCP, From: IngressHTTPPort, To: IngressHTTPPort, Source: SourceAnywhere,
+		Description: "ingress (*.apps over HTTP): HAProxy on the ingress VIP, to the routers; opened only when ingress.vip is set", Reference: RefIngress})
+	add([]Role{RoleControlPlane}, Port{Name: "ingress-https", Protocol: ProtoTCP, From: IngressHTTPSPort, To: IngressHTTPSPort, Source: SourceAnywhere,
+		Description: "ingress (*.apps over HTTPS, passed through to the routers); opened only when ingress.vip is set", Reference: RefIngress})
+	add(nodes, Port{Name: "ingress-router", Protocol: ProtoTCP, From: IngressRouterHTTPPort, To: IngressRouterHTTPPort, Source: SourceNodeNetworks,
+		Description: "the ingress routers' HTTP, behind the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
+	add(nodes, Port{Name: "ingress-router-tls", Protocol: ProtoTCP, From: IngressRouterHTTPSPort, To: IngressRouterHTTPSPort, Source: SourceNodeNetworks,
+		Description: "the ingress routers' HTTPS (TLS ends there), behind the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
 	add(nodes, Port{Name: "ingress-router-health", Protocol: ProtoTCP, From: IngressRouterHealthPort, To: IngressRouterHealthPort, Source: SourceNodeNetworks,
 		Description: "the ingress routers' /healthz, checked by the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
 	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,

@@ -30,9 +30,9 @@ type Spec struct {
 	// answers the cluster's zone (the appliance with dns.listenAddress set; a control plane running
 	// the CoreDNS static pod, baseDomain set). Without it nothing listens there, so nothing is opened.
 	DNS bool `json:",omitempty"`
-	// Ingress opens the table's ingress rows (IngressHTTPPort, IngressHTTPSPort) of the host's roles:
-	// only in a cluster with an ingress VIP (ingress.vip), where the control planes' HAProxy and the
-	// ingress routers answer there.
+	// Ingress opens the table's ingress rows of the host's roles (IngressHTTPPort and IngressHTTPSPort
+	// on control planes, the routers' ports on every node): only in a cluster with an ingress VIP
+	// (ingress.vip), where the control planes' HAProxy and the ingress routers answer there.
 	Ingress bool `json:",omitempty"`
 	// Boot opens the table's network-boot rows (DHCPPort, TFTPPort and the boot HTTP port): only when
 	// the host serves network boot (the appliance with boot.dhcp proxy or server).

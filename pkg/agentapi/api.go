@@ -92,16 +92,23 @@ type IngressConfig struct {
 	// VIP is the ingress VIP and VirtualRouterID its VRRP VRID (control planes' VRRPIngressInstanceName).
 	VIP             netip.Addr `json:"vip"`
 	VirtualRouterID uint8      `json:"virtualRouterID"`
-	// Ports are the ingress ports (firewall.IngressHTTPPort, and the HTTPS one when the routers serve it).
-	Ports []uint16 `json:"ports"`
-	// Routers are the nodes whose ingress routers the control planes' HAProxy balances the VIP's ports
-	// to (the workers, by their control-plane address), in nodes[] order. Empty: the routers run on
-	// the control planes and the VIP's holder answers on them itself (no HAProxy frontend).
+	// Ports are the ingress VIP's ports (firewall.IngressHTTPPort, IngressHTTPSPort) and the routers'
+	// ports each is passed to.
+	Ports []IngressPort `json:"ports"`
+	// Routers are the nodes running the ingress routers, whom the control planes' HAProxy balances the
+	// VIP's ports to, by control-plane address, in nodes[] order: the workers, or with none the
+	// control planes themselves (kcli's rule).
 	Routers []RouterEndpoint `json:"routers"`
 	// RouterHealthPort and RouterHealthPath are the routers' health endpoint (plain HTTP, 200 when
 	// serving, 503 while draining), which HAProxy checks; 0: a TCP connect check of each port.
 	RouterHealthPort uint16 `json:"routerHealthPort,omitempty"`
 	RouterHealthPath string `json:"routerHealthPath,omitempty"`
+}
+
+// IngressPort is one port of the ingress VIP and the routers' port HAProxy passes it to.
+type IngressPort struct {
+	Port       uint16 `json:"port"`
+	RouterPort uint16 `json:"routerPort"`
 }
 
 // RouterEndpoint is one node running an ingress router.

@@ -31,13 +31,13 @@ func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
 	for _, s := range lb.Servers {
 		c.Servers = append(c.Servers, haproxy.Server{Name: s.Node, Address: s.Address})
 	}
-	// The ingress VIP's ports to the routers on the workers (none: they run here, kcli's rule).
+	// The ingress VIP's ports to the routers (on the workers, or on the control planes without any).
 	if in := nc.Ingress; in != nil && len(in.Routers) > 0 {
-		for _, port := range in.Ports {
-			f := haproxy.Frontend{Name: fmt.Sprintf("ingress-%d", port), Port: port,
+		for _, p := range in.Ports {
+			f := haproxy.Frontend{Name: fmt.Sprintf("ingress-%d", p.Port), Port: p.Port,
 				HealthPort: in.RouterHealthPort, HealthPath: in.RouterHealthPath}
 			for _, r := range in.Routers {
-				f.Servers = append(f.Servers, haproxy.Server{Name: r.Node, Address: netip.AddrPortFrom(r.Address, port)})
+				f.Servers = append(f.Servers, haproxy.Server{Name: r.Node, Address: netip.AddrPortFrom(r.Address, p.RouterPort)})
 			}
 			c.Passthrough = append(c.Passthrough, f)
 		}

@@ -22,7 +22,7 @@ func ingressNodeConfig(routers ...agentapi.RouterEndpoint) agentapi.NodeConfig {
 		APILoadBalancer: &agentapi.APILoadBalancerConfig{Port: 9445, Servers: []agentapi.APIServerEndpoint{
 			{Node: "cp1", Address: netip.MustParseAddrPort("10.100.0.11:6443")},
 			{Node: "cp2", Address: netip.MustParseAddrPort("10.100.0.12:6443")}}},
-		Ingress: &agentapi.IngressConfig{VIP: netip.MustParseAddr("10.100.0.101"), VirtualRouterID: 42, Ports: []uint16{80, 443}, Routers: routers,
+		Ingress: &agentapi.IngressConfig{VIP: netip.MustParseAddr("10.100.0.101"), VirtualRouterID: 42, Ports: []agentapi.IngressPort{{Port: 80, RouterPort: 10080}, {Port: 443, RouterPort: 10443}}, Routers: routers,
 			RouterHealthPort: 1936, RouterHealthPath: "/healthz"},
 	}
 }
@@ -74,8 +74,8 @@ func TestIngressHAProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"frontend ingress-80", "bind :80", "server w1 10.100.0.21:80",
-		"frontend ingress-443", "server w1 10.100.0.21:443", "check port 1936", "uri /healthz"} {
+	for _, want := range []string{"frontend ingress-80", "bind :80", "server w1 10.100.0.21:10080",
+		"frontend ingress-443", "bind :443", "server w1 10.100.0.21:10443", "check port 1936", "uri /healthz"} {
 		if !strings.Contains(string(conf), want) {
 			t.Errorf("haproxy.cfg lacks %q:\n%s", want, conf)
 		}

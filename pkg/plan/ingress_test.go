@@ -11,8 +11,8 @@ import (
 )
 
 // TestIngressFor: with ingress.vip every Kubernetes node gets the ingress (VIP, VRID, ports), the routers
-// are the workers by control-plane address; with no worker none are listed (they run on the control
-// planes, kcli's rule); without ingress.vip nothing.
+// are the workers by control-plane address; with no worker the control planes (kcli's rule); without
+// ingress.vip nothing.
 func TestIngressFor(t *testing.T) {
 	in := labInputs(t)
 	c := in.Config
@@ -30,7 +30,8 @@ func TestIngressFor(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := nc.Ingress
-		if g == nil || g.VIP != c.Ingress.VIP || g.VirtualRouterID != c.Ingress.VirtualRouterID || len(g.Ports) != 2 || g.Ports[0] != 80 || g.Ports[1] != 443 || g.RouterHealthPort != 1936 {
+		if g == nil || g.VIP != c.Ingress.VIP || g.VirtualRouterID != c.Ingress.VirtualRouterID || len(g.Ports) != 2 ||
+			g.Ports[0] != (agentapi.IngressPort{Port: 80, RouterPort: 10080}) || g.Ports[1] != (agentapi.IngressPort{Port: 443, RouterPort: 10443}) || g.RouterHealthPort != 1936 {
 			t.Fatalf("%s: ingress %+v", n.Name, g)
 		}
 		if len(g.Routers) != 1 || g.Routers[0].Node != "w1" || g.Routers[0].Address != netip.MustParseAddr("10.100.0.21") {
@@ -44,8 +45,8 @@ func TestIngressFor(t *testing.T) {
 		}
 	}
 	c.Nodes = cps
-	if g := ingressFor(c); g == nil || len(g.Routers) != 0 {
-		t.Errorf("control planes only: %+v, want no routers listed", g)
+	if g := ingressFor(c); g == nil || len(g.Routers) != 3 || g.Routers[0] != (agentapi.RouterEndpoint{Node: "cp1", Address: netip.MustParseAddr("10.100.0.11")}) {
+		t.Errorf("control planes only: %+v, want the routers on the three control planes", g)
 	}
 }
 
@@ -73,7 +74,8 @@ func TestIngressRouterManifest(t *testing.T) {
 	for _, a := range p.Nodes {
 		m := a.NodeConfig.Kubernetes.IngressRouterManifest
 		switch cp := slices.Contains(a.NodeConfig.Roles, "control-plane"); {
-		case cp && (!strings.Contains(m, "image: "+image) || !strings.Contains(m, "kind: DaemonSet") || strings.Contains(m, "tolerations")):
+		case cp && (!strings.Contains(m, "image: "+image) || !strings.Contains(m, "kind: DaemonSet") || strings.Contains(m, "tolerations") ||
+			!strings.Contains(m, ":10080") || !strings.Contains(m, "DoesNotExist")):
 			t.Errorf("%s: router manifest without the image, a DaemonSet, or with the control-plane toleration although w1 is a worker:\n%s", a.Name, m)
 		case !cp && m != "":
 			t.Errorf("worker %s got the router manifest", a.Name)
@@ -81,6 +83,7 @@ func TestIngressRouterManifest(t *testing.T) {
 	}
 	var nc agentapi.NodeConfig
 	nc.Kubernetes, nc.Ingress = &agentapi.KubernetesConfig{}, &agentapi.IngressConfig{VIP: in.Config.Ingress.VIP}
+	in.Config.Nodes = in.Config.Nodes[:3] // control planes only
 	if err := ingressRouterFor(in.Config, in.Config.Nodes[0], &nc, image); err != nil || !strings.Contains(nc.Kubernetes.IngressRouterManifest, "tolerations") {
 		t.Errorf("no routers (control planes only): %v, want the control-plane toleration:\n%s", err, nc.Kubernetes.IngressRouterManifest)
 	}

@@ -88,30 +88,39 @@ func NodeConfigFor(c *config.BootstrapConfiguration, n config.Node, applianceAdd
 }
 
 // IngressPorts are the ingress VIP's ports the control planes' HAProxy passes to the routers: HTTP
-// and HTTPS (the routers terminate TLS with the Ingresses' certificates).
-var IngressPorts = []uint16{firewall.IngressHTTPPort, firewall.IngressHTTPSPort}
+// and HTTPS (the routers terminate TLS with the Ingresses' certificates), each to the routers' own
+// port (never 80 or 443, which HAProxy holds on the control planes, where routers may run too).
+var IngressPorts = []agentapi.IngressPort{
+	{Port: firewall.IngressHTTPPort, RouterPort: firewall.IngressRouterHTTPPort},
+	{Port: firewall.IngressHTTPSPort, RouterPort: firewall.IngressRouterHTTPSPort},
+}
 
 // ingressFor is the cluster's ingress as every Kubernetes node gets it (config.Ingress), nil without
 // ingress.vip or keepalived: routers on the workers (by control-plane address, else first address),
-// none listed when there is no worker (the routers then run on the control planes: kcli's rule).
+// or on the control planes when there is no worker (kcli's rule).
 func ingressFor(c *config.BootstrapConfiguration) *agentapi.IngressConfig {
 	if !c.Ingress.VIP.IsValid() || !c.APIServer.Keepalived.IsEnabled() {
 		return nil
 	}
 	in := &agentapi.IngressConfig{VIP: c.Ingress.VIP, VirtualRouterID: c.Ingress.VirtualRouterID,
 		Ports: slices.Clone(IngressPorts), Routers: []agentapi.RouterEndpoint{},
-		RouterHealthPort: ingressrouter.HealthPort, RouterHealthPath: ingressrouter.HealthPath}
-	for _, n := range c.Nodes {
-		if n.HasRole(config.RoleControlPlane) || !n.HasRole(config.RoleWorker) {
-			continue
+		RouterHealthPort: firewall.IngressRouterHealthPort, RouterHealthPath: ingressrouter.HealthPath}
+	add := func(workers bool) {
+		for _, n := range c.Nodes {
+			if workers == n.HasRole(config.RoleControlPlane) || (workers && !n.HasRole(config.RoleWorker)) {
+				continue
+			}
+			a, ok := ControlPlaneAddress(c, n)
+			if !ok && len(n.Addresses) > 0 {
+				a, ok = n.Addresses[0], true
+			}
+			if ok {
+				in.Routers = append(in.Routers, agentapi.RouterEndpoint{Node: n.Name, Address: a})
+			}
 		}
-		a, ok := ControlPlaneAddress(c, n)
-		if !ok && len(n.Addresses) > 0 {
-			a, ok = n.Addresses[0], true
-		}
-		if ok {
-			in.Routers = append(in.Routers, agentapi.RouterEndpoint{Node: n.Name, Address: a})
-		}
+	}
+	if add(true); len(in.Routers) == 0 {
+		add(false)
 	}
 	return in
 }
@@ -126,12 +135,17 @@ func ingressRouterFor(c *config.BootstrapConfiguration, n config.Node, nc *agent
 		return nil
 	}
 	o := ingressrouter.ManifestOptions{Image: image, StatusAddress: nc.Ingress.VIP,
+		ListenPort: firewall.IngressRouterHTTPPort, TLSPort: firewall.IngressRouterHTTPSPort, HealthPort: firewall.IngressRouterHealthPort,
 		APIServer: net.JoinHostPort(c.APIServer.VIP.String(), strconv.Itoa(int(c.APIServer.Port)))}
-	if len(nc.Ingress.Routers) == 0 {
+	if slices.ContainsFunc(c.Nodes, func(w config.Node) bool {
+		return w.HasRole(config.RoleWorker) && !w.HasRole(config.RoleControlPlane)
+	}) {
+		o.WorkersOnly = true
+	} else {
 		// No worker: on the control planes (the label and the taint kubeadm gives them share a name).
 		o.NodeSelector = map[string]string{ingressrouter.ControlPlaneTaint: ""}
 		o.TolerateControlPlane = true
-	} // else every node that does not carry kubeadm's control-plane taint: the workers
+	}
 
 	m, err := ingressrouter.Manifest(o)
 	if err != nil {
