@@ -301,7 +301,7 @@ var calicoResources = []string{"globalfelixconfigs", "globalbgpconfigs", "felixc
 var calicoGroups = []string{"projectcalico.org", "crd.projectcalico.org"}
 
 // rbac is calico-node's and the CNI plugin's ClusterRoles and bindings (the rules of Calico's
-// calico-vxlan.yaml less kubevirt's).
+// calico-vxlan.yaml).
 func rbac() []any {
 	rule := func(groups, resources, verbs []string) rbacv1.PolicyRule {
 		return rbacv1.PolicyRule{APIGroups: groups, Resources: resources, Verbs: verbs}
@@ -328,6 +328,9 @@ func rbac() []any {
 			rule(calicoGroups, []string{"ipamconfigurations", "ipamconfigs"}, []string{"get", "create"}),
 			rule(calicoGroups, []string{"blockaffinities"}, []string{"watch"}),
 			rule([]string{"apps"}, []string{"daemonsets"}, []string{"get"}),
+			// felix lists KubeVirt's live migrations even where KubeVirt is not installed, and is
+			// never ready while that list is forbidden (e2e run 3).
+			rule([]string{"kubevirt.io"}, []string{"virtualmachineinstancemigrations"}, []string{"get", "list", "watch"}),
 		},
 	}
 	cni := &rbacv1.ClusterRole{
@@ -338,6 +341,7 @@ func rbac() []any {
 			rule(core, []string{"pods/status"}, []string{"patch"}),
 			rule(calicoGroups, []string{"blockaffinities", "ipamblocks", "ipamhandles", "clusterinformations", "ippools",
 				"ipreservations", "ipamconfigurations", "ipamconfigs"}, []string{"get", "list", "create", "update", "delete"}),
+			rule([]string{"kubevirt.io"}, []string{"virtualmachineinstances", "virtualmachines"}, []string{"get"}),
 		},
 	}
 	binding := func(name string) *rbacv1.ClusterRoleBinding {
