@@ -36,7 +36,7 @@ export PATH=$PATH:/usr/sbin:/sbin
 # Bump NODE_SYSTEM_VERSION when the recipe below changes what goes into the system.
 NODE_SYSTEM_VERSION=1
 SUITE=bookworm
-PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,linux-image-amd64,iproute2,iputils-ping,ca-certificates,e2fsprogs,procps,curl,less,fdisk,squashfs-tools,grub-pc-bin,grub2-common,ignition,conntrack,iptables,socat,ethtool
+PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,linux-image-amd64,iproute2,iputils-ping,ca-certificates,e2fsprogs,dosfstools,mtools,procps,curl,less,fdisk,squashfs-tools,grub-pc-bin,grub-efi-amd64-bin,grub2-common,ignition,conntrack,iptables,socat,ethtool
 # From the bundle's repo, at the versions its Packages index lists.
 BUNDLE_PACKAGES=(containerd runc containernetworking-plugins kubelet kubeadm kubectl)
 # Modules the initramfs loads (with their dependencies): NICs (virtio and the common server NICs),

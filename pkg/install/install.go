@@ -16,9 +16,12 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
-// Layout of an installed disk (GPT): partition 1 is GRUB's BIOS boot partition (1 MiB, GPT type
-// 21686148-6449-6E6F-744E-656564454649, where grub-install embeds its core image), partition 2 the
-// ext4 root (the rest of the disk, labelled RootLabel). GRUB's own files live in the root's /boot/grub.
+// Layout of an installed disk (GPT), bootable by BIOS and UEFI firmware alike: partition 1 is GRUB's
+// BIOS boot partition (1 MiB, GPT type 21686148-6449-6E6F-744E-656564454649, where grub-install
+// embeds its BIOS core image), partition 2 the EFI system partition (64 MiB FAT32 labelled EFI, with
+// GRUB at the removable-media path EFI/BOOT/BOOTX64.EFI, so no firmware boot entry is needed),
+// partition 3 the ext4 root (the rest of the disk, labelled RootLabel). Both GRUBs read the root's
+// /boot/grub/grub.cfg.
 const (
 	// RootLabel is the ext4 label of the installed root file system.
 	RootLabel = "appliance-root"
@@ -27,7 +30,10 @@ const (
 	MarkerPath = "/etc/appliance-node/installed.json"
 	// biosBootType and linuxFSType are GPT partition type GUIDs (UEFI spec; GRUB's BIOS boot).
 	biosBootType = "21686148-6449-6E6F-744E-656564454649"
+	espType      = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 	linuxFSType  = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
+	// rootPartition and espPartition are the partition numbers.
+	espPartition, rootPartition = 2, 3
 )
 
 // Options is one install.
@@ -132,15 +138,16 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		defer os.Remove(d)
 		mnt = d
 	}
-	part := partitionPath(o.Disk, 2)
+	part, esp := partitionPath(o.Disk, rootPartition), partitionPath(o.Disk, espPartition)
 	res.RootDevice = part
-	detach := func() {}
+	var detach []string
 
 	if err := step("partition", func() error {
 		_ = run(ctx, "wipefs", "--all", "--force", o.Disk)
 		table := "label: gpt\n" +
 			"start=2048, size=2048, type=" + biosBootType + ", name=\"bios-boot\"\n" +
-			"start=4096, type=" + linuxFSType + ", name=\"" + RootLabel + "\"\n"
+			"start=4096, size=131072, type=" + espType + ", name=\"EFI\"\n" +
+			"start=135168, type=" + linuxFSType + ", name=\"" + RootLabel + "\"\n"
 		if err := runIn(ctx, table, "sfdisk", "--quiet", "--wipe", "always", "--wipe-partitions", "always", o.Disk); err != nil {
 			return err
 		}
@@ -149,32 +156,44 @@ func Install(ctx context.Context, o Options) (Result, error) {
 			return nil
 		}
 		// A kernel without partition-table support (CONFIG_EFI_PARTITION off, as in some microVM
-		// kernels) never makes the partition's node: reach the root partition through a loop device
-		// over its sectors instead, as sfdisk reads them back.
-		start, size, err := partitionRange(ctx, o.Disk, 2)
-		if err != nil {
-			return fmt.Errorf("%s did not appear and the table cannot be read back: %w", part, err)
+		// kernels) never makes the partitions' nodes: reach them through loop devices over their
+		// sectors instead, as sfdisk reads them back.
+		for _, pp := range []struct {
+			n   int
+			dev *string
+		}{{espPartition, &esp}, {rootPartition, &part}} {
+			start, size, err := partitionRange(ctx, o.Disk, pp.n)
+			if err != nil {
+				return fmt.Errorf("%s did not appear and the table cannot be read back: %w", *pp.dev, err)
+			}
+			dev, err := output(ctx, "losetup", "--find", "--show", "--offset", strconv.FormatInt(start*512, 10),
+				"--sizelimit", strconv.FormatInt(size*512, 10), o.Disk)
+			if err != nil || dev == "" {
+				return fmt.Errorf("%s did not appear (no partition support in this kernel?) and losetup over its sectors failed: %v", *pp.dev, err)
+			}
+			log.Info("install: the kernel made no partition device; using a loop device over the partition", "partition", *pp.dev, "loop", dev)
+			*pp.dev = dev
+			detach = append(detach, dev)
 		}
-		dev, err := output(ctx, "losetup", "--find", "--show", "--offset", strconv.FormatInt(start*512, 10),
-			"--sizelimit", strconv.FormatInt(size*512, 10), o.Disk)
-		if err != nil || dev == "" {
-			return fmt.Errorf("%s did not appear (no partition support in this kernel?) and losetup over its sectors failed: %v", part, err)
-		}
-		log.Info("install: the kernel made no partition device; using a loop device over the root partition", "partition", part, "loop", dev)
-		part = dev
-		res.RootDevice = dev
-		detach = func() { _ = run(context.WithoutCancel(ctx), "losetup", "-d", dev) }
+		res.RootDevice = part
 		return nil
 	}); err != nil {
 		return res, err
 	}
-	defer func() { detach() }()
+	defer func() {
+		for _, d := range detach {
+			_ = run(context.WithoutCancel(ctx), "losetup", "-d", d)
+		}
+	}()
 	if err := step("mkfs", func() error {
+		if err := run(ctx, "mkfs.vfat", "-F", "32", "-n", "EFI", esp); err != nil {
+			return err
+		}
 		return run(ctx, "mkfs.ext4", "-F", "-q", "-L", RootLabel, part)
 	}); err != nil {
 		return res, err
 	}
-	uuid, err := output(ctx, "blkid", "-s", "UUID", "-o", "value", part)
+	uuid, err := output(ctx, "blkid", "-p", "-s", "UUID", "-o", "value", part)
 	if err != nil || uuid == "" {
 		return res, fmt.Errorf("install to %s: blkid %s: no UUID (%v)", o.Disk, part, err)
 	}
@@ -259,7 +278,11 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		if err := run(ctx, "grub-install", "--target=i386-pc", "--boot-directory="+filepath.Join(mnt, "boot"), "--modules=part_gpt ext2", o.Disk); err != nil {
 			return err
 		}
-		_, err := atomicfile.Write(filepath.Join(mnt, "boot/grub/grub.cfg"), []byte(GrubConfig(uuid, o.KernelArgs)), 0o644)
+		if err := installEFI(ctx, mnt, esp, uuid); err != nil {
+			return fmt.Errorf("UEFI: %w", err)
+		}
+		var err error
+		_, err = atomicfile.Write(filepath.Join(mnt, "boot/grub/grub.cfg"), []byte(GrubConfig(uuid, o.KernelArgs)), 0o644)
 		return err
 	}); err != nil {
 		return res, err
@@ -271,6 +294,58 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// efiModules are the GRUB modules built into the UEFI image (the rest load from /boot/grub/x86_64-efi).
+var efiModules = []string{"part_gpt", "ext2", "search", "search_fs_uuid", "normal", "configfile", "linux", "echo", "all_video", "serial", "terminal"}
+
+// installEFI makes the EFI system partition bootable without mounting it (mtools; some kernels have
+// no vfat): a GRUB UEFI image (grub-mkimage) whose early config finds the root by rootUUID and reads
+// its /boot/grub/grub.cfg, at the removable-media path EFI/BOOT/BOOTX64.EFI (UEFI spec §3.5.1.1: the
+// firmware boots it with no boot entry in NVRAM), and GRUB's UEFI modules in the root's
+// /boot/grub/x86_64-efi, as grub-install --removable would place them.
+func installEFI(ctx context.Context, mnt, esp, rootUUID string) error {
+	const lib = "/usr/lib/grub/x86_64-efi"
+	if _, err := os.Stat(filepath.Join(lib, "kernel.img")); err != nil {
+		return fmt.Errorf("GRUB for UEFI missing (Debian package grub-efi-amd64-bin): %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "install-efi-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	early := filepath.Join(tmp, "early.cfg")
+	if err := os.WriteFile(early, []byte("search --no-floppy --fs-uuid --set=root "+rootUUID+"\nset prefix=($root)/boot/grub\n"), 0o644); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(tmp, "EFI", "BOOT"), 0o755); err != nil {
+		return err
+	}
+	args := append([]string{"-O", "x86_64-efi", "-c", early, "-p", "/boot/grub", "-o", filepath.Join(tmp, "EFI", "BOOT", "BOOTX64.EFI")}, efiModules...)
+	if err := run(ctx, "grub-mkimage", args...); err != nil {
+		return err
+	}
+	mods := filepath.Join(mnt, "boot", "grub", "x86_64-efi")
+	if err := os.MkdirAll(mods, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(lib)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if ext := filepath.Ext(e.Name()); ext != ".mod" && ext != ".lst" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(lib, e.Name()))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(mods, e.Name()), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return run(ctx, "mcopy", "-s", "-i", esp, filepath.Join(tmp, "EFI"), "::/")
 }
 
 // GrubConfig is the installed disk's grub.cfg: no menu wait, serial and VGA consoles, the root by

@@ -83,7 +83,7 @@ func TestListDisksMatchesLsblk(t *testing.T) {
 // disk (a reinstall) gives a new root.
 func TestInstallLoopDisk(t *testing.T) {
 	labns.RequireRoot(t)
-	for _, tool := range []string{"losetup", "sfdisk", "wipefs", "mkfs.ext4", "blkid", "unsquashfs", "mksquashfs", "grub-install"} {
+	for _, tool := range []string{"losetup", "sfdisk", "wipefs", "mkfs.ext4", "mkfs.vfat", "mcopy", "mdir", "blkid", "unsquashfs", "mksquashfs", "grub-install", "grub-mkimage"} {
 		labns.RequireTool(t, tool)
 	}
 	if _, err := os.Stat("/usr/lib/grub/i386-pc/boot.img"); err != nil {
@@ -145,10 +145,11 @@ func TestInstallLoopDisk(t *testing.T) {
 		t.Fatalf("Result = %+v, want a root UUID", res)
 	}
 	rootDev := res.RootDevice
-	if rootDev != loop+"p2" {
-		t.Logf("the kernel made no %sp2; Install used %s over the root partition's sectors", loop, rootDev)
-		t.Cleanup(func() { _ = exec.Command("losetup", "-d", rootDev).Run() })
-		rootDev = attachPartition(t, loop)
+	espDev := loop + "p2"
+	if rootDev != loop+"p3" {
+		t.Logf("the kernel made no %sp3; Install used %s over the root partition's sectors", loop, rootDev)
+		rootDev = attachPartition(t, loop, 3)
+		espDev = attachPartition(t, loop, 2)
 	}
 	t.Logf("install steps: %+v", res.Steps)
 
@@ -170,17 +171,20 @@ func TestInstallLoopDisk(t *testing.T) {
 	if err := json.Unmarshal(js, &pt); err != nil {
 		t.Fatal(err)
 	}
-	if pt.PartitionTable.Label != "gpt" || len(pt.PartitionTable.Partitions) != 2 {
-		t.Fatalf("partition table %s, want gpt with 2 partitions", js)
+	if pt.PartitionTable.Label != "gpt" || len(pt.PartitionTable.Partitions) != 3 {
+		t.Fatalf("partition table %s, want gpt with 3 partitions", js)
 	}
-	p1, p2 := pt.PartitionTable.Partitions[0], pt.PartitionTable.Partitions[1]
+	p1, pe, p2 := pt.PartitionTable.Partitions[0], pt.PartitionTable.Partitions[1], pt.PartitionTable.Partitions[2]
+	if !strings.EqualFold(pe.Type, espType) || pe.Size != 131072 {
+		t.Errorf("partition 2 = %+v, want the EFI system partition, 64 MiB", pe)
+	}
 	if !strings.EqualFold(p1.Type, biosBootType) || p1.Start != 2048 || p1.Size != 2048 {
 		t.Errorf("partition 1 = %+v, want the BIOS boot partition at sector 2048, 2048 sectors", p1)
 	}
 	if !strings.EqualFold(p2.Type, linuxFSType) || p2.Name != RootLabel {
-		t.Errorf("partition 2 = %+v, want a Linux file system named %s", p2, RootLabel)
+		t.Errorf("partition 3 = %+v, want a Linux file system named %s", p2, RootLabel)
 	}
-	if got, _ := exec.Command("blkid", "-s", "LABEL", "-o", "value", rootDev).Output(); strings.TrimSpace(string(got)) != RootLabel {
+	if got, _ := exec.Command("blkid", "-p", "-s", "LABEL", "-o", "value", rootDev).Output(); strings.TrimSpace(string(got)) != RootLabel {
 		t.Errorf("root label %q, want %s", got, RootLabel)
 	}
 	// GRUB: boot.img in the MBR (its "GRUB " string), core.img in the BIOS boot partition.
@@ -218,10 +222,21 @@ func TestInstallLoopDisk(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(mnt, "etc/hostagent/config.yaml")); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("etc/hostagent/config.yaml mode %v, %v; want 0600 (it holds the node token)", st.Mode().Perm(), err)
 	}
-	if _, err := os.Stat(filepath.Join(mnt, "boot/grub/i386-pc/normal.mod")); err != nil {
-		t.Errorf("GRUB's modules are not in the root's /boot/grub: %v", err)
+	for _, m := range []string{"boot/grub/i386-pc/normal.mod", "boot/grub/x86_64-efi/normal.mod"} {
+		if _, err := os.Stat(filepath.Join(mnt, m)); err != nil {
+			t.Errorf("GRUB's modules are not in the root's /boot/grub: %v", err)
+		}
 	}
 	_ = exec.Command("umount", mnt).Run()
+
+	// The EFI system partition: FAT labelled EFI with GRUB at the removable-media path (read with
+	// mtools: the file system is never mounted).
+	if got, _ := exec.Command("blkid", "-p", "-s", "TYPE", "-o", "value", espDev).Output(); strings.TrimSpace(string(got)) != "vfat" {
+		t.Errorf("EFI system partition type %q, want vfat", got)
+	}
+	if out, err := exec.Command("mdir", "-i", espDev, "-b", "::/EFI/BOOT").CombinedOutput(); err != nil || !strings.Contains(string(out), "BOOTX64.EFI") {
+		t.Errorf("::/EFI/BOOT on the EFI system partition: %v: %s; want BOOTX64.EFI", err, out)
+	}
 
 	// A reinstall writes a new file system (a new UUID) over the old one.
 	res2 := install()
@@ -230,11 +245,11 @@ func TestInstallLoopDisk(t *testing.T) {
 	}
 }
 
-// attachPartition returns a device for loop's partition 2: the kernel's, or a loop device over its
-// sectors (read back with sfdisk) when the kernel parses no partition tables.
-func attachPartition(t *testing.T, loop string) string {
+// attachPartition returns a read-only loop device over loop's partition n (its sectors as sfdisk
+// reads them back), for a kernel that parses no partition tables.
+func attachPartition(t *testing.T, loop string, n int) string {
 	t.Helper()
-	start, size, err := partitionRange(t.Context(), loop, 2)
+	start, size, err := partitionRange(t.Context(), loop, n)
 	if err != nil {
 		t.Fatal(err)
 	}
