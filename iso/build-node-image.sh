@@ -105,7 +105,7 @@ else
 	umount -R "$tmp/rootfs/mnt/bundle-repo" 2>/dev/null || true
 	rm -rf --one-file-system "$tmp"
 	mkdir -p "$tmp"
-	trap 'rc=$?; umount "$sys.tmp/rootfs/mnt/bundle-repo" 2>/dev/null; [[ $rc == 0 ]] || rm -rf --one-file-system "$sys.tmp"' EXIT
+	trap 'rc=$?; umount "$sys.tmp/rootfs/mnt/bundle-repo" 2>/dev/null || true; [[ $rc == 0 ]] || rm -rf --one-file-system "$sys.tmp"' EXIT
 	rootfs=$tmp/rootfs
 	log "debootstrap $SUITE ($PACKAGES) from $mirror"
 	t0=$(date +%s)
