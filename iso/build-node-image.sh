@@ -7,7 +7,7 @@
 #   1. the system, node-system-<key>/ (key: NODE_SYSTEM_VERSION, the package lists, the modules, every
 #      file under iso/node/rootfs/, and the bundle repo's Packages index): debootstrap --variant=minbase
 #      of Debian 12 with systemd, the generic kernel, Debian's ignition (2.14, in bookworm), GRUB for
-#      BIOS, fdisk, e2fsprogs, squashfs-tools; then, inside the tree, apt-get installs containerd, runc,
+#      BIOS and UEFI, fdisk, e2fsprogs, dosfstools, mtools, squashfs-tools; then, inside the tree, apt-get installs containerd, runc,
 #      containernetworking-plugins, kubelet, kubeadm and kubectl from the BUNDLE's own package repo
 #      (repo/debian, signature checked with its appliance-repo.gpg), at the exact versions its Packages
 #      index lists, so the node always runs what the bundle serves; iso/node/rootfs/ on top (the

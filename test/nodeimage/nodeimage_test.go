@@ -170,7 +170,13 @@ func TestNodeImagePXEInstall(t *testing.T) {
 // of at least 4 GiB) boots it from its CD (disk first in the boot order, so a blank disk falls
 // through to the CD as a one-time virtual-media boot does), takes DHCP on its NIC, enrols as n2 (its
 // MAC), installs, reboots from its disk, and its hostagent reports its config step done.
-func TestNodeImageISOInstall(t *testing.T) {
+func TestNodeImageISOInstall(t *testing.T) { testISOInstall(t, false) }
+
+// TestNodeImageISOInstallUEFI: the same with UEFI firmware (OVMF): the ISO's UEFI GRUB boots the
+// image, and the installed disk boots through its EFI system partition (EFI/BOOT/BOOTX64.EFI).
+func TestNodeImageISOInstallUEFI(t *testing.T) { testISOInstall(t, true) }
+
+func testISOInstall(t *testing.T, uefi bool) {
 	l := newNodeLab(t)
 	caPEM, err := os.ReadFile(filepath.Join(statedir.PKI(l.state), "ca.crt"))
 	if err != nil {
@@ -200,14 +206,27 @@ func TestNodeImageISOInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	console := filepath.Join(l.dir, "iso-console.log")
-	vm := startVM(t, l.ns, l.qemu, console, []string{
+	var firmware []string
+	if uefi {
+		code, vars := "/usr/share/OVMF/OVMF_CODE.fd", "/usr/share/OVMF/OVMF_VARS.fd"
+		b, err := os.ReadFile(vars)
+		if err != nil {
+			t.Fatalf("OVMF missing (%v): Debian package ovmf, make deps", err)
+		}
+		myVars := filepath.Join(l.dir, "OVMF_VARS.fd")
+		if err := os.WriteFile(myVars, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		firmware = []string{"-drive", "if=pflash,format=raw,readonly=on,file=" + code, "-drive", "if=pflash,format=raw,file=" + myVars}
+	}
+	vm := startVM(t, l.ns, l.qemu, console, append(firmware, []string{
 		"-netdev", "tap,id=n0,ifname=nitap0,script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0,mac=" + isoMAC + ",romfile=",
 		"-drive", "file=" + disk + ",format=raw,if=none,id=d0,cache=unsafe",
 		"-device", "virtio-blk-pci,drive=d0,serial=ISO-NODE-DISK,bootindex=1",
 		"-drive", "file=" + iso + ",format=raw,if=none,id=cd,media=cdrom,readonly=on",
 		"-device", "ide-cd,drive=cd,bootindex=2",
-	})
+	}...))
 	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
 	tMedium := c.wait(regexp.MustCompile(`NODE-INIT: medium `), 0, 5*time.Minute)
 	line := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n2 installed to [^\n]*`), 12*time.Minute)
@@ -217,8 +236,12 @@ func TestNodeImageISOInstall(t *testing.T) {
 	}
 	tDisk := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0, 5*time.Minute)
 	st := waitReport(t, l.store, "n2", "", 8*time.Minute, c)
-	t.Logf("FIGURES: node image ISO (virtual media) under TCG: medium mounted %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s: %s)",
-		tMedium, tInstalled, strings.TrimPrefix(line, "NODE-INSTALL: "), tDisk, c.since(), st.State, steps(st))
+	fw := "BIOS"
+	if uefi {
+		fw = "UEFI"
+	}
+	t.Logf("FIGURES: node image ISO (virtual media, %s) under TCG: medium mounted %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s: %s)",
+		fw, tMedium, tInstalled, strings.TrimPrefix(line, "NODE-INSTALL: "), tDisk, c.since(), st.State, steps(st))
 }
 
 // nodeLab is the appliance side shared by the tests: the binaries and the node image of this tree,
