@@ -31,7 +31,6 @@
 package calico
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,9 +43,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/airgap-appliance/appliance/pkg/containerd"
+	"github.com/airgap-appliance/appliance/pkg/kubemanifest"
 )
 
 // Version is the Calico source the fixture's image is built from (`git describe` of
@@ -145,45 +144,7 @@ func Manifest(p Params) ([]byte, error) {
 		return nil, err
 	}
 	objs = append(objs, cm, daemonSet(p, strings.Join(cidrs, ",")))
-	var out bytes.Buffer
-	for i, o := range objs {
-		b, err := marshal(o)
-		if err != nil {
-			return nil, err
-		}
-		if i > 0 {
-			out.WriteString("---\n")
-		}
-		out.Write(b)
-	}
-	return out.Bytes(), nil
-}
-
-// marshal serialises o as YAML without the fields a typed object carries empty that an applied
-// manifest must not set: status and metadata.creationTimestamp (also in pod templates).
-func marshal(o any) ([]byte, error) {
-	j, err := json.Marshal(o)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(j, &m); err != nil {
-		return nil, err
-	}
-	prune(m)
-	return yaml.Marshal(m)
-}
-
-func prune(m map[string]any) {
-	delete(m, "status")
-	if md, ok := m["metadata"].(map[string]any); ok {
-		delete(md, "creationTimestamp")
-	}
-	for _, k := range []string{"spec", "template"} {
-		if sub, ok := m[k].(map[string]any); ok {
-			prune(sub)
-		}
-	}
+	return kubemanifest.Stream(objs...)
 }
 
 // crd is a CustomResourceDefinition (apiextensions.k8s.io/v1) with an open schema.

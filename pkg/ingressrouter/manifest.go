@@ -1,8 +1,6 @@
 package ingressrouter
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,7 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/yaml"
+
+	"github.com/airgap-appliance/appliance/pkg/kubemanifest"
 )
 
 // Names of the objects Manifest renders (ServiceAccount, ClusterRole, ClusterRoleBinding and
@@ -233,45 +232,11 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 			},
 		},
 	}
-	var out bytes.Buffer
-	for i, obj := range []any{sa, role, binding, class, ds} {
-		b, err := marshal(obj)
-		if err != nil {
-			return nil, fmt.Errorf("ingress-router manifest: %w", err)
-		}
-		if i > 0 {
-			out.WriteString("---\n")
-		}
-		out.Write(b)
+	out, err := kubemanifest.Stream(sa, role, binding, class, ds)
+	if err != nil {
+		return nil, fmt.Errorf("ingress-router manifest: %w", err)
 	}
-	return out.Bytes(), nil
+	return out, nil
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// marshal serialises a typed object as YAML with sorted keys, without the zero status and
-// creationTimestamp the Go types always carry (pkg/calico's approach).
-func marshal(o any) ([]byte, error) {
-	j, err := json.Marshal(o)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(j, &m); err != nil {
-		return nil, err
-	}
-	prune(m)
-	return yaml.Marshal(m)
-}
-
-func prune(m map[string]any) {
-	delete(m, "status")
-	if md, ok := m["metadata"].(map[string]any); ok {
-		delete(md, "creationTimestamp")
-	}
-	for _, k := range []string{"spec", "template"} {
-		if sub, ok := m[k].(map[string]any); ok {
-			prune(sub)
-		}
-	}
-}
