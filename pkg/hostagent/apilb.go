@@ -3,11 +3,14 @@ package hostagent
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -48,8 +51,9 @@ func HAProxyConfig(nc agentapi.NodeConfig) (haproxy.Config, []byte, error) {
 
 // stepAPILB makes the node's API load balancer run (agentapi.StepAPILB, before kubeadm): it writes
 // haproxy.ConfigPath when the rendered configuration differs (checked with `haproxy -c` first, so a
-// configuration HAProxy refuses never replaces a working one), reloads haproxy.service when it changed
-// or starts it when it is not running, and installs the VIP's redirect to the balancer
+// configuration HAProxy refuses never replaces a working one), reloads haproxy.service when it runs
+// another configuration than this one (HAProxyAppliedPath: also after a kill between the write and
+// the reload) or starts it when it is not running, and installs the VIP's redirect to the balancer
 // (firewall.RedirectTable: the node's own traffic for VIP:port from now on, and the traffic the VIP
 // brings while the node holds it). Unchanged when all three already hold.
 func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
@@ -68,8 +72,7 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	wrote := !bytes.Equal(old, conf)
-	if wrote {
+	if !bytes.Equal(old, conf) {
 		if err := haproxy.Check(ctx, "", filepath.Dir(path), conf); err != nil {
 			return "", err
 		}
@@ -77,6 +80,12 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
+	// What the running HAProxy was last (re)started with: a kill between the write above and the
+	// reload below must not leave the old configuration running behind a file that looks current.
+	sum := sha256.Sum256(conf)
+	want := hex.EncodeToString(sum[:])
+	applied, _ := os.ReadFile(a.path(HAProxyAppliedPath))
+	stale := strings.TrimSpace(string(applied)) != want
 	active, err := unitActive(ctx, HAProxyUnit)
 	if err != nil {
 		return "", err
@@ -88,11 +97,16 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 			return "", err
 		}
 		verb = "started HAProxy"
-	case wrote:
+	case stale:
 		if err := reloadOrRestartUnit(ctx, HAProxyUnit); err != nil {
 			return "", err
 		}
 		verb = "reloaded HAProxy"
+	}
+	if stale || !active {
+		if _, err := atomicfile.Write(a.path(HAProxyAppliedPath), []byte(want+"\n"), 0o600); err != nil {
+			return "", err
+		}
 	}
 	rt := &firewall.RedirectTable{}
 	redirected, err := rt.Apply(ctx, firewall.Redirect{VIP: nc.APIServerVIP, Port: nc.APIServerPort, ToPort: c.Port})
@@ -113,6 +127,10 @@ func (a *Agent) stepAPILB(ctx context.Context) (string, error) {
 	}
 	return detail, nil
 }
+
+// HAProxyAppliedPath records the SHA-256 of the haproxy.cfg haproxy.service was last started or
+// reloaded with (stepAPILB).
+const HAProxyAppliedPath = "/var/lib/hostagent/haproxy-applied"
 
 // Paths of the ingress routers' manifest on a control plane (applied by the api step like the CNI's).
 const (
