@@ -156,7 +156,18 @@ ensure_nspawn_run() {
 
 release_nspawn_run() {
 	[[ -e $MOUNT_MARK ]] || return 0
-	# nspawn keeps a directory per running container under propagate/.
+	# nspawn keeps a directory per running container under propagate/ (and unix-export/), named after
+	# the machine; a systemd-nspawn that was SIGKILLed (a lab whose test run was killed) leaves its
+	# directories behind. Those of machines no systemd-nspawn runs any more are removed here, so a dead
+	# lab of any prefix never keeps the tmpfs mounted.
+	local entry name
+	for entry in "$NSPAWN_RUN"/propagate/* "$NSPAWN_RUN"/unix-export/*; do
+		[[ -e $entry ]] || continue
+		name=$(basename "$entry")
+		if ! pgrep -f -- "systemd-nspawn .*--machine=$name( |\$)" >/dev/null; then
+			rm -rf "$entry" && log "removed $entry: no systemd-nspawn runs machine $name (a killed lab's)"
+		fi
+	done
 	if compgen -G "$NSPAWN_RUN/propagate/*" >/dev/null || compgen -G "$NSPAWN_RUN/unix-export/*" >/dev/null; then
 		log "keeping the tmpfs on $NSPAWN_RUN: containers still use it"
 		return 0
