@@ -12,6 +12,15 @@
 #   P-cpI      control-plane node I (1..9): eth0 10.100.0.(10+I), eth1 10.200.0.(10+I)
 #   P-wI       worker I (1..79): eth0 10.100.0.(20+I), eth1 10.200.0.(20+I)
 #
+# LAB_WL_SUBNETS=2 splits the workload plane in two subnets joined by a router (issue 13's two-subnet
+# lab; the default, 1, is the single segment above):
+#   P-fabric   also bridge br-wl2 (workload plane, second subnet 10.201.0.0/24)
+#   P-rtr      the router: eth0 10.200.0.1/24 (br-wl), eth1 10.201.0.1/24 (br-wl2), IPv4 forwarding on
+#   P-wI       eth1 10.201.0.(20+I) on br-wl2 instead, with a route to 10.200.0.0/24 via 10.201.0.1
+#   P-boot, P-cpI  a route to 10.201.0.0/24 via 10.200.0.1
+# The control-plane network stays one segment (the appliance reaches every node on it); workload-plane
+# traffic between a control plane and a worker crosses the router, as between racks.
+#
 # LAB_WORKER_KIND (vm, the default, or nspawn) is the kind of host test/lab/nodes.sh makes of P-wI. A
 # VM worker's namespace is turned into two bridges by nodes.sh (the VM owns the addresses) and lab.sh
 # leaves it so; with LAB_WORKER_KIND=nspawn, `up` turns such a namespace back into a plain one that
@@ -27,12 +36,16 @@ P=${LAB_PREFIX:-lab}
 [[ $P =~ ^[a-z][a-z0-9]{0,5}$ ]] || { echo "lab.sh: LAB_PREFIX '$P' must be 1-6 characters of [a-z0-9] starting with a letter" >&2; exit 2; }
 WORKER_KIND=${LAB_WORKER_KIND:-vm}
 [[ $WORKER_KIND == vm || $WORKER_KIND == nspawn ]] || { echo "lab.sh: LAB_WORKER_KIND '$WORKER_KIND' must be vm or nspawn" >&2; exit 2; }
+WL_SUBNETS=${LAB_WL_SUBNETS:-1}
+[[ $WL_SUBNETS == 1 || $WL_SUBNETS == 2 ]] || { echo "lab.sh: LAB_WL_SUBNETS '$WL_SUBNETS' must be 1 or 2" >&2; exit 2; }
 FABRIC=$P-fabric
 BOOT=$P-boot
+ROUTER=$P-rtr
 CP_NET=10.100.0
 WL_NET=10.200.0
+WL2_NET=10.201.0
 # Exact names this lab owns; `down` never touches anything else.
-OWNED_RE="^$P-(fabric|boot|cp[1-9]|w[1-9][0-9]?|bmc[1-9][0-9]?)\$" # bmcI: made by nodes.sh
+OWNED_RE="^$P-(fabric|boot|rtr|cp[1-9]|w[1-9][0-9]?|bmc[1-9][0-9]?)\$" # bmcI: made by nodes.sh
 
 die() { echo "lab.sh: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "must run as root (it creates network namespaces)"
@@ -82,10 +95,32 @@ node_up() {
 	nsip "$ns" link set lo up
 	[[ $short != w* || $WORKER_KIND != nspawn ]] || unbridge "$ns"
 	port "$ns" eth0 br-cp "$short-c" "$CP_NET.$host/24"
-	port "$ns" eth1 br-wl "$short-w" "$WL_NET.$host/24"
+	if [[ $WL_SUBNETS == 2 && $short == w* ]]; then
+		port "$ns" eth1 br-wl2 "$short-w" "$WL2_NET.$host/24"
+		wl_route "$ns" "$WL_NET.0/24" "$WL2_NET.1"
+	else
+		port "$ns" eth1 br-wl "$short-w" "$WL_NET.$host/24"
+		[[ $WL_SUBNETS == 1 ]] || wl_route "$ns" "$WL2_NET.0/24" "$WL_NET.1"
+	fi
 	# Air gap: no default route, even if something added one.
 	nsip "$ns" route del default 2>/dev/null || true
 	nsip "$ns" -6 route del default 2>/dev/null || true
+}
+
+# wl_route NS PREFIX VIA: NS reaches the other workload-plane subnet through the router. Not for a VM
+# worker's bridged namespace (the VM owns the addresses; its own network config routes).
+wl_route() {
+	nsip "$1" link show eth1 | grep -q ' master ' && return 0
+	nsip "$1" route replace "$2" via "$3" dev eth1
+}
+
+# router_up: P-rtr, between br-wl and br-wl2, forwarding IPv4 (a per-namespace sysctl).
+router_up() {
+	ns_add "$ROUTER"
+	nsip "$ROUTER" link set lo up
+	port "$ROUTER" eth0 br-wl rtr-w "$WL_NET.1/24"
+	port "$ROUTER" eth1 br-wl2 rtr-w2 "$WL2_NET.1/24"
+	ip netns exec "$ROUTER" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
 }
 
 up() {
@@ -96,10 +131,13 @@ up() {
 	nsip "$FABRIC" link set lo up
 	# The fabric is pure L2: no IPv6 link-local addresses on its bridges and ports (a per-namespace sysctl).
 	ip netns exec "$FABRIC" sh -c 'for f in all default; do echo 1 >/proc/sys/net/ipv6/conf/$f/disable_ipv6; done'
-	for br in br-cp br-wl; do
+	local bridges=(br-cp br-wl)
+	[[ $WL_SUBNETS == 1 ]] || bridges+=(br-wl2)
+	for br in "${bridges[@]}"; do
 		nsip "$FABRIC" link show "$br" >/dev/null 2>&1 || nsip "$FABRIC" link add "$br" type bridge stp_state 0 forward_delay 0
 		nsip "$FABRIC" link set "$br" up
 	done
+	[[ $WL_SUBNETS == 1 ]] || router_up
 	node_up "$BOOT" boot 2
 	for ((i = 1; i <= cps; i++)); do node_up "$P-cp$i" "cp$i" $((10 + i)); done
 	for ((i = 1; i <= workers; i++)); do node_up "$P-w$i" "w$i" $((20 + i)); done
@@ -133,5 +171,5 @@ case ${1:-} in
 up) shift; up "$@" ;;
 down) down ;;
 status) status ;;
-*) echo "usage: lab.sh up [CONTROL_PLANES [WORKERS]] | down | status   (LAB_PREFIX=$P LAB_WORKER_KIND=$WORKER_KIND)" >&2; exit 2 ;;
+*) echo "usage: lab.sh up [CONTROL_PLANES [WORKERS]] | down | status   (LAB_PREFIX=$P LAB_WORKER_KIND=$WORKER_KIND LAB_WL_SUBNETS=$WL_SUBNETS)" >&2; exit 2 ;;
 esac

@@ -17,8 +17,14 @@ const prefix = "labt"
 
 func lab(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	return labEnv(t, nil, args...)
+}
+
+// labEnv runs lab.sh with the test's prefix and the extra environment env (NAME=VALUE).
+func labEnv(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
 	cmd := exec.Command("bash", append([]string{"lab.sh"}, args...)...)
-	cmd.Env = append(os.Environ(), "LAB_PREFIX="+prefix)
+	cmd.Env = append(append(os.Environ(), "LAB_PREFIX="+prefix), env...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -151,6 +157,73 @@ func TestLabUpDown(t *testing.T) {
 	}
 }
 
+// TestLabTwoSubnets: with LAB_WL_SUBNETS=2 the workers' workload-plane addresses sit in a second
+// subnet (10.201.0.0/24) behind the router namespace P-rtr, as issue 13's two-subnet lab asks. A packet
+// from a control plane's workload-plane address to a worker's crosses exactly one router (the reply's
+// TTL is one less than the sender's 64), the control-plane network stays one segment (TTL 64), the two
+// workload-plane bridges share no L2 (no worker address answers ARP on br-wl), and nothing leaves the lab.
+func TestLabTwoSubnets(t *testing.T) {
+	labns.RequireRoot(t)
+	ping := labns.RequireTool(t, "ping")
+	two := []string{"LAB_WL_SUBNETS=2", "LAB_WORKER_KIND=nspawn"}
+	if _, err := labEnv(t, two, "down"); err != nil {
+		t.Fatalf("initial down: %v", err)
+	}
+	before := rootNetState(t)
+	t.Cleanup(func() { _, _ = labEnv(t, two, "down") })
+	out, err := labEnv(t, two, "up", "2", "2")
+	if err != nil {
+		t.Fatalf("lab.sh up 2 2 with LAB_WL_SUBNETS=2: %v\n%s", err, out)
+	}
+	for _, want := range []string{prefix + "-rtr:", "10.200.0.1/24", "10.201.0.1/24", "10.201.0.21/24", "10.201.0.22/24", "10.200.0.12/24", "10.100.0.22/24"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status after up lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "10.200.0.21/") {
+		t.Errorf("w1 still has a first-subnet workload-plane address:\n%s", out)
+	}
+	ttl := regexp.MustCompile(`ttl=(\d+)`)
+	for _, tc := range []struct {
+		from, to string
+		ttl      string
+	}{
+		{"cp1", "10.201.0.21", "63"}, {"w2", "10.200.0.12", "63"}, {"boot", "10.201.0.22", "63"},
+		{"w1", "10.201.0.22", "64"}, {"cp1", "10.100.0.21", "64"}, {"w1", "10.100.0.2", "64"},
+	} {
+		out, err := exec.Command("ip", "netns", "exec", prefix+"-"+tc.from, ping, "-c", "1", "-W", "3", tc.to).CombinedOutput()
+		m := ttl.FindStringSubmatch(string(out))
+		if err != nil || m == nil || m[1] != tc.ttl {
+			t.Errorf("ping %s → %s: %v, want a reply with ttl=%s (%s):\n%s", tc.from, tc.to, err, tc.ttl,
+				map[string]string{"63": "one router", "64": "one segment"}[tc.ttl], out)
+		}
+	}
+	// No L2 path between the workload-plane subnets: with a worker's second-subnet address made on-link
+	// on cp1's first-subnet interface, cp1 asks for it by ARP on br-wl and gets no answer.
+	onlink := []string{"ip", "-n", prefix + "-cp1", "route", "replace", "10.201.0.21/32", "dev", "eth1"}
+	run(t, onlink...)
+	if out, err := exec.Command("ip", "netns", "exec", prefix+"-cp1", ping, "-c", "1", "-W", "2", "10.201.0.21").CombinedOutput(); err == nil {
+		t.Errorf("10.201.0.21 answered on the first subnet's segment (the subnets share L2):\n%s", out)
+	}
+	onlink[4] = "del"
+	run(t, onlink...)
+	for _, ns := range labNamespaces(t) {
+		if out, err := exec.Command("ip", "-n", ns, "route", "get", "192.0.2.1").CombinedOutput(); err == nil {
+			t.Errorf("%s can route to 192.0.2.1: %s", ns, out)
+		}
+	}
+	if after := rootNetState(t); after != before {
+		t.Errorf("root namespace network changed by lab up:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	out, err = labEnv(t, two, "down")
+	if err != nil || !strings.Contains(out, "deleted "+prefix+"-rtr") {
+		t.Errorf("lab.sh down: %v, want %s-rtr deleted:\n%s", err, prefix, out)
+	}
+	if left := labNamespaces(t); len(left) != 0 {
+		t.Errorf("after down: %v", left)
+	}
+}
+
 func TestLabRejectsBadInput(t *testing.T) {
 	labns.RequireRoot(t)
 	tests := []struct {
@@ -164,6 +237,7 @@ func TestLabRejectsBadInput(t *testing.T) {
 		{"too many control planes", "LAB_PREFIX=" + prefix, []string{"up", "10"}, "CONTROL_PLANES must be 1-9"},
 		{"bad workers", "LAB_PREFIX=" + prefix, []string{"up", "1", "x"}, "WORKERS must be 0-79"},
 		{"unknown verb", "LAB_PREFIX=" + prefix, []string{"destroy"}, "usage:"},
+		{"three workload subnets", "LAB_WL_SUBNETS=3", []string{"status"}, "LAB_WL_SUBNETS '3' must be 1 or 2"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

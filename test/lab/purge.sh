@@ -40,7 +40,7 @@ for labdir in "$dir/lab" "$dir"; do
 done
 
 # 3. Whatever still runs in the lab's namespaces.
-owned_re="^$P-(fabric|boot|cp[1-9]|w[1-9][0-9]?|bmc[1-9][0-9]?)\$" # lab.sh OWNED_RE
+owned_re="^$P-(fabric|boot|rtr|cp[1-9]|w[1-9][0-9]?|bmc[1-9][0-9]?)\$" # lab.sh OWNED_RE
 mapfile -t nss < <(ip netns list | awk '{print $1}' | grep -E "$owned_re")
 pids() { local ns; for ns in "${nss[@]}"; do ip netns pids "$ns" 2>/dev/null; done | sort -un; }
 left=$(pids | tr '\n' ' ')
