@@ -24,6 +24,9 @@ func TestCNIValid(t *testing.T) {
 		"calico, mtu 1500":   {edits: []string{labServices, labServices + "  cni: calico\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 1500\n"}, cni: CNICalico, podMTU: 1450},
 		"calico, jumbo":      {edits: []string{labServices, labServices + "  cni: calico\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 9000\n"}, cni: CNICalico, podMTU: 8950},
 		"calico, mtu 626":    {edits: []string{labServices, labServices + "  cni: calico\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 626\n"}, cni: CNICalico, podMTU: MinPodMTU},
+		"flannel":            {edits: []string{labServices, labServices + "  cni: flannel\n"}, cni: CNIFlannel},
+		"flannel, mtu 1500":  {edits: []string{labServices, labServices + "  cni: flannel\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 1500\n"}, cni: CNIFlannel, podMTU: 1450},
+		"flannel, jumbo":     {edits: []string{labServices, labServices + "  cni: flannel\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 9000\n"}, cni: CNIFlannel, podMTU: 8950},
 		"bridge, mtu unused": {edits: []string{labServices, labServices + "  cni: bridge\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 1500\n"}, cni: CNIBridge, podMTU: 1450, warning: "networks.workloadPlane.mtu"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -57,8 +60,10 @@ func TestCNIInvalid(t *testing.T) {
 		edits []string
 		want  []want
 	}{
-		{"unknown CNI", []string{labServices, labServices + "  cni: flannel\n"},
-			[]want{{"networks.cni", `"flannel" is not a CNI the appliance deploys: write "bridge" (one L2 segment, no NetworkPolicy) or "calico"`}}},
+		{"unknown CNI", []string{labServices, labServices + "  cni: weave\n"},
+			[]want{{"networks.cni", `"weave" is not a CNI the appliance deploys: write "bridge" (one L2 segment, no NetworkPolicy), "flannel" (VXLAN across subnets, no NetworkPolicy) or "calico"`}}},
+		{"flannel, MTU without room for VXLAN", []string{labServices, labServices + "  cni: flannel\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 620\n"},
+			[]want{{"networks.workloadPlane.mtu", "620 leaves 570 bytes for pods after the 50-byte VXLAN encapsulation; pods need at least 576 (RFC 791): write the interfaces' real MTU (at least 626)"}}},
 		{"MTU without room for VXLAN", []string{labServices, labServices + "  cni: calico\n", labWorkloadPlane, labWorkloadPlane + "    mtu: 600\n"},
 			[]want{{"networks.workloadPlane.mtu", "600 leaves 550 bytes for pods after the 50-byte VXLAN encapsulation; pods need at least 576 (RFC 791): write the interfaces' real MTU (at least 626)"}}},
 		{"MTU 625", []string{labWorkloadPlane, labWorkloadPlane + "    mtu: 625\n"},
@@ -96,7 +101,7 @@ func TestCNIEmptyAfterDefaults(t *testing.T) {
 	}
 	c.Networks.CNI = ""
 	_, errs = Validate(c, ValidateOptions{})
-	if len(errs) != 1 || errs[0].Path != "networks.cni" || !strings.Contains(errs[0].Msg, `is required: write "bridge" or "calico"`) {
+	if len(errs) != 1 || errs[0].Path != "networks.cni" || !strings.Contains(errs[0].Msg, `is required: write "bridge", "flannel" or "calico"`) {
 		t.Errorf("errors %v, want one at networks.cni", errs)
 	}
 }

@@ -123,7 +123,7 @@ type Networks struct {
 	// Services is the service network (kubeadm networking.serviceSubnet). Default DefaultServicesCIDR.
 	// kube-apiserver refuses IPv4 ranges larger than /12 and IPv6 ranges larger than /108.
 	Services netip.Prefix `yaml:"services"`
-	// CNI is the pod network's plugin, CNIBridge or CNICalico. Default DefaultCNI (CNIBridge); see
+	// CNI is the pod network's plugin, CNIBridge, CNIFlannel or CNICalico. Default DefaultCNI (CNIBridge); see
 	// pkg/config/cni.go for what each does and why bridge is the default.
 	CNI string `yaml:"cni"`
 }
@@ -132,8 +132,9 @@ type Networks struct {
 type NetworkPlane struct {
 	CIDRs []netip.Prefix `yaml:"cidrs"`
 	// MTU is the link MTU in bytes (IP packet size, RFC 894) of the plane's node interfaces; only
-	// networks.workloadPlane.mtu is used: with the calico CNI the pods get MTU - VXLANOverhead (Calico's
-	// veth and vxlan.calico MTU). 0 (the default) lets Calico detect it from the node's interface.
+	// networks.workloadPlane.mtu is used: with the calico or flannel CNI the pods get MTU - VXLANOverhead
+	// (Calico's veth and vxlan.calico MTU; flannel.1's and cni0's). 0 (the default) lets Calico detect
+	// it from the node's interface; flannel then assumes 1500 (DefaultPodMTU for pods).
 	MTU uint32 `yaml:"mtu,omitempty"`
 }
 
