@@ -36,8 +36,9 @@ func newInstallCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 			"appliance.url, appliance.ca_pin, appliance.initrd, appliance.rootdevice.*) it enrols with the appliance\n" +
 			"(`hostagent enroll`, writing /etc/hostagent/config.yaml and the node's Ignition config), chooses the disk\n" +
 			"by the node's root-device hints (nodes[].rootDevice; none: the smallest disk of at least 4 GiB), writes\n" +
-			"the node image to it (GPT, ext4, GRUB for BIOS and UEFI) with the Ignition config applied, tells the boot server\n" +
-			"the machine is installed (its next network boots boot the disk) and reboots into the disk, where\n" +
+			"the node image to it (GPT, ext4, GRUB for BIOS and UEFI) with the Ignition config applied, tells the appliance\n" +
+			"over its HTTPS agent API, with the node token, that the machine is installed (its next network boots boot\n" +
+			"the disk) and reboots into the disk, where\n" +
 			"hostagent.service takes over. No disk matching the hints fails the node, reported to the appliance with\n" +
 			"the hints and the disks seen.",
 		Args: cobra.NoArgs,

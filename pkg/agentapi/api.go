@@ -1,6 +1,7 @@
 package agentapi
 
 import (
+	"errors"
 	"net/netip"
 	"time"
 )
@@ -22,7 +23,31 @@ const (
 	// at its next resync. An appliance that predates the watch ignores the parameter and answers at
 	// once: the hostagent then waits a few seconds between requests.
 	ConfigWaitParam = "wait"
+	// InstalledPathV1: POST an InstallNotice (JSON) → 204 once the node's machine has installed the
+	// node image to its disk (`hostagent install`): the appliance's network boot then answers that
+	// machine with a script that boots its disk (pkg/netboot). The node is the one the bearer token
+	// names, and the notice's MAC must be that node's nodes[].mac: a notice for another node's machine
+	// is refused with 403 (ErrInstallNoticeRefused), one without a valid token with the agent API's
+	// 401, and an appliance that does not network-boot the node (boot.dhcp off, or the node not
+	// network-bootable) answers 404. Resending a notice is harmless: the mark is rewritten.
+	InstalledPathV1 = "/agent/v1/installed"
 )
+
+// InstallNotice is the body of POST InstalledPathV1.
+type InstallNotice struct {
+	// MAC is the 48-bit MAC address of the NIC the machine network-booted from (iPXE's BOOTIF,
+	// "52:54:00:01:64:00"), which must be the node's nodes[].mac.
+	MAC string `json:"mac"`
+}
+
+// ErrInstallNoticeRefused is wrapped by the appliance's install-notice handler for a notice it
+// refuses on its content (another node's MAC, a MAC outside the inventory, not a MAC at all): the
+// agent API answers 403 with the error's text, which says what to fix.
+var ErrInstallNoticeRefused = errors.New("install notice refused")
+
+// ErrInstallNoticeNotServed is wrapped when the appliance keeps no install marks for the node (it
+// does not network-boot it): the agent API answers 404 with the error's text.
+var ErrInstallNoticeNotServed = errors.New("install notice not taken")
 
 // ConfigWaitMax is how long the appliance holds a watch (ConfigWaitParam) on an unchanged config
 // before answering with it: below the hostagent client's 30 s request timeout.

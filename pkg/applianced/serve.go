@@ -141,6 +141,8 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	if nb != nil {
 		defer func() { _ = nb.Close() }()
+		// Installed machines' notices come over the HTTPS agent API with their node token.
+		agent.Installed = nb.NoteInstalled
 	}
 	vctx, cancelVIP := context.WithCancel(ctx)
 	vipDone := make(chan struct{})

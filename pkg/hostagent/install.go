@@ -1,7 +1,9 @@
 package hostagent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -26,8 +28,8 @@ type BootArgs struct {
 	ApplianceURL, CAPin string
 	// Node: appliance.node= (informational; the enrolment decides who the machine is).
 	Node string
-	// InitrdURL: appliance.initrd= (network boot): the initramfs the installed system boots with, and
-	// the boot server that takes the install notice (pkg/netboot InstalledPath). Empty on an ISO boot.
+	// InitrdURL: appliance.initrd= (network boot): the initramfs the installed system boots with.
+	// Empty on an ISO boot.
 	InitrdURL string
 	// Hints: appliance.rootdevice.*= (pkg/install.KernelArgs).
 	Hints config.RootDeviceHints
@@ -83,8 +85,8 @@ type InstallOptions struct {
 	// Image is the node image's root filesystem; MediumInitrd the initramfs on an ISO boot (used
 	// when Boot.InitrdURL is empty).
 	Image, MediumInitrd string
-	// BootMAC is the NIC the machine booted from (iso/node/init writes /run/node/bootif); empty:
-	// no install notice, no network file.
+	// BootMAC is the NIC the machine network-booted from (iso/node/init writes /run/node/bootif);
+	// empty (an ISO boot): no install notice, and the installed system takes DHCP on every NIC.
 	BootMAC string
 	// SysBlock and DevDisk are /sys/block and /dev/disk.
 	SysBlock, DevDisk string
@@ -103,8 +105,9 @@ type InstallResult struct {
 }
 
 // RunInstall enrols, chooses the disk by the node's root-device hints, installs the node image to it
-// with the node's Ignition config applied, and tells the boot server the machine is installed (so
-// its next boots boot the disk). A disk that matches no hint is reported to the appliance as the
+// with the node's Ignition config applied, and, after a network boot, tells the appliance the machine
+// is installed (so its next network boots boot the disk): POST agentapi.InstalledPathV1 over the
+// appliance's HTTPS agent API, the CA pinned, with the node token the enrolment gave it. A disk that matches no hint is reported to the appliance as the
 // node's failure (step config, with the hints and the disks seen) before the error is returned.
 func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	var res InstallResult
@@ -177,11 +180,13 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 
 	if o.Boot.InitrdURL != "" && o.BootMAC != "" {
 		t3 := time.Now()
-		u, _ := url.Parse(o.Boot.InitrdURL)
-		notice := u.Scheme + "://" + u.Host + "/installed/" + o.BootMAC
-		if err := postNotice(ctx, notice); err != nil {
+		c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, "")
+		if err == nil {
+			err = sendInstallNotice(ctx, c, agentapi.InstallNotice{MAC: o.BootMAC})
+		}
+		if err != nil {
 			// Without the notice the next network boot would install again: refuse to reboot.
-			return res, fmt.Errorf("the disk is installed, but the boot server did not take the notice (%s): %w", notice, err)
+			return res, fmt.Errorf("the disk is installed, but the appliance did not take the install notice (POST %s%s): %w", cfg.ApplianceURL, agentapi.InstalledPathV1, err)
 		}
 		res.Notified = time.Since(t3)
 	}
@@ -227,19 +232,28 @@ func download(ctx context.Context, u, dst string) error {
 	return err
 }
 
-// postNotice POSTs the install notice, retrying for up to a minute.
-func postNotice(ctx context.Context, u string) error {
+// sendInstallNotice POSTs the install notice (agentapi.InstalledPathV1) with c's token, retrying
+// network errors and 5xx answers for up to a minute; a 4xx answer (refused: another node's MAC, the
+// token, an appliance that does not network-boot the node) is returned at once with the appliance's
+// words.
+func sendInstallNotice(ctx context.Context, c *Client, n agentapi.InstallNotice) error {
+	body, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
 	var last error
 	for i := 0; i < 30; i++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+agentapi.InstalledPathV1, bytes.NewReader(body))
 		if err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.hc.Do(req)
 		if err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
 				return nil
 			}
 			last = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))

@@ -1,10 +1,15 @@
 package hostagent
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/install"
+	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -132,4 +138,118 @@ func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 		}
 	}
 	t.Logf("w1: %s: %s", st.State, st.Reason)
+}
+
+// TestInstallNoticeOverAgentAPI: the install notice goes over the real appliance front (pkg/server's
+// agent API over TLS with a pkg/pki CA, the client pinning it) to a real pkg/netboot server's
+// NoteInstalled, as `appliance serve` wires them. A notice with a token the appliance does not know,
+// or with w1's token and w2's MAC, is refused with a 4xx that says what to fix, logged once however
+// often it is retried, and marks nothing; w1's own notice marks w1, whose iPXE script then boots the
+// disk. The boot port's plain HTTP takes no notice (the old unauthenticated POST /installed/MAC).
+func TestInstallNoticeOverAgentAPI(t *testing.T) {
+	ca, cert := testPKI(t)
+	dir := t.TempDir()
+	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd")
+	for _, p := range []string{kernel, initrd} {
+		if err := os.WriteFile(p, []byte("boot file"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	macW1, macW2 := "52:54:00:00:00:21", "52:54:00:00:00:22"
+	hw1, _ := net.ParseMAC(macW1)
+	hw2, _ := net.ParseMAC(macW2)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	nb, err := netboot.New(netboot.Config{Mode: netboot.ModeOff, ServerIP: netip.MustParseAddr("10.77.0.1"), HTTPPort: 8080,
+		Machines: []netboot.Machine{{Name: "w1", MAC: hw1}, {Name: "w2", MAC: hw2}}, Kernel: kernel, Initrd: initrd,
+		KernelArgs: []string{"appliance.url=https://10.77.0.1:8443"}, StateDir: filepath.Join(dir, "netboot"), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := filepath.Join(dir, "rendered")
+	tokens := map[string]string{"w1": "tok-w1", "w2": "tok-w2"}
+	agent := server.NewAgentAPI(rendered, tokens, nodestate.Open(filepath.Join(dir, "nodes")), log)
+	agent.Installed = nb.NoteInstalled
+	s, err := server.New(server.Options{Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM,
+		Ignition: server.NewIgnitionStore(rendered, tokens), Agent: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(s.Handler())
+	ts.TLS = s.TLSConfig()
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	client := func(token string) *Client {
+		c, err := NewClient(ts.URL, ca.CertPEM, token, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	noMarks := func(when string) {
+		t.Helper()
+		for _, n := range []string{"w1", "w2"} {
+			if m, ok, _ := netboot.InstalledMark(filepath.Join(dir, "netboot"), n); ok {
+				t.Fatalf("%s: %s is marked installed (%+v)", when, n, m)
+			}
+		}
+	}
+
+	// The old plain-HTTP notice on the boot port is gone.
+	boot := httptest.NewServer(nb.Handler())
+	t.Cleanup(boot.Close)
+	resp, err := http.Post(boot.URL+"/installed/"+macW1, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("POST /installed/MAC on the boot port: %s, want 404", resp.Status)
+	}
+	noMarks("after a plain-HTTP notice")
+
+	for _, tc := range []struct {
+		name, token, mac string
+		says             []string
+		logged           string
+	}{
+		{"unknown token", "tok-nobody", macW1, []string{"401", "Authorization: Bearer"}, "install notice refused: no valid node token"},
+		{"no token", "", macW1, []string{"401"}, "install notice refused: no valid node token"},
+		{"w1's token, w2's MAC", "tok-w1", macW2, []string{"403", "52:54:00:00:00:22 is node w2's nodes[].mac, and this token is node w1's"}, "install notice refused (403)"},
+	} {
+		for i := 0; i < 2; i++ {
+			err := sendInstallNotice(t.Context(), client(tc.token), agentapi.InstallNotice{MAC: tc.mac})
+			if err == nil {
+				t.Fatalf("%s: notice taken", tc.name)
+			}
+			for _, w := range tc.says {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s: %v lacks %q", tc.name, err, w)
+				}
+			}
+		}
+		noMarks(tc.name)
+	}
+	for _, msg := range []string{"install notice refused: no valid node token", "install notice refused (403)"} {
+		if n := strings.Count(logs.String(), msg); n != 1 {
+			t.Errorf("%q logged %d times for two refused retries each, want once:\n%s", msg, n, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "tok-") {
+		t.Errorf("a token reached the log:\n%s", logs.String())
+	}
+
+	if err := sendInstallNotice(t.Context(), client("tok-w1"), agentapi.InstallNotice{MAC: macW1}); err != nil {
+		t.Fatalf("w1's own notice: %v", err)
+	}
+	m, ok, err := netboot.InstalledMark(filepath.Join(dir, "netboot"), "w1")
+	if err != nil || !ok || m.MAC != macW1 || !strings.HasPrefix(m.From, "127.0.0.1:") {
+		t.Fatalf("w1's mark after its notice: %+v, %v, %v", m, ok, err)
+	}
+	if script, _ := nb.Script(hw1); !strings.Contains(script, "sanboot") {
+		t.Errorf("w1's script after the notice does not boot the disk:\n%s", script)
+	}
+	if _, ok, _ := netboot.InstalledMark(filepath.Join(dir, "netboot"), "w2"); ok {
+		t.Error("w2 marked by w1's notice")
+	}
 }

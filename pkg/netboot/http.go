@@ -23,7 +23,6 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.RootFS != "" {
 		mux.HandleFunc(RootFSPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.RootFS) })
 	}
-	mux.HandleFunc(InstalledPath, s.serveInstalled)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not found: this port serves only the network-boot artefacts ("+ChainPath+", "+ScriptPath+"MAC, "+KernelPath+", "+InitrdPath+")", http.StatusNotFound)
 	})

@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
@@ -30,21 +29,20 @@ import (
 //	                                                            kernel's ip=, which systemd's network
 //	                                                            generator would also read)
 //
-// Once the machine has installed itself to its disk it says so (POST InstalledPath+MAC, see
-// MarkInstalled): from then on its script boots the local disk (sanboot of BIOS drive 0x80, else
-// `exit` to the firmware's next boot device) instead of the network image, so a reboot keeps the
-// installed system and its state. Reinstalling is explicit: ClearInstalled (`appliance node
-// reinstall NAME`) removes the mark, and the next network boot installs again.
+// Once the machine has installed itself to its disk it says so, and from then on its script boots
+// the local disk (sanboot of BIOS drive 0x80, else `exit` to the firmware's next boot device)
+// instead of the network image, so a reboot keeps the installed system and its state. Reinstalling is
+// explicit: ClearInstalled (`appliance node reinstall NAME`) removes the mark, and the next network
+// boot installs again.
 //
-// The notice comes over the boot port's plain HTTP like everything else on it, so anyone on the
-// provisioning network could send it: all it can do is make a machine try its disk before the image
-// (a disk without a boot sector fails sanboot, and the firmware moves on); it can never cause an
-// install, and only the appliance's operator clears a mark.
+// The notice is authenticated: it is POST agentapi.InstalledPathV1 on the appliance's HTTPS agent API
+// (the CA pinned by the machine), with the node token the machine's enrolment gave it, and the API
+// passes it to NoteInstalled, which marks the machine only when the notice's MAC is that node's own.
+// Nothing on the boot port's plain HTTP changes a machine's boot any more (a notice there was open to
+// anyone on the provisioning network).
 const (
 	// RootFSPath serves Config.RootFS.
 	RootFSPath = "/boot/rootfs.squashfs"
-	// InstalledPath prefixes the install notice: POST InstalledPath + MAC.
-	InstalledPath = "/installed/"
 	// installedDir holds the marks under Config.StateDir: installedDir/NAME.json.
 	installedDir = "installed"
 )
@@ -112,36 +110,45 @@ func fileSHA256(p string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// serveInstalled takes a machine's install notice: POST InstalledPath+MAC from a machine of the
-// inventory marks it installed (200); an unknown MAC is 404, another method 405.
-func (s *Server) serveInstalled(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", "POST")
-		http.Error(w, "method not allowed: POST "+InstalledPath+"MAC when the machine has installed itself", http.StatusMethodNotAllowed)
-		return
-	}
-	raw := strings.TrimPrefix(r.URL.Path, InstalledPath)
-	mac, ok := parseMAC(raw)
+// NoteInstalled takes node's install notice from the appliance's agent API (pkg/server
+// AgentAPI.Installed; node is the one the request's token names, remote its address) and marks the
+// machine installed (MarkInstalled), so that its next network boots boot its disk. Errors:
+//   - agentapi.ErrInstallNoticeRefused: mac is not a MAC address, is no network-booted machine of the
+//     inventory, or is another node's nodes[].mac (a node may mark only its own machine); each says
+//     what to fix.
+//   - agentapi.ErrInstallNoticeNotServed: node is not network-booted by this appliance, or no
+//     Config.StateDir keeps marks.
+//   - a write error of the mark (the appliance's disk).
+func (s *Server) NoteInstalled(node string, n agentapi.InstallNotice, remote string) error {
+	mac, ok := parseMAC(n.MAC)
 	if !ok {
-		http.Error(w, fmt.Sprintf("%q is not a MAC address: POST %sMAC", clip(raw), InstalledPath), http.StatusNotFound)
-		return
+		return fmt.Errorf("%w: mac %q is not a MAC address: send the boot NIC's MAC, e.g. 52:54:00:00:00:21", agentapi.ErrInstallNoticeRefused, clip(n.MAC))
+	}
+	own := ""
+	for _, m := range s.dhcp.machines {
+		if m.Name == node {
+			own = m.MAC.String()
+		}
 	}
 	m, ok := s.dhcp.machines[mac.String()]
-	if !ok {
-		s.dhcp.logUnknown(mac.String(), "HTTP install notice")
-		http.Error(w, fmt.Sprintf("%s is not a network-booted machine of the inventory", mac), http.StatusNotFound)
-		return
+	switch {
+	case ok && m.Name != node:
+		return fmt.Errorf("%w: %s is node %s's nodes[].mac, and this token is node %s's: a machine sends the notice with its own node's token (check the machine's /etc/hostagent/config.yaml and nodes[].mac of both nodes)",
+			agentapi.ErrInstallNoticeRefused, mac, m.Name, node)
+	case !ok && own != "":
+		return fmt.Errorf("%w: %s is not node %s's nodes[].mac (%s): the machine booted from another NIC; correct nodes[].mac to the boot NIC's MAC",
+			agentapi.ErrInstallNoticeRefused, mac, node, own)
+	case !ok:
+		return fmt.Errorf("%w: node %s is not network-booted by this appliance (it needs nodes[].mac, power.kind ipmi or redfish and power.bootDevice pxe); there is no network boot to turn into a disk boot",
+			agentapi.ErrInstallNoticeNotServed, node)
+	case s.cfg.StateDir == "":
+		return fmt.Errorf("%w: this appliance keeps no install marks (network boot without a state directory)", agentapi.ErrInstallNoticeNotServed)
 	}
-	if s.cfg.StateDir == "" {
-		http.Error(w, "this appliance keeps no install marks (netboot without a state directory)", http.StatusNotFound)
-		return
-	}
-	mark := Installed{Node: m.Name, MAC: mac.String(), Time: time.Now().UTC(), From: r.RemoteAddr}
+	mark := Installed{Node: m.Name, MAC: mac.String(), Time: time.Now().UTC(), From: remote}
 	if err := MarkInstalled(s.cfg.StateDir, mark); err != nil {
 		s.cfg.Logger.Warn("netboot: install mark not written", "node", m.Name, "err", err)
-		http.Error(w, "the appliance could not record the install", http.StatusServiceUnavailable)
-		return
+		return fmt.Errorf("record the install of %s: %w", m.Name, err)
 	}
-	s.cfg.Logger.Info("netboot: machine installed to its disk; its next boots boot the disk (appliance node reinstall to install again)", "node", m.Name, "mac", mac.String(), "remote", r.RemoteAddr)
-	fmt.Fprintf(w, "%s recorded as installed\n", m.Name)
+	s.cfg.Logger.Info("netboot: machine installed to its disk; its next boots boot the disk (appliance node reinstall to install again)", "node", m.Name, "mac", mac.String(), "remote", remote)
+	return nil
 }

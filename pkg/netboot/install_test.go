@@ -11,13 +11,18 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // TestNodeImageScriptAndInstallMark: with RootFS set, the served script carries the node image's
 // arguments (root filesystem URL and SHA-256, initrd URL, BOOTIF and ip= from iPXE's settings, the
-// machine's own arguments) and the root filesystem is served; a POST of the install notice marks the
-// machine, after which its script boots the disk; ClearInstalled (appliance node reinstall) makes it
-// network-boot again. Unknown MACs and other methods are refused without a 5xx.
+// machine's own arguments) and the root filesystem is served; the install notice (NoteInstalled, what
+// the HTTPS agent API passes on) marks the machine, after which its script boots the disk;
+// ClearInstalled (appliance node reinstall) makes it network-boot again. The boot port's plain HTTP
+// takes no notice at all (the old unauthenticated POST /installed/MAC is 404 and marks nothing), and
+// NoteInstalled refuses another node's MAC, a MAC outside the inventory and a non-MAC, naming what to
+// fix.
 func TestNodeImageScriptAndInstallMark(t *testing.T) {
 	c := testConfig(t, ModeOff, nil)
 	c.Interface = ""
@@ -66,24 +71,34 @@ func TestNodeImageScriptAndInstallMark(t *testing.T) {
 		t.Errorf("GET %s: %d %q", RootFSPath, code, body)
 	}
 
-	// The install notice.
-	for _, tc := range []struct {
-		method, path string
-		code         int
-	}{
-		{"GET", InstalledPath + macW1.String(), 405},
-		{"POST", InstalledPath + "52:54:00:99:99:99", 404},
-		{"POST", InstalledPath + "not-a-mac", 404},
-	} {
-		if code, body := get(tc.method, tc.path); code != tc.code {
-			t.Errorf("%s %s: %d %q, want %d", tc.method, tc.path, code, body, tc.code)
+	// The install notice: never over the boot port's plain HTTP.
+	for _, m := range []string{"POST", "GET"} {
+		if code, body := get(m, "/installed/"+macW1.String()); code != 404 {
+			t.Errorf("%s /installed/%s on the boot port: %d %q, want 404 (the notice goes over the HTTPS agent API)", m, macW1, code, body)
 		}
 	}
-	if _, ok, _ := InstalledMark(c.StateDir, "w1"); ok {
-		t.Fatal("w1 marked installed before any notice")
+	for _, tc := range []struct {
+		node, mac string
+		want      error
+		says      string
+	}{
+		{"w1", macW2.String(), agentapi.ErrInstallNoticeRefused, "is node w2's nodes[].mac, and this token is node w1's"},
+		{"w1", "52:54:00:99:99:99", agentapi.ErrInstallNoticeRefused, "is not node w1's nodes[].mac (52:54:00:00:00:21)"},
+		{"w1", "not-a-mac", agentapi.ErrInstallNoticeRefused, `mac "not-a-mac" is not a MAC address`},
+		{"cp1", "52:54:00:00:00:11", agentapi.ErrInstallNoticeNotServed, "node cp1 is not network-booted by this appliance"},
+	} {
+		err := s.NoteInstalled(tc.node, agentapi.InstallNotice{MAC: tc.mac}, "10.77.0.50:4000")
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("NoteInstalled(%s, %s) = %v, want %v saying %q", tc.node, tc.mac, err, tc.want, tc.says)
+		}
 	}
-	if code, body := get("POST", InstalledPath+strings.ReplaceAll(macW1.String(), ":", "-")); code != 200 {
-		t.Fatalf("POST install notice: %d %q", code, body)
+	for _, n := range []string{"w1", "w2"} {
+		if _, ok, _ := InstalledMark(c.StateDir, n); ok {
+			t.Fatalf("%s marked installed before its own notice", n)
+		}
+	}
+	if err := s.NoteInstalled("w1", agentapi.InstallNotice{MAC: strings.ReplaceAll(macW1.String(), ":", "-")}, "10.77.0.50:4000"); err != nil {
+		t.Fatalf("w1's own install notice: %v", err)
 	}
 	mark, ok, err := InstalledMark(c.StateDir, "w1")
 	if err != nil || !ok || mark.MAC != macW1.String() {

@@ -24,8 +24,9 @@
 //     pin of its CA and the node name (KernelArgs). No token or other secret ever appears in it (a
 //     network-booted machine enrols afterwards); New refuses arguments whose key looks like one.
 //  5. The node image (Config.RootFS, install.go): its initramfs fetches the root filesystem from the
-//     same port; once the machine has installed itself to its disk it POSTs InstalledPath+MAC, and
-//     from then on its script boots the disk (reinstalling is explicit: ClearInstalled).
+//     same port; once the machine has installed itself to its disk it says so over the appliance's
+//     HTTPS agent API with its node token (agentapi.InstalledPathV1, NoteInstalled), and from then on
+//     its script boots the disk (reinstalling is explicit: ClearInstalled).
 //
 // Plain HTTP, on purpose and only here: Debian 12's iPXE (a 2019 build) has no HTTPS, so the script,
 // kernel and initrd go over plain HTTP on a port of their own (Config.HTTPPort) that serves only

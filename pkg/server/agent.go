@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -106,6 +107,10 @@ func headerBearer(r *http.Request) string {
 //	POST agentapi.ReportPathV1  one agentapi.Report (one JSON object and nothing after it, at most
 //	                            MaxReportBytes, unknown fields refused) recorded by the node store →
 //	                            204; a bad report → 400
+//	POST agentapi.InstalledPathV1  one agentapi.InstallNotice (same bounds as a report), passed to
+//	                            Installed → 204; refused (another node's MAC, agentapi.
+//	                            ErrInstallNoticeRefused) → 403, nothing to mark (Installed nil, or
+//	                            agentapi.ErrInstallNoticeNotServed) → 404, a bad body → 400
 //
 // The node is the one whose token is sent as "Authorization: Bearer <token>" (scheme in any case;
 // never in the query: it would reach logs of proxies). A missing, wrong or unknown token gets one
@@ -121,8 +126,16 @@ type AgentAPI struct {
 	// Gate, when set, adjusts a node's config as it is served (the kubeadm join order: it sets
 	// Kubernetes.Proceed and WaitingFor from the other nodes' progress).
 	Gate func(node string, nc *agentapi.NodeConfig)
+	// Installed, when set, takes a node's install notice (POST agentapi.InstalledPathV1; node is the
+	// one its token names, remote the request's address): pkg/netboot's Server.NoteInstalled. Set it
+	// before serving. nil: notices are answered 404 (this appliance does not network-boot).
+	Installed func(node string, n agentapi.InstallNotice, remote string) error
 
 	tokens tokenSet
+
+	// refused holds the install-notice refusals already logged (logged once each, not per retry).
+	refusedMu sync.Mutex
+	refused   map[string]bool
 
 	watchMu  sync.Mutex
 	watchEnd chan struct{} // closed by EndWatches; watches in progress answer at once
@@ -168,7 +181,7 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case agentapi.ConfigPathV1:
 		want = http.MethodGet
-	case agentapi.ReportPathV1:
+	case agentapi.ReportPathV1, agentapi.InstalledPathV1:
 		want = http.MethodPost
 	default:
 		http.NotFound(w, r)
@@ -176,6 +189,11 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	node, ok := a.tokens.nodeFor(headerBearer(r))
 	if !ok {
+		if r.URL.Path == agentapi.InstalledPathV1 {
+			host, _, _ := net.SplitHostPort(r.RemoteAddr)
+			a.logRefusedOnce("unauthenticated|"+host, "install notice refused: no valid node token (401); the machine must send the token its enrolment gave it as Authorization: Bearer, over the pinned HTTPS API",
+				"remote", r.RemoteAddr)
+		}
 		agentUnauthorized(w)
 		return
 	}
@@ -189,7 +207,60 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.config(w, r, node)
 		return
 	}
+	if r.URL.Path == agentapi.InstalledPathV1 {
+		a.installed(w, r, node)
+		return
+	}
 	a.report(w, r, node)
+}
+
+// installed takes a node's install notice (agentapi.InstalledPathV1).
+func (a *AgentAPI) installed(w http.ResponseWriter, r *http.Request, node string) {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxReportBytes))
+	dec.DisallowUnknownFields()
+	var n agentapi.InstallNotice
+	if err := dec.Decode(&n); err != nil {
+		http.Error(w, `bad install notice: want one JSON object {"mac": "<the boot NIC's MAC>"}: `+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		http.Error(w, "bad install notice: want exactly one JSON object, complete, and nothing after it", http.StatusBadRequest)
+		return
+	}
+	if a.Installed == nil {
+		http.Error(w, "this appliance does not network-boot any machine (boot.dhcp off): it keeps no install marks", http.StatusNotFound)
+		return
+	}
+	err := a.Installed(node, n, r.RemoteAddr)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, agentapi.ErrInstallNoticeRefused):
+		a.logRefusedOnce("refused|"+node+"|"+err.Error(), "install notice refused (403)", "node", node, "remote", r.RemoteAddr, "reason", err.Error())
+		http.Error(w, err.Error(), http.StatusForbidden)
+	case errors.Is(err, agentapi.ErrInstallNoticeNotServed):
+		http.Error(w, err.Error(), http.StatusNotFound)
+	default:
+		a.Log.Error("record install notice", "node", node, "error", err)
+		http.Error(w, "the appliance could not record the install; the machine retries", http.StatusServiceUnavailable)
+	}
+}
+
+// maxLoggedRefusals bounds the set of install-notice refusals remembered as logged.
+const maxLoggedRefusals = 1024
+
+// logRefusedOnce logs a refused install notice once per key (a machine retries its notice).
+func (a *AgentAPI) logRefusedOnce(key, msg string, attrs ...any) {
+	a.refusedMu.Lock()
+	if a.refused == nil || len(a.refused) >= maxLoggedRefusals {
+		a.refused = map[string]bool{}
+	}
+	seen := a.refused[key]
+	a.refused[key] = true
+	a.refusedMu.Unlock()
+	if !seen {
+		a.Log.Warn(msg, attrs...)
+	}
 }
 
 // readNodeConfig reads Dir/<node>/nodeconfig.json.
