@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -24,11 +25,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -211,6 +214,63 @@ func (s *APIServer) WriteKubeconfig(t testing.TB, path, user string, groups ...s
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ServeIn makes the API server reachable at its URL (127.0.0.1:Port) from inside ns, a namespace the
+// test made: a listener on 127.0.0.1:Port in ns forwards each connection to the API server on the
+// root namespace's 127.0.0.1 (its serving certificate names 127.0.0.1, so TLS still verifies and
+// every kubeconfig of WriteKubeconfig works there unchanged). It stops when the test ends.
+func (s *APIServer) ServeIn(t testing.TB, ns *labns.NS) {
+	t.Helper()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+	lc := make(chan net.Listener, 1)
+	errc := make(chan error, 1)
+	go func() {
+		// This goroutine's thread enters ns and is never handed back to the runtime (it ends
+		// locked), so no other code runs in ns by accident; the listener stays in ns.
+		runtime.LockOSThread()
+		h, err := netns.GetFromPath(ns.Path())
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			errc <- err
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			errc <- err
+			return
+		}
+		lc <- l
+	}()
+	var ln net.Listener
+	select {
+	case err := <-errc:
+		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
+	case ln = <-lc:
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { _, _ = io.Copy(up, c); up.Close() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
 }
 
 // ensureServiceAccountKey returns the paths of dir/sa.key and dir/sa.pub, first writing a new

@@ -1,0 +1,178 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/airgap-appliance/appliance/pkg/kubemanifest"
+)
+
+// Names of the objects Manifest renders (ServiceAccount, ClusterRole, ClusterRoleBinding and
+// DaemonSet share Name).
+const (
+	Name      = "appliance-overlay"
+	Namespace = "kube-system"
+)
+
+// Flags of `appliance overlay`, shared by the command and the manifest.
+const (
+	FlagKubeconfig  = "kubeconfig"
+	FlagNodeName    = "node-name"
+	FlagNetwork     = "network"
+	FlagPublicCIDRs = "public-cidrs"
+	FlagVNI         = "vni"
+	FlagPort        = "port"
+	FlagMTU         = "mtu"
+	FlagStateDir    = "state-dir"
+)
+
+// StateDir is the DaemonSet's state directory (an emptyDir: flannel's net-conf.json only).
+const StateDir = "/run/appliance-overlay"
+
+// Taints the DaemonSet tolerates (NoSchedule): kubeadm's control planes, and nodes not ready or
+// without a network yet, which are exactly the nodes waiting for the overlay.
+var tolerated = []string{"node-role.kubernetes.io/control-plane", "node.kubernetes.io/not-ready", "node.kubernetes.io/network-unavailable"}
+
+// ManifestOptions are what the overlay's manifest depends on.
+type ManifestOptions struct {
+	// Image is the appliance image by digest ("host/repo@sha256:<64 hex>"), whose /appliance runs
+	// `appliance overlay`. Required.
+	Image string
+	// Network is networks.pods (IPv4); PublicCIDRs networks.workloadPlane.cidrs in order (at least
+	// one IPv4); VNI and Port the VXLAN identifier and UDP port; MTU the workload-plane link MTU
+	// (0: each node's interface's).
+	Network     netip.Prefix
+	PublicCIDRs []netip.Prefix
+	VNI, Port   int
+	MTU         int
+	// APIServer, when set ("host:port", the API VIP and port), is given as
+	// KUBERNETES_SERVICE_HOST/PORT: the overlay reaches the API before any Service works.
+	APIServer string
+}
+
+// ErrManifest is wrapped by Manifest's errors for options it cannot render.
+var ErrManifest = errors.New("overlay manifest: invalid options")
+
+// Manifest renders the YAML stream (documents separated by "---") to apply with `kubectl apply
+// --server-side`: the ServiceAccount, the ClusterRole flannel's Kubernetes subnet manager needs
+// (nodes get/list/watch and patch, for its annotations; nodes/status patch, for the annotations it
+// writes through the status subresource and the NetworkUnavailable condition), its
+// ClusterRoleBinding and the DaemonSet: every node (control planes and not-ready nodes tolerated),
+// host network, priority class system-node-critical, the appliance image running `appliance
+// overlay` with only NET_ADMIN and NET_RAW, a read-only root and an emptyDir for StateDir. It fails
+// (ErrManifest) for an image not pinned by digest, options Run refuses, or an APIServer that is not
+// host:port. The same options give the same bytes.
+func Manifest(o ManifestOptions) ([]byte, error) {
+	if _, digest, ok := strings.Cut(o.Image, "@sha256:"); !ok || len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
+		return nil, fmt.Errorf("%w: image %q: give the appliance image by digest (host/repo@sha256:<64 hex digits>)", ErrManifest, o.Image)
+	}
+	if err := (Options{NodeName: "-", Network: o.Network, PublicCIDRs: o.PublicCIDRs, VNI: o.VNI, Port: o.Port, MTU: o.MTU, StateDir: StateDir}).check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrManifest, err)
+	}
+	var env []corev1.EnvVar
+	env = append(env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"}}})
+	if o.APIServer != "" {
+		h, p, err := net.SplitHostPort(o.APIServer)
+		if n, perr := strconv.Atoi(p); err != nil || h == "" || perr != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%w: API server %q: give host:port, e.g. 10.0.0.10:6443", ErrManifest, o.APIServer)
+		}
+		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: h}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: p})
+	}
+	cidrs := make([]string, 0, len(o.PublicCIDRs))
+	for _, c := range o.PublicCIDRs {
+		cidrs = append(cidrs, c.String())
+	}
+	args := []string{"/appliance", "overlay",
+		"--" + FlagNodeName + "=$(NODE_NAME)",
+		"--" + FlagNetwork + "=" + o.Network.Masked().String(),
+		"--" + FlagPublicCIDRs + "=" + strings.Join(cidrs, ","),
+		"--" + FlagVNI + "=" + strconv.Itoa(o.VNI),
+		"--" + FlagPort + "=" + strconv.Itoa(o.Port),
+		"--" + FlagStateDir + "=" + StateDir}
+	if o.MTU != 0 {
+		args = append(args, "--"+FlagMTU+"="+strconv.Itoa(o.MTU))
+	}
+
+	labels := map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "airgap-appliance"}
+	meta := func(name, ns string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
+	}
+	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(Name, Namespace)}
+	role := &rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta(Name, ""),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: meta(Name, ""),
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: Name},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: Name, Namespace: Namespace}},
+	}
+	var tolerations []corev1.Toleration
+	for _, k := range tolerated {
+		tolerations = append(tolerations, corev1.Toleration{Key: k, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	}
+	no, yes := false, true
+	selector := map[string]string{"app.kubernetes.io/name": Name}
+	ds := &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: meta(Name, Namespace),
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: selector},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
+				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr(intstr.FromInt32(1))},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: Name,
+					HostNetwork:        true,
+					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+					PriorityClassName:  "system-node-critical",
+					NodeSelector:       map[string]string{"kubernetes.io/os": "linux"},
+					Tolerations:        tolerations,
+					Containers: []corev1.Container{{
+						Name:            "overlay",
+						Image:           o.Image,
+						ImagePullPolicy: corev1.PullIfNotPresent,
+						Command:         args,
+						Env:             env,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: &no,
+							ReadOnlyRootFilesystem:   &yes,
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "state", MountPath: StateDir}},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("50Mi"),
+						}},
+					}},
+					Volumes: []corev1.Volume{{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+				},
+			},
+		},
+	}
+	out, err := kubemanifest.Stream(sa, role, binding, ds)
+	if err != nil {
+		return nil, fmt.Errorf("overlay manifest: %w", err)
+	}
+	return out, nil
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,247 @@
+// Package overlay is the pod network of networks.cni flannel: flannel's VXLAN backend
+// (github.com/flannel-io/flannel pkg/backend/vxlan) with flannel's Kubernetes subnet manager
+// (pkg/subnet/kube), embedded in the appliance's own binary the way k3s embeds them in its agent
+// (k3s pkg/agent/flannel) instead of running flanneld. It is the only importer of flannel.
+//
+// On each node `appliance overlay` (run by the DaemonSet Manifest renders, host network, NET_ADMIN):
+//   - picks the node's public address: the first local IPv4 address inside the workload-plane CIDRs,
+//     tried in their order (pkg/netresolve, the order the appliance and hostagent resolve);
+//   - reads the node's spec.podCIDR, which kube-controller-manager allocates (kubeadm's
+//     networking.podSubnet turns on --allocate-node-cidrs), and records flannel's annotations on the
+//     node (flannel.alpha.coreos.com/public-ip, backend-data with the VTEP MAC, …);
+//   - creates the VXLAN device flannel.<VNI> (VNI 1, UDP port 4789, MTU = link MTU − 50) with the
+//     first address of the node's pod range as a /32, and for every other node with those
+//     annotations programs a route to its pod range via flannel.<VNI> (onlink), an ARP entry and a
+//     forwarding-database entry to its public address: pod traffic crosses subnets and routers as
+//     UDP between the nodes' workload-plane addresses;
+//   - removes them again when a node object is deleted, and sets the node's NetworkUnavailable
+//     condition to False.
+//
+// It writes nothing else: no masquerade or forward rules (pod traffic leaves unmasqueraded, as with
+// the bridge CNI), no CNI configuration (hostagent writes the bridge network on cni0 for the node's
+// pod range), no subnet.env; only the net-conf.json flannel's subnet manager reads, in Options.StateDir.
+package overlay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/flannel-io/flannel/pkg/backend"
+	_ "github.com/flannel-io/flannel/pkg/backend/vxlan" // registers the "vxlan" backend
+	"github.com/flannel-io/flannel/pkg/subnet/kube"
+
+	"github.com/airgap-appliance/appliance/pkg/netresolve"
+)
+
+// AnnotationPrefix is the prefix of the node annotations flannel's subnet manager writes and reads:
+// flanneld's default (--kube-annotation-prefix), so flannel's own tools and documentation apply.
+const AnnotationPrefix = "flannel.alpha.coreos.com"
+
+// NetConfFile is the name of flannel's network configuration in Options.StateDir.
+const NetConfFile = "net-conf.json"
+
+// DeviceName is the VXLAN device flannel creates for vni: "flannel.<vni>".
+func DeviceName(vni int) string { return fmt.Sprintf("flannel.%d", vni) }
+
+// Options configure Run.
+type Options struct {
+	// Kubeconfig is a kubeconfig file; "" uses the pod's service account (in-cluster).
+	Kubeconfig string
+	// NodeName is this node's Kubernetes node name (the DaemonSet passes spec.nodeName). Required.
+	NodeName string
+	// Network is the cluster's pod network (networks.pods, IPv4); every node's spec.podCIDR must lie
+	// inside it. Required.
+	Network netip.Prefix
+	// PublicCIDRs are networks.workloadPlane.cidrs in their order: the node's VXLAN endpoint is its
+	// first usable local IPv4 address inside them (netresolve.Resolver.Resolve). At least one IPv4.
+	PublicCIDRs []netip.Prefix
+	// VNI is the VXLAN network identifier (RFC 7348 §5), 1..16777215; Port the VXLAN UDP
+	// destination port, 1..65535.
+	VNI, Port int
+	// MTU is the workload-plane link MTU in bytes; flannel.<VNI> gets MTU − 50 (VXLAN's IPv4
+	// overhead, RFC 7348 §5). 0: the MTU of the interface holding the public address.
+	MTU int
+	// StateDir is where NetConfFile is written (made 0755 if missing). Required.
+	StateDir string
+	// Log receives progress (flannel itself logs through klog). Nil: discard.
+	Log *slog.Logger
+	// Ready, when set, is called once the VXLAN device exists and the node's lease (pod range and
+	// annotations) is recorded, before routes to the other nodes are programmed.
+	Ready func(Lease)
+}
+
+// Lease is this node's part of the overlay once Run has registered it.
+type Lease struct {
+	// PodCIDR is the node's pod range (spec.podCIDR) and PublicAddr its VXLAN endpoint, on Interface.
+	PodCIDR    netip.Prefix
+	PublicAddr netip.Addr
+	Interface  string
+	// MTU is the MTU left to pods (flannel.<VNI>'s MTU).
+	MTU int
+}
+
+// ErrOptions is wrapped by Run's errors for options it cannot use.
+var ErrOptions = errors.New("overlay: invalid options")
+
+// netConf is flannel's net-conf.json (pkg/subnet.Config) with the vxlan backend's configuration
+// (pkg/backend/vxlan.VXLANConfig).
+type netConf struct {
+	Network    string      `json:"Network"`
+	EnableIPv4 bool        `json:"EnableIPv4"`
+	Backend    backendConf `json:"Backend"`
+}
+
+type backendConf struct {
+	Type string `json:"Type"`
+	VNI  int    `json:"VNI"`
+	Port int    `json:"Port"`
+	MTU  int    `json:"MTU,omitempty"`
+}
+
+// NetConf renders flannel's net-conf.json for o (deterministic JSON): Network, IPv4 only, backend
+// vxlan with VNI, Port and (when set) MTU.
+func NetConf(o Options) ([]byte, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(netConf{Network: o.Network.Masked().String(), EnableIPv4: true,
+		Backend: backendConf{Type: "vxlan", VNI: o.VNI, Port: o.Port, MTU: o.MTU}}, "", "  ")
+	return append(b, '\n'), err
+}
+
+func (o Options) check() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrOptions}, a...)...))
+	}
+	if o.NodeName == "" {
+		bad("node name: required (the pod's spec.nodeName)")
+	}
+	if !o.Network.IsValid() || !o.Network.Addr().Is4() {
+		bad("network %q: give the IPv4 pod network (networks.pods)", o.Network)
+	}
+	if publicCIDRs(o.PublicCIDRs) == nil {
+		bad("public CIDRs %v: give the workload-plane CIDRs, at least one IPv4", o.PublicCIDRs)
+	}
+	if o.VNI < 1 || o.VNI > 1<<24-1 {
+		bad("VNI %d: give 1..16777215 (RFC 7348 §5)", o.VNI)
+	}
+	if o.Port < 1 || o.Port > 65535 {
+		bad("port %d: give a UDP port, 1..65535", o.Port)
+	}
+	if o.MTU != 0 && o.MTU < 576+50 {
+		bad("MTU %d: give the link MTU (at least 626: 576 for pods plus 50 for VXLAN), or 0 for the interface's", o.MTU)
+	}
+	if o.StateDir == "" {
+		bad("state directory: required (where %s is written)", NetConfFile)
+	}
+	return errors.Join(errs...)
+}
+
+// publicCIDRs returns the valid IPv4 prefixes of cidrs in order (nil when there is none).
+func publicCIDRs(cidrs []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		if c.IsValid() && c.Addr().Is4() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Run runs the overlay on this node until ctx ends (see the package comment); it returns nil then,
+// or the first error that stops it: invalid options (ErrOptions), no local address inside the
+// public CIDRs (netresolve.ErrNoMatch), the API server unreachable or the node missing or without
+// spec.podCIDR for flannel's 30 s, a pod range outside Network, or the VXLAN device not created.
+// It must run in the node's network namespace (host network) with CAP_NET_ADMIN, one Run per
+// process: flannel's subnet manager takes the node name from the environment (NODE_NAME, which Run
+// sets) and programs the namespace of the whole process.
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	conf, err := NetConf(o)
+	if err != nil {
+		return err
+	}
+	r, err := netresolve.New("")
+	if err != nil {
+		return err
+	}
+	pub, err := r.Resolve(publicCIDRs(o.PublicCIDRs))
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("overlay: public address: %w", err)
+	}
+	iface, err := net.InterfaceByName(pub.Interface)
+	if err != nil {
+		return fmt.Errorf("overlay: interface %s of %s: %w", pub.Interface, pub.Prefix.Addr(), err)
+	}
+	if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	confPath := filepath.Join(o.StateDir, NetConfFile)
+	if err := os.WriteFile(confPath, conf, 0o644); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	if err := os.Setenv("NODE_NAME", o.NodeName); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	log.Info("overlay starting", "node", o.NodeName, "publicAddress", pub.Prefix.Addr(), "interface", pub.Interface,
+		"cidr", pub.CIDR, "network", o.Network, "vni", o.VNI, "port", o.Port)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait() // flannel's goroutines end with ctx (cancelled first: defers run last-in first-out)
+	sm, err := kube.NewSubnetManager(ctx, "", o.Kubeconfig, AnnotationPrefix, confPath, true)
+	if err != nil {
+		return fmt.Errorf("overlay: flannel's Kubernetes subnet manager: %w", err)
+	}
+	config, err := sm.GetNetworkConfig(ctx)
+	if err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	addr := pub.Prefix.Addr().AsSlice()
+	ext := &backend.ExternalInterface{Iface: iface, IfaceName: iface.Name, IfaceAddr: addr, ExtAddr: addr}
+	be, err := backend.NewManager(ctx, sm, ext).GetBackend(config.BackendType)
+	if err != nil {
+		return fmt.Errorf("overlay: flannel backend %q: %w", config.BackendType, err)
+	}
+	bn, err := be.RegisterNetwork(ctx, &wg, config)
+	if err != nil {
+		return fmt.Errorf("overlay: register node %s: %w", o.NodeName, err)
+	}
+	l := Lease{PublicAddr: pub.Prefix.Addr(), Interface: pub.Interface, MTU: bn.MTU()}
+	if sn := bn.Lease().Subnet.ToIPNet(); sn != nil {
+		if a, ok := netip.AddrFromSlice(sn.IP.To4()); ok {
+			ones, _ := sn.Mask.Size()
+			l.PodCIDR = netip.PrefixFrom(a, ones)
+		}
+	}
+	log.Info("overlay registered", "node", o.NodeName, "podCIDR", l.PodCIDR, "device", DeviceName(o.VNI), "podMTU", l.MTU)
+	if o.Ready != nil {
+		o.Ready(l)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		bn.Run(ctx)
+	}()
+	if err := sm.CompleteLease(ctx, bn.Lease(), &wg); err != nil {
+		// flanneld logs this and carries on: the routes work without the condition.
+		log.Warn("overlay: setting the node's NetworkUnavailable condition failed", "node", o.NodeName, "error", err)
+	}
+	<-ctx.Done()
+	log.Info("overlay stopping", "node", o.NodeName)
+	return nil
+}
