@@ -72,6 +72,7 @@ func newRootCommand() *cobra.Command {
 		newFirstbootCommand(),
 		newClusterMirrorCommand(g),
 		newIngressRouterCommand(g),
+		newOverlayCommand(g),
 		newVersionCommand(g),
 	)
 	walkCommands(root, requireKnownSubcommand)
