@@ -94,6 +94,8 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 			if n.RootDevice != nil {
 				m.KernelArgs = install.KernelArgs(*n.RootDevice)
 			}
+			// The installed system keeps the node's static addresses (public data).
+			m.KernelArgs = append(m.KernelArgs, install.NetworkKernelArgs(install.BootNetwork(cfg, n))...)
 			nc.Machines = append(nc.Machines, m)
 		} else {
 			nc.Others = append(nc.Others, netboot.Machine{Name: n.Name, MAC: mac})

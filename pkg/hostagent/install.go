@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -33,6 +34,13 @@ type BootArgs struct {
 	InitrdURL string
 	// Hints: appliance.rootdevice.*= (pkg/install.KernelArgs).
 	Hints config.RootDeviceHints
+	// Network: appliance.address=, appliance.gateway= (pkg/install.NetworkKernelArgs): the node's
+	// static addresses on the boot NIC for the installed system. Zero: DHCP.
+	Network install.Network
+	// DHCPGateway is the gateway of appliance.ip=ADDR::GATEWAY:NETMASK (what iPXE got by DHCP at
+	// this boot); invalid when none. The installed system takes it as its default route when
+	// Network has addresses but no gateway and one of their networks holds it.
+	DHCPGateway netip.Addr
 	// Console are the console= arguments, kept for the installed system.
 	Console []string
 }
@@ -51,6 +59,13 @@ func ParseBootArgs(words []string) (BootArgs, error) {
 			b.Node = v
 		case "appliance.initrd":
 			b.InitrdURL = v
+		case "appliance.ip":
+			// ADDR::GATEWAY:NETMASK (the kernel's ip= order); iPXE writes 0.0.0.0 or nothing for none.
+			if f := strings.Split(v, ":"); len(f) >= 3 {
+				if gw, err := netip.ParseAddr(f[2]); err == nil && !gw.IsUnspecified() {
+					b.DHCPGateway = gw
+				}
+			}
 		case "console":
 			b.Console = append(b.Console, w)
 		}
@@ -60,6 +75,9 @@ func ParseBootArgs(words []string) (BootArgs, error) {
 		return b, err
 	}
 	b.Hints = h
+	if b.Network, err = install.NetworkFromKernelArgs(words); err != nil {
+		return b, err
+	}
 	switch {
 	case b.ApplianceURL == "":
 		return b, errors.New("appliance.url= is missing from the kernel command line: boot the node image from the appliance (network boot or its ISO)")
@@ -153,15 +171,14 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 			return res, fmt.Errorf("fetch the initramfs for the installed system: %w", err)
 		}
 	}
-	// The installed system's network: DHCP on the boot NIC, by MAC (names can change with the
-	// kernel); after a virtual-media boot (no boot NIC known) on every Ethernet NIC.
-	match := "MACAddress=" + o.BootMAC
-	if o.BootMAC == "" {
-		match = "Name=en* eth*"
+	// The installed system's network on the boot NIC, by MAC (names can change with the kernel): the
+	// node's static addresses when the appliance gave them (nodes[].addresses), else DHCP; after a
+	// virtual-media boot (no boot NIC known) DHCP on every Ethernet NIC.
+	nw := installedNetwork(o.Boot)
+	if o.BootMAC != "" && len(nw.Addresses) > 0 {
+		log.Info("install: the installed system keeps the node's static addresses on its boot NIC", "node", cfg.Node, "mac", o.BootMAC, "addresses", fmt.Sprint(nw.Addresses), "gateway", nw.Gateway.String())
 	}
-	files := []install.File{{Path: "/etc/systemd/network/10-node-boot.network", Mode: 0o644,
-		Data: []byte("# written by the node install: the NIC the machine booted from\n[Match]\n" + match +
-			"\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n")}}
+	files := []install.File{{Path: install.NetworkdPath, Mode: 0o644, Data: install.NetworkdFile(o.BootMAC, nw)}}
 	files = append(files, install.File{Path: CACertPath, Data: ca, Mode: 0o644})
 	t2 := time.Now()
 	ir, err := install.Install(ctx, install.Options{
@@ -191,6 +208,23 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 		res.Notified = time.Since(t3)
 	}
 	return res, nil
+}
+
+// installedNetwork is b.Network, with b.DHCPGateway as the gateway when the configuration names none
+// and one of the addresses' networks holds it (the provisioning network's router, as its DHCP server
+// announced it at this boot).
+func installedNetwork(b BootArgs) install.Network {
+	nw := b.Network
+	if nw.Gateway.IsValid() || !b.DHCPGateway.IsValid() {
+		return nw
+	}
+	for _, a := range nw.Addresses {
+		if a.Masked().Contains(b.DHCPGateway) {
+			nw.Gateway = b.DHCPGateway
+			break
+		}
+	}
+	return nw
 }
 
 // reportFailure tells the appliance this node failed (best effort: the console has it too).

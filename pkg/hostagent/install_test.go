@@ -45,11 +45,28 @@ func TestParseBootArgs(t *testing.T) {
 	if strings.Join(b.Console, " ") != "console=tty0 console=ttyS0,115200n8" {
 		t.Errorf("console = %q", b.Console)
 	}
+	if b.DHCPGateway.String() != "10.0.0.1" || !b.Network.IsZero() {
+		t.Errorf("DHCP gateway %s, network %+v; want 10.0.0.1 and no static network", b.DHCPGateway, b.Network)
+	}
+	// The node's static addresses (pkg/install.NetworkKernelArgs): the installed system keeps them;
+	// without appliance.gateway the DHCP gateway of this boot is taken when it is on their network.
+	b, err = ParseBootArgs(append(words, "appliance.address=10.0.0.21/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nw := installedNetwork(b); len(nw.Addresses) != 1 || nw.Addresses[0].String() != "10.0.0.21/24" || nw.Gateway.String() != "10.0.0.1" {
+		t.Errorf("installed network = %+v, want 10.0.0.21/24 via 10.0.0.1", nw)
+	}
+	b, _ = ParseBootArgs(append(words, "appliance.address=10.9.0.21/24"))
+	if nw := installedNetwork(b); nw.Gateway.IsValid() {
+		t.Errorf("installed network = %+v: the DHCP gateway 10.0.0.1 is not on 10.9.0.0/24", nw)
+	}
 	for _, bad := range []struct{ line, want string }{
 		{"appliance.ca_pin=sha256:ab", "appliance.url= is missing"},
 		{"appliance.url=https://x:8443", "appliance.ca_pin= is missing"},
 		{"appliance.url=https://x:8443 appliance.ca_pin=sha256:ab appliance.initrd=ftp://x/i", "appliance.initrd="},
 		{"appliance.url=https://x:8443 appliance.ca_pin=sha256:ab appliance.rootdevice.size=8", "unknown root-device hint"},
+		{"appliance.url=https://x:8443 appliance.ca_pin=sha256:ab appliance.address=10.0.0.21", "appliance.address="},
 	} {
 		if _, err := ParseBootArgs(strings.Fields(bad.line)); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("ParseBootArgs(%q) = %v, want an error containing %q", bad.line, err, bad.want)

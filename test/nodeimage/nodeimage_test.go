@@ -92,7 +92,9 @@ func buildImage(t *testing.T, hostagent string, extra ...string) string {
 // BMC path is issue 12's e2e step.
 //
 // It checks: DHCP → iPXE → kernel, initramfs and root filesystem over HTTP; `hostagent install`
-// enrols, installs to the hinted disk (the decoy stays blank) and tells the appliance; the VM reboots,
+// enrols, installs to the hinted disk (the decoy stays blank) and tells the appliance (over its HTTPS
+// agent API with the node token); the VM reboots, its installed system answers at n1's
+// nodes[].addresses (static, outside boot.range),
 // the appliance's script now boots the disk, the kernel runs with root=UUID=…, and the installed
 // node's hostagent (Ignition's unit) reports to the appliance; after a power cycle the machine boots
 // its disk again (no second install, no second root filesystem download) and reports again with a
@@ -134,6 +136,11 @@ func TestNodeImagePXEInstall(t *testing.T) {
 	}
 	st1 := waitReport(t, store, "n1", "", 8*time.Minute, c)
 	tReport := c.since()
+	// The installed system keeps n1's nodes[].addresses (static, on the boot NIC), not a lease of
+	// boot.range: the address the plan expects answers.
+	if out, err := ns.Run("ping", "-c", "1", "-W", "5", "10.83.0.21"); err != nil {
+		t.Errorf("the installed n1 does not answer at its nodes[].addresses 10.83.0.21: %v\n%s", err, out)
+	}
 
 	// The decoy stays blank: the hint chose the target.
 	if b := readHead(t, decoy, 1<<20); bytes.Count(b, []byte{0}) != len(b) {
