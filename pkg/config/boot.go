@@ -192,8 +192,15 @@ func (v *validator) boot() {
 		}
 		bootable := 0
 		for i, n := range v.c.Nodes {
-			if (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE && n.MAC == "" {
+			// A BMC-powered node without a MAC: warned, not refused. The power phase fails only that
+			// node (it cannot enrol: the appliance matches a booted machine by its MAC), and the others
+			// go on (issue 12's rule for bad input); an inventory may list a machine before its MAC is
+			// known.
+			if bmc := n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish; bmc && n.MAC == "" && n.Power.BootDevice == BootPXE {
 				v.warnf(fmt.Sprintf("nodes[%d].mac", i), "is empty: node %q boots from the network (power.bootDevice pxe) but boot.dhcp answers only MACs of the inventory; give its boot NIC's MAC", n.Name)
+			} else if bmc && n.MAC == "" {
+				v.warnf(fmt.Sprintf("nodes[%d].mac", i), "is empty: node %q is powered by its BMC (power.kind %s, power.bootDevice %s) and a BMC-booted machine gets its node credential only by enrolling with its boot NIC's MAC, so bootstrap will not power it on; give its boot NIC's MAC",
+					n.Name, n.Power.Kind, n.Power.BootDevice)
 			}
 			if n.NetworkBootable() {
 				bootable++

@@ -202,6 +202,15 @@ func TestBootWarnings(t *testing.T) {
 	}
 	requireErr(t, warns, "nodes[3].mac", `node "w1" boots from the network`, 0)
 	requireErr(t, warns, "boot.dhcp", "no node has a mac", 0)
+
+	// The same BMC-powered w1 booting its disk (or virtual media) without a mac: warned too, by field
+	// path (the power phase would refuse to power it: it could not enrol).
+	_, warns, errs = labWith(t, "boot:\n  dhcp: proxy\n", "    username: admin\n    passwordFile: /var/lib/appliance-lab/bmc/w1.password",
+		"    username: admin\n    bootDevice: disk\n    passwordFile: /var/lib/appliance-lab/bmc/w1.password")
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	requireErr(t, warns, "nodes[3].mac", `is empty: node "w1" is powered by its BMC (power.kind ipmi, power.bootDevice disk) and a BMC-booted machine gets its node credential only by enrolling with its boot NIC's MAC, so bootstrap will not power it on; give its boot NIC's MAC`, 0)
 }
 
 // TestBootErrorLine: boot errors carry the source line.
