@@ -75,5 +75,6 @@ node's endpoint (UDP --port). Only the net-conf.json flannel reads is written, i
 	f.IntVar(&o.Port, overlay.FlagPort, o.Port, "VXLAN UDP port (4789: IANA's, RFC 7348 §5)")
 	f.IntVar(&o.MTU, overlay.FlagMTU, 0, "the workload-plane link MTU; flannel.<vni> gets 50 bytes less (0: the interface's MTU)")
 	f.StringVar(&o.StateDir, overlay.FlagStateDir, o.StateDir, "directory of flannel's net-conf.json")
+	f.StringVar(&o.PodRangesFile, overlay.FlagPodRanges, "", "JSON file of node name → pod range (the appliance's assignment): this node's spec.podCIDR is set from it when empty; empty: spec.podCIDR as found")
 	return cmd
 }

@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,8 +19,8 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/kubemanifest"
 )
 
-// Names of the objects Manifest renders (ServiceAccount, ClusterRole, ClusterRoleBinding and
-// DaemonSet share Name).
+// Names of the objects Manifest renders (ServiceAccount, ClusterRole, ClusterRoleBinding, ConfigMap
+// and DaemonSet share Name).
 const (
 	Name      = "appliance-overlay"
 	Namespace = "kube-system"
@@ -35,6 +36,14 @@ const (
 	FlagPort        = "port"
 	FlagMTU         = "mtu"
 	FlagStateDir    = "state-dir"
+	FlagPodRanges   = "pod-ranges"
+)
+
+// PodRangesKey is the ConfigMap's key holding the pod ranges (JSON, node name → CIDR), mounted at
+// ConfigDir.
+const (
+	PodRangesKey = "pod-ranges.json"
+	ConfigDir    = "/etc/appliance-overlay"
 )
 
 // StateDir is the DaemonSet's state directory (an emptyDir: flannel's net-conf.json only).
@@ -56,6 +65,10 @@ type ManifestOptions struct {
 	PublicCIDRs []netip.Prefix
 	VNI, Port   int
 	MTU         int
+	// PodRanges is the appliance's pod range of every node (plan.PodRanges): the ConfigMap's
+	// PodRangesKey, from which each node's overlay sets its spec.podCIDR (Options.PodRangesFile).
+	// Nil: no ConfigMap, spec.podCIDR is used as found.
+	PodRanges map[string]netip.Prefix
 	// APIServer, when set ("host:port", the API VIP and port), is given as
 	// KUBERNETES_SERVICE_HOST/PORT: the overlay reaches the API before any Service works.
 	APIServer string
@@ -67,8 +80,9 @@ var ErrManifest = errors.New("overlay manifest: invalid options")
 // Manifest renders the YAML stream (documents separated by "---") to apply with `kubectl apply
 // --server-side`: the ServiceAccount, the ClusterRole flannel's Kubernetes subnet manager needs
 // (nodes get/list/watch and patch, for its annotations; nodes/status patch, for the annotations it
-// writes through the status subresource and the NetworkUnavailable condition), its
-// ClusterRoleBinding and the DaemonSet: every node (control planes and not-ready nodes tolerated),
+// writes through the status subresource and the NetworkUnavailable condition; patch also sets
+// spec.podCIDR), its ClusterRoleBinding, with PodRanges the ConfigMap of the pod ranges, and the
+// DaemonSet: every node (control planes and not-ready nodes tolerated),
 // host network, priority class system-node-critical, the appliance image running `appliance
 // overlay` with only NET_ADMIN and NET_RAW, a read-only root and an emptyDir for StateDir. It fails
 // (ErrManifest) for an image not pinned by digest, options Run refuses, or an APIServer that is not
@@ -102,6 +116,26 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 		"--" + FlagStateDir + "=" + StateDir}
 	if o.MTU != 0 {
 		args = append(args, "--"+FlagMTU+"="+strconv.Itoa(o.MTU))
+	}
+	var cm *corev1.ConfigMap
+	mounts := []corev1.VolumeMount{{Name: "state", MountPath: StateDir}}
+	volumes := []corev1.Volume{{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	if o.PodRanges != nil {
+		for n, r := range o.PodRanges {
+			if !r.IsValid() || !o.Network.Contains(r.Addr()) || r.Bits() < o.Network.Bits() {
+				return nil, fmt.Errorf("%w: pod range %s of node %s: give a range inside %s", ErrManifest, r, n, o.Network)
+			}
+		}
+		ranges, err := json.Marshal(o.PodRanges) // map keys sorted: deterministic
+		if err != nil {
+			return nil, fmt.Errorf("overlay manifest: %w", err)
+		}
+		cm = &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: Name, Namespace: Namespace},
+			Data: map[string]string{PodRangesKey: string(ranges) + "\n"}}
+		args = append(args, "--"+FlagPodRanges+"="+ConfigDir+"/"+PodRangesKey)
+		mounts = append(mounts, corev1.VolumeMount{Name: "config", MountPath: ConfigDir, ReadOnly: true})
+		volumes = append(volumes, corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: Name}}}})
 	}
 
 	labels := map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "airgap-appliance"}
@@ -158,17 +192,22 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 							ReadOnlyRootFilesystem:   &yes,
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}},
 						},
-						VolumeMounts: []corev1.VolumeMount{{Name: "state", MountPath: StateDir}},
+						VolumeMounts: mounts,
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("50Mi"),
 						}},
 					}},
-					Volumes: []corev1.Volume{{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+					Volumes: volumes,
 				},
 			},
 		},
 	}
-	out, err := kubemanifest.Stream(sa, role, binding, ds)
+	objs := []any{sa, role, binding}
+	if cm != nil {
+		cm.Labels = labels
+		objs = append(objs, cm)
+	}
+	out, err := kubemanifest.Stream(append(objs, ds)...)
 	if err != nil {
 		return nil, fmt.Errorf("overlay manifest: %w", err)
 	}

@@ -21,18 +21,23 @@ const testImage = "10.100.0.2:8443/airgap-appliance/appliance@sha256:0123456789a
 func labManifestOptions() ManifestOptions {
 	return ManifestOptions{Image: testImage, Network: netip.MustParsePrefix("10.244.0.0/16"),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24"), netip.MustParsePrefix("10.201.0.0/24")},
-		VNI:         1, Port: 4789, MTU: 1500, APIServer: "10.100.0.100:6443"}
+		VNI:         1, Port: 4789, MTU: 1500, APIServer: "10.100.0.100:6443",
+		PodRanges: map[string]netip.Prefix{"cp1": netip.MustParsePrefix("10.244.0.0/24"), "w1": netip.MustParsePrefix("10.244.1.0/24")}}
 }
 
 // TestManifestGolden renders the manifest of a two-subnet lab (MTU set) and of one that leaves the
 // MTU to the interfaces, compares them with the golden files and renders each twice: identical bytes.
 func TestManifestGolden(t *testing.T) {
 	noMTU := labManifestOptions()
-	noMTU.MTU, noMTU.APIServer = 0, ""
+	noMTU.MTU, noMTU.APIServer, noMTU.PodRanges = 0, "", nil
 	for _, c := range []struct {
-		name string
-		o    ManifestOptions
-	}{{"two-subnets", labManifestOptions()}, {"interface-mtu", noMTU}} {
+		name  string
+		o     ManifestOptions
+		kinds string
+	}{
+		{"two-subnets", labManifestOptions(), "ServiceAccount,ClusterRole,ClusterRoleBinding,ConfigMap,DaemonSet"},
+		{"interface-mtu", noMTU, "ServiceAccount,ClusterRole,ClusterRoleBinding,DaemonSet"},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Manifest(c.o)
 			if err != nil {
@@ -63,8 +68,8 @@ func TestManifestGolden(t *testing.T) {
 				}
 				kinds = append(kinds, m["kind"].(string))
 			}
-			if strings.Join(kinds, ",") != "ServiceAccount,ClusterRole,ClusterRoleBinding,DaemonSet" {
-				t.Errorf("kinds %v", kinds)
+			if strings.Join(kinds, ",") != c.kinds {
+				t.Errorf("kinds %v, want %s", kinds, c.kinds)
 			}
 		})
 	}
@@ -82,6 +87,7 @@ func TestManifestErrors(t *testing.T) {
 		"VNI 0":               {func(o *ManifestOptions) { o.VNI = 0 }, "VNI 0: give 1..16777215"},
 		"port 0":              {func(o *ManifestOptions) { o.Port = 0 }, "port 0: give a UDP port"},
 		"MTU too small":       {func(o *ManifestOptions) { o.MTU = 600 }, "MTU 600: give the link MTU (at least 626"},
+		"pod range outside":   {func(o *ManifestOptions) { o.PodRanges["w1"] = netip.MustParsePrefix("10.245.1.0/24") }, "pod range 10.245.1.0/24 of node w1: give a range inside 10.244.0.0/16"},
 		"API server w/o port": {func(o *ManifestOptions) { o.APIServer = "10.100.0.100" }, "give host:port"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -6,9 +6,12 @@
 // On each node `appliance overlay` (run by the DaemonSet Manifest renders, host network, NET_ADMIN):
 //   - picks the node's public address: the first local IPv4 address inside the workload-plane CIDRs,
 //     tried in their order (pkg/netresolve, the order the appliance and hostagent resolve);
-//   - reads the node's spec.podCIDR, which kube-controller-manager allocates (kubeadm's
-//     networking.podSubnet turns on --allocate-node-cidrs), and records flannel's annotations on the
-//     node (flannel.alpha.coreos.com/public-ip, backend-data with the VTEP MAC, …);
+//   - gives its Node object the pod range the appliance assigned it (Options.PodRangesFile: the
+//     appliance assigns every node's range itself, hostagent's bridge network on cni0 hands out its
+//     addresses, and kube-controller-manager runs with --allocate-node-cidrs=false), as
+//     spec.podCIDR when that is still empty, and refuses a node whose spec.podCIDR says otherwise;
+//   - lets flannel read the node's spec.podCIDR and record its annotations on the node
+//     (flannel.alpha.coreos.com/public-ip, backend-data with the VTEP MAC, …);
 //   - creates the VXLAN device flannel.<VNI> (VNI 1, UDP port 4789, MTU = link MTU − 50) with the
 //     first address of the node's pod range as a /32, and for every other node with those
 //     annotations programs a route to its pod range via flannel.<VNI> (onlink), an ARP entry and a
@@ -19,7 +22,8 @@
 //
 // It writes nothing else: no masquerade or forward rules (pod traffic leaves unmasqueraded, as with
 // the bridge CNI), no CNI configuration (hostagent writes the bridge network on cni0 for the node's
-// pod range), no subnet.env; only the net-conf.json flannel's subnet manager reads, in Options.StateDir.
+// pod range), no subnet.env; only the net-conf.json flannel's subnet manager reads, in Options.StateDir,
+// and on the API its Node object's spec.podCIDR (once) and flannel's annotations and condition.
 package overlay
 
 import (
@@ -33,10 +37,17 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/flannel-io/flannel/pkg/backend"
 	_ "github.com/flannel-io/flannel/pkg/backend/vxlan" // registers the "vxlan" backend
 	"github.com/flannel-io/flannel/pkg/subnet/kube"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airgap-appliance/appliance/pkg/netresolve"
 )
@@ -69,6 +80,11 @@ type Options struct {
 	// MTU is the workload-plane link MTU in bytes; flannel.<VNI> gets MTU − 50 (VXLAN's IPv4
 	// overhead, RFC 7348 §5). 0: the MTU of the interface holding the public address.
 	MTU int
+	// PodRangesFile, when set, is a JSON object of node name → pod range (the appliance's
+	// assignment, PodRangesKey of the manifest's ConfigMap): Run sets its node's spec.podCIDR (and
+	// spec.podCIDRs) to its range when empty, and fails when it holds another one or the file has no
+	// range for the node while spec.podCIDR is empty. Empty: spec.podCIDR is taken as it is.
+	PodRangesFile string
 	// StateDir is where NetConfFile is written (made 0755 if missing). Required.
 	StateDir string
 	// Log receives progress (flannel itself logs through klog). Nil: discard.
@@ -193,6 +209,11 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.WriteFile(confPath, conf, 0o644); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
+	if o.PodRangesFile != "" {
+		if err := assignPodCIDR(ctx, o, log); err != nil {
+			return err
+		}
+	}
 	if err := os.Setenv("NODE_NAME", o.NodeName); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
@@ -243,5 +264,62 @@ func Run(ctx context.Context, o Options) error {
 	}
 	<-ctx.Done()
 	log.Info("overlay stopping", "node", o.NodeName)
+	return nil
+}
+
+// nodeWait bounds how long assignPodCIDR waits for the node object (kubelet registers it; the
+// DaemonSet's pod only runs once it exists, so this bounds a hang, not a normal wait).
+const nodeWait = 2 * time.Minute
+
+// assignPodCIDR gives node o.NodeName the pod range o.PodRangesFile assigns it (see PodRangesFile).
+func assignPodCIDR(ctx context.Context, o Options, log *slog.Logger) error {
+	b, err := os.ReadFile(o.PodRangesFile)
+	if err != nil {
+		return fmt.Errorf("overlay: pod ranges: %w", err)
+	}
+	var ranges map[string]netip.Prefix
+	if err := json.Unmarshal(b, &ranges); err != nil {
+		return fmt.Errorf("overlay: pod ranges %s: %w", o.PodRangesFile, err)
+	}
+	want, assigned := ranges[o.NodeName]
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("overlay: kubeconfig: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	var node *corev1.Node
+	err = wait.PollUntilContextTimeout(ctx, time.Second, nodeWait, true, func(ctx context.Context) (bool, error) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+		if err != nil {
+			log.Info("overlay: waiting for the node object", "node", o.NodeName, "error", err)
+			return false, nil
+		}
+		node = n
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("overlay: node %s: %w", o.NodeName, err)
+	}
+	switch have := node.Spec.PodCIDR; {
+	case assigned && have == want.String():
+		return nil
+	case assigned && have != "":
+		return fmt.Errorf("overlay: node %s has spec.podCIDR %s but the appliance assigned it %s (its bridge network hands out those addresses): delete the node object and let it register again", o.NodeName, have, want)
+	case !assigned && have == "":
+		return fmt.Errorf("overlay: node %s has no pod range in %s and no spec.podCIDR: add the node to the appliance's inventory (nodes[]) and rerun bootstrap", o.NodeName, o.PodRangesFile)
+	case !assigned:
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": want.String(), "podCIDRs": []string{want.String()}}})
+	if err != nil {
+		return err
+	}
+	if _, err := cs.CoreV1().Nodes().Patch(ctx, o.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Name}); err != nil {
+		return fmt.Errorf("overlay: set node %s's spec.podCIDR to %s: %w", o.NodeName, want, err)
+	}
+	log.Info("overlay: node pod range set", "node", o.NodeName, "podCIDR", want)
 	return nil
 }

@@ -32,11 +32,11 @@ const (
 )
 
 // overlayProbe is the test binary as one node's `appliance overlay` (one process per node, as flannel
-// needs): overlay NODE KUBECONFIG STATEDIR. It prints "ready" once Run registered the node and runs
+// needs): overlay NODE KUBECONFIG STATEDIR PODRANGES. It prints "ready" once Run registered the node and runs
 // until stdin closes.
 func overlayProbe(args []string) int {
-	if len(args) != 4 {
-		fmt.Println("error: overlay NODE KUBECONFIG STATEDIR")
+	if len(args) != 5 {
+		fmt.Println("error: overlay NODE KUBECONFIG STATEDIR PODRANGES")
 		return 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -45,7 +45,7 @@ func overlayProbe(args []string) int {
 		cancel()
 	}()
 	err := Run(ctx, Options{
-		NodeName: args[1], Kubeconfig: args[2], StateDir: args[3],
+		NodeName: args[1], Kubeconfig: args[2], StateDir: args[3], PodRangesFile: args[4],
 		Network:     netip.MustParsePrefix(podNetwork),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix(subnetA), netip.MustParsePrefix(subnetB)},
 		VNI:         testVNI, Port: testPort, MTU: testMTU,
@@ -61,7 +61,9 @@ func overlayProbe(args []string) int {
 
 // TestOverlayAcrossRouter runs the overlay for real: two node namespaces in different subnets
 // (10.71.0.0/24 and 10.72.0.0/24) joined only by a router namespace that has no route to any pod
-// address, a real kube-apiserver (test/kubetest) with Node objects carrying spec.podCIDR, the
+// address, a real kube-apiserver (test/kubetest) with Node objects registered without
+// spec.podCIDR (kube-controller-manager runs with --allocate-node-cidrs=false here: the overlay
+// sets it from the appliance's pod ranges, and refuses a node whose spec.podCIDR disagrees), the
 // manifest's RBAC applied with kubectl and each overlay authenticated as the manifest's
 // ServiceAccount, and a "pod" namespace behind each node. It proves a TCP connection from a pod
 // address of node a reaches a pod address of node b (so it crossed the router inside VXLAN on UDP
@@ -94,7 +96,8 @@ func TestOverlayAcrossRouter(t *testing.T) {
 	// kube-controller-manager leave them (spec.podCIDR allocated).
 	m, err := Manifest(ManifestOptions{Image: testImage, Network: netip.MustParsePrefix(podNetwork),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix(subnetA), netip.MustParsePrefix(subnetB)},
-		VNI:         testVNI, Port: testPort, MTU: testMTU, APIServer: "10.71.0.100:6443"})
+		VNI:         testVNI, Port: testPort, MTU: testMTU, APIServer: "10.71.0.100:6443",
+		PodRanges: map[string]netip.Prefix{"a": netip.MustParsePrefix(podCIDRA), "b": netip.MustParsePrefix(podCIDRB), "c": netip.MustParsePrefix("10.244.3.0/24")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,11 +112,14 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		return string(out)
 	}
 	kube(string(m), "apply", "--server-side", "--field-manager", "appliance", "-f", "-")
-	kube(fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: a\nspec:\n  podCIDR: %s\n  podCIDRs: [%s]\n---\n"+
-		"apiVersion: v1\nkind: Node\nmetadata:\n  name: b\nspec:\n  podCIDR: %s\n  podCIDRs: [%s]\n", podCIDRA, podCIDRA, podCIDRB, podCIDRB),
-		"apply", "-f", "-")
+	kube("apiVersion: v1\nkind: Node\nmetadata:\n  name: a\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: b\n---\n"+
+		"apiVersion: v1\nkind: Node\nmetadata:\n  name: c\nspec:\n  podCIDR: 10.244.9.0/24\n", "apply", "-f", "-")
 
 	dir := t.TempDir()
+	ranges := filepath.Join(dir, PodRangesKey)
+	if err := os.WriteFile(ranges, []byte(kube("", "get", "configmap", "-n", Namespace, Name, "-o", `jsonpath={.data.pod-ranges\.json}`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	kubeconfig := filepath.Join(dir, "overlay.conf")
 	s.WriteKubeconfig(t, kubeconfig, "system:serviceaccount:"+Namespace+":"+Name, "system:serviceaccounts", "system:serviceaccounts:"+Namespace)
 	for _, n := range []struct {
@@ -121,9 +127,27 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		ns   *labns.NS
 	}{{"a", nodeA}, {"b", nodeB}} {
 		s.ServeIn(t, n.ns)
-		labns.StartProbe(t, n.ns, "overlay", n.name, kubeconfig, filepath.Join(dir, n.name))
+		labns.StartProbe(t, n.ns, "overlay", n.name, kubeconfig, filepath.Join(dir, n.name), ranges)
+	}
+	// Node c registered with another range than the appliance's: refused, named, nothing set up.
+	stdin, keepOpen, err := os.Pipe() // the probe runs until its stdin closes: hold it open
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := labns.ProbeCommand(t, nodeA, "overlay", "c", kubeconfig, filepath.Join(dir, "c"), ranges)
+	cmd.Stdin = stdin
+	out, err := cmd.CombinedOutput()
+	stdin.Close()
+	keepOpen.Close()
+	if want := "node c has spec.podCIDR 10.244.9.0/24 but the appliance assigned it 10.244.3.0/24"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("overlay for node c: %v, output lacks %q:\n%s", err, want, out)
 	}
 
+	for node, want := range map[string]string{"a": podCIDRA, "b": podCIDRB} {
+		if got := kube("", "get", "node", node, "-o", "jsonpath={.spec.podCIDR}"); got != want {
+			t.Errorf("node %s spec.podCIDR %q, want the appliance's %s", node, got, want)
+		}
+	}
 	for node, want := range map[string]string{"a": nodeAAddr, "b": nodeBAddr} {
 		if got := kube("", "get", "node", node, "-o", `jsonpath={.metadata.annotations.flannel\.alpha\.coreos\.com/public-ip}`); got != want {
 			t.Errorf("node %s public-ip annotation %q, want its workload-plane address %s", node, got, want)
@@ -139,8 +163,7 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		}
 	}
 
-	listen := labns.StartProbe(t, pb, "listen", podB+":8080")
-	_ = listen
+	labns.StartProbe(t, pb, "listen", podB+":8080")
 	eventually(t, "pod a reaches pod b across the router", func() error {
 		if got := labns.ProbeOnce(t, pa, "dial", podA, podB+":8080"); got != "open" {
 			return fmt.Errorf("dial: %s", got)
