@@ -71,7 +71,7 @@ func TestPreflightRecord(t *testing.T) {
 
 	t.Run("a failed pre-flight records nothing", func(t *testing.T) {
 		state := writeState(t, kc)
-		if err := PreflightAhead(ctx, state, kc, log); err == nil {
+		if err := PreflightAhead(ctx, state, kc, nil, log); err == nil {
 			t.Fatal("PreflightAhead on an interface that does not exist returned nil")
 		}
 		if _, err := os.Stat(filepath.Join(statedir.Keepalived(state), preflightRecordFile)); err == nil {

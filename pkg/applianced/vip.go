@@ -11,6 +11,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -210,7 +212,10 @@ func takePreflightRecord(dir string, kc keepalived.Config, now time.Time) (time.
 // (plan.ApplianceKeepalived). The same rules apply: nothing is checked after the hand-off or while a
 // keepalived of ours runs. A conflict is returned as checkVIPClaim returns it; a pass is recorded in
 // statedir.Keepalived (0600) for serve, which accepts it for preflightRecordTTL for the same instances.
-func PreflightAhead(ctx context.Context, stateDir string, kc keepalived.Config, log *slog.Logger) error {
+// checkOnly are instances the bootstrap host does not run but whose VIP and VRID it checks on its
+// segment all the same (plan.ApplianceIngressCheck: the ingress VIP); they are not in the record, as
+// serve does not check them.
+func PreflightAhead(ctx context.Context, stateDir string, kc keepalived.Config, checkOnly []keepalived.Instance, log *slog.Logger) error {
 	dir := statedir.Keepalived(stateDir)
 	if _, err := os.Stat(filepath.Join(dir, handedOffName)); err == nil {
 		return nil
@@ -218,7 +223,9 @@ func PreflightAhead(ctx context.Context, stateDir string, kc keepalived.Config, 
 	if _, running := vipcheck.KeepalivedRunning(dir); running {
 		return nil
 	}
-	if err := preflight(ctx, kc, "", log); err != nil {
+	all := kc
+	all.Instances = append(slices.Clone(kc.Instances), checkOnly...)
+	if err := preflight(ctx, all, "", log); err != nil {
 		return err
 	}
 	b, err := json.Marshal(preflightRecord{Checks: preflightChecks(kc), Passed: time.Now()})
@@ -237,18 +244,32 @@ func PreflightAhead(ctx context.Context, stateDir string, kc keepalived.Config, 
 // conflicts: another VRRP group on our VRID, or another host answering for the VIP, each naming the
 // speaker and the configuration field to change.
 func preflight(ctx context.Context, kc keepalived.Config, nsPath string, log *slog.Logger) error {
-	for _, in := range kc.Instances {
-		o := vipcheck.FromInstance(nsPath, in)
-		o.Log = log
-		res, err := vipcheck.Run(ctx, o)
-		log.Info("VRRP pre-flight", "vip", in.VIP.Addr(), "vrid", in.VirtualRouterID, "interface", in.Interface,
-			"took", res.Took.Round(time.Millisecond), "window", res.Window, "peerAdverts", res.Adverts,
-			"otherVRIDs", res.OtherVRIDs, "peersAnswering", len(res.PeerMACs), "conflict", err != nil)
-		if err != nil {
-			return fmt.Errorf("VRRP pre-flight before claiming the API VIP %s refused the claim: %w", in.VIP.Addr(), err)
-		}
+	// The instances are checked at once (each listens for its own window): the ingress VIP's check
+	// adds no time to the API VIP's.
+	errs := make([]error, len(kc.Instances))
+	var wg sync.WaitGroup
+	for i, in := range kc.Instances {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := vipcheck.FromInstance(nsPath, in)
+			o.Log = log
+			o.Ingress = in.Name == agentapi.VRRPIngressInstanceName
+			res, err := vipcheck.Run(ctx, o)
+			log.Info("VRRP pre-flight", "vip", in.VIP.Addr(), "vrid", in.VirtualRouterID, "interface", in.Interface,
+				"took", res.Took.Round(time.Millisecond), "window", res.Window, "peerAdverts", res.Adverts,
+				"otherVRIDs", res.OtherVRIDs, "peersAnswering", len(res.PeerMACs), "conflict", err != nil)
+			if err != nil {
+				what := "claiming the API VIP"
+				if o.Ingress {
+					what = "the control planes claim the ingress VIP"
+				}
+				errs[i] = fmt.Errorf("VRRP pre-flight before %s %s refused the claim: %w", what, in.VIP.Addr(), err)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // stopVIP stops the detached keepalived of stateDir (`appliance stop`): SIGTERM, so the VIP moves to a

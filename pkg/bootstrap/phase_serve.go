@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/applianced"
+	"github.com/airgap-appliance/appliance/pkg/keepalived"
 	"github.com/airgap-appliance/appliance/pkg/plan"
 )
 
@@ -106,5 +107,9 @@ func startVIPPreflight(ctx context.Context, st *State) {
 	log := st.Options.Logger.With("component", "vip")
 	done := make(chan error, 1)
 	st.vipPreflight = done
-	go func() { done <- applianced.PreflightAhead(ctx, st.StateDir, *kc, log) }()
+	var checkOnly []keepalived.Instance
+	if in := plan.ApplianceIngressCheck(st.Config, st.ControlPlane, vrrp); in != nil {
+		checkOnly = append(checkOnly, *in)
+	}
+	go func() { done <- applianced.PreflightAhead(ctx, st.StateDir, *kc, checkOnly, log) }()
 }

@@ -92,3 +92,29 @@ func TestIngressRouterManifest(t *testing.T) {
 		t.Errorf("no appliance image yet: %v %q", err, nc.Kubernetes.IngressRouterManifest)
 	}
 }
+
+// TestApplianceIngressCheck: the bootstrap host's pre-flight checks the ingress VIP as the control
+// planes will claim it (VIP with the control-plane CIDR's length, the ingress VRID, the control planes
+// as peers, from the bootstrap host's own address and interface), and nothing without ingress.vip.
+func TestApplianceIngressCheck(t *testing.T) {
+	in := labInputs(t)
+	c := in.Config
+	v := VRRP{VirtualRouterID: 179, AdvertInterval: 250e6}
+	if got := ApplianceIngressCheck(c, in.ControlPlane, v); got != nil {
+		t.Fatalf("without ingress.vip: %+v, want nil", got)
+	}
+	c.Ingress = config.Ingress{VIP: netip.MustParseAddr("10.100.0.101")}
+	config.SetDefaults(c)
+	got := ApplianceIngressCheck(c, in.ControlPlane, v)
+	if got == nil {
+		t.Fatal("with ingress.vip: nil")
+	}
+	if got.Name != agentapi.VRRPIngressInstanceName || got.Interface != "eth0" || got.SourceIP != netip.MustParseAddr("10.100.0.2") ||
+		got.VIP != netip.MustParsePrefix("10.100.0.101/24") || got.VirtualRouterID != c.Ingress.VirtualRouterID ||
+		got.VirtualRouterID == v.VirtualRouterID || got.AdvertInterval != v.AdvertInterval {
+		t.Errorf("ingress check %+v", got)
+	}
+	if want := ControlPlaneAddresses(c); !slices.Equal(got.Peers, want) || len(want) != 3 {
+		t.Errorf("peers %v, want the control planes %v", got.Peers, want)
+	}
+}

@@ -142,6 +142,9 @@ func Build(in Inputs) (*Plan, error) {
 		if err := ingressRouterFor(c, n, &a.NodeConfig, in.ApplianceImage); err != nil {
 			return nil, fmt.Errorf("node %s: ingress router: %w", n.Name, err)
 		}
+		if err := overlayFor(c, n, &a.NodeConfig, in.ApplianceImage, in.Cluster); err != nil {
+			return nil, fmt.Errorf("node %s: overlay: %w", n.Name, err)
+		}
 		nc, err := json.MarshalIndent(a.NodeConfig, "", "  ")
 		if err != nil {
 			return nil, err
@@ -259,6 +262,29 @@ func ApplianceKeepalived(c *config.BootstrapConfiguration, cp netresolve.Address
 			AdvertInterval:  v.AdvertInterval,
 		}},
 	}, nil
+}
+
+// ApplianceIngressCheck is the ingress VIP's VRRP instance as the bootstrap host's pre-flight checks
+// it (issue 13): the bootstrap host does not speak for the ingress VIP (the control planes do), but
+// it sits on their segment, so before the first bootstrap it listens for another VRRP group on
+// ingress.virtualRouterID and ARP-probes ingress.vip there, as it does for the API VIP. Interface
+// and source are the bootstrap host's control-plane address cp; the peers are the control planes
+// (their advertisements and ARP answers are the cluster's own, so a rerun passes); the advertisement
+// interval is the cluster's (v). nil when there is no ingress VIP (or keepalived is off).
+func ApplianceIngressCheck(c *config.BootstrapConfiguration, cp netresolve.Address, v VRRP) *keepalived.Instance {
+	in := ingressFor(c)
+	if in == nil || !cp.Prefix.IsValid() || cp.Interface == "" {
+		return nil
+	}
+	return &keepalived.Instance{
+		Name:            agentapi.VRRPIngressInstanceName,
+		Interface:       cp.Interface,
+		SourceIP:        cp.Prefix.Addr(),
+		Peers:           ControlPlaneAddresses(c),
+		VIP:             vipPrefix(in.VIP, cp),
+		VirtualRouterID: in.VirtualRouterID,
+		AdvertInterval:  v.AdvertInterval,
+	}
 }
 
 func vipPrefix(vip netip.Addr, cp netresolve.Address) netip.Prefix {

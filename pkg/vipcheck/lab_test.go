@@ -203,6 +203,7 @@ func TestPreflight(t *testing.T) {
 		check     func(t *testing.T, res Result)
 		speaker   string
 		otherVRID uint8
+		ingress   bool // the ingress VIP's instance (Options.Ingress): its own fields in the refusal
 	}
 	for _, tc := range []scenario{
 		{name: "empty segment", check: func(t *testing.T, res Result) {
@@ -241,6 +242,19 @@ func TestPreflight(t *testing.T) {
 			ns.MustRun("ip", "addr", "add", vip+"/24", "dev", labIface)
 			return ns
 		}},
+		{name: "foreign host holds the ingress VIP", ingress: true, want: FieldIngressVIP, setup: func(t *testing.T, l *lab) *labns.NS {
+			ns := l.host("10.81.0.30")
+			ns.MustRun("ip", "addr", "add", vip+"/24", "dev", labIface)
+			return ns
+		}},
+		{name: "foreign multicast speaker on the ingress VRID", ingress: true, want: FieldIngressVRID, speaker: "10.81.0.20", setup: func(t *testing.T, l *lab) *labns.NS {
+			multicastSpeaker(t, l.host("10.81.0.20"), "10.81.0.200", 81)
+			return nil
+		}},
+		{name: "peer holds the ingress VIP", ingress: true, setup: func(t *testing.T, l *lab) *labns.NS {
+			unicastSpeaker(t, l.host(peer), peer, []string{us}, vip, 81, 0)
+			return nil
+		}, check: peerHeard(peer, vip)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLab(t)
@@ -252,7 +266,7 @@ func TestPreflight(t *testing.T) {
 			o := Options{
 				NetNSPath: self.Path(), Interface: labIface, SourceIP: netip.MustParseAddr(us),
 				Peers: []netip.Addr{netip.MustParseAddr(peer)}, VIPs: []netip.Addr{netip.MustParseAddr(vip)},
-				VRID: 81, AdvertInterval: tc.advert,
+				VRID: 81, AdvertInterval: tc.advert, Ingress: tc.ingress,
 				Log: slog.New(slog.NewTextHandler(tWriter{t, "vipcheck"}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 			}
 			res, err := Run(context.Background(), o)
@@ -283,14 +297,18 @@ func TestPreflight(t *testing.T) {
 					t.Errorf("message %q does not name %q", msg, s)
 				}
 			}
+			name := "API VIP"
+			if tc.ingress {
+				name = "ingress VIP"
+			}
 			switch tc.want {
-			case FieldVRID:
+			case FieldVRID, FieldIngressVRID:
 				if ce.Speaker.String() != tc.speaker || ce.Advert == nil || ce.Advert.VRID != 81 || !strings.Contains(msg, "virtual router ID 81") {
 					t.Errorf("VRID conflict %+v, want speaker %s on VRID 81", ce, tc.speaker)
 				}
-			case FieldVIP:
+			case FieldVIP, FieldIngressVIP:
 				want := mac(t, foreign)
-				if !bytes.Equal(ce.MAC, want) || ce.VIP.String() != vip || !strings.Contains(msg, want.String()) || !strings.Contains(msg, vip) {
+				if !bytes.Equal(ce.MAC, want) || ce.VIP.String() != vip || !strings.Contains(msg, want.String()) || !strings.Contains(msg, vip) || !strings.Contains(msg, "the "+name+" ") {
 					t.Errorf("VIP conflict %+v (%q), want MAC %s for %s", ce, msg, want, vip)
 				}
 			}

@@ -51,10 +51,13 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/keepalived"
 )
 
-// Config fields the refusals tell the user to change (pkg/config BootstrapConfiguration paths).
+// Config fields the refusals tell the user to change (pkg/config BootstrapConfiguration paths): the
+// API VIP's (the default) and the ingress VIP's (Options.Ingress).
 const (
-	FieldVRID = "apiServer.keepalived.virtualRouterID"
-	FieldVIP  = "apiServer.vip"
+	FieldVRID        = "apiServer.keepalived.virtualRouterID"
+	FieldVIP         = "apiServer.vip"
+	FieldIngressVRID = "ingress.virtualRouterID"
+	FieldIngressVIP  = "ingress.vip"
 )
 
 // DefaultIntervals is how many advertisement intervals the pre-flight listens: a master sends one
@@ -93,6 +96,9 @@ type Options struct {
 	AdvertInterval time.Duration
 	// Intervals is how many advertisement intervals to listen; 0 means DefaultIntervals.
 	Intervals int
+	// Ingress marks the instance of the ingress VIP (issue 13): conflicts name FieldIngressVRID and
+	// FieldIngressVIP, and "the ingress VIP", instead of the API VIP's fields.
+	Ingress bool
 	// Log receives one debug record per foreign VRID heard; nil discards.
 	Log *slog.Logger
 }
@@ -120,12 +126,23 @@ func (o Options) Window() time.Duration {
 	return time.Duration(n) * max(iv, keepalived.DefaultAdvertInterval)
 }
 
+// fields are the configuration fields a conflict names, and the VIP's name in messages.
+func (o Options) fields() (vrid, vip, name string) {
+	if o.Ingress {
+		return FieldIngressVRID, FieldIngressVIP, "ingress VIP"
+	}
+	return FieldVRID, FieldVIP, "API VIP"
+}
+
 // ConflictError is one speaker that stops the claim.
 type ConflictError struct {
 	// Interface the speaker was heard on.
 	Interface string
-	// Field is the configuration field to change: FieldVRID or FieldVIP.
+	// Field is the configuration field to change: FieldVRID or FieldVIP (FieldIngressVRID or
+	// FieldIngressVIP for the ingress VIP's instance). VRID conflicts carry Advert, VIP conflicts MAC.
 	Field string
+	// Name is the VIP's name in the message: "API VIP" (also when empty) or "ingress VIP".
+	Name string
 	// Speaker is the address the speaker used: the advertisement's source (VRID conflicts), or the
 	// host's own address when it is known from other ARP traffic or the neighbour table (VIP
 	// conflicts; invalid when unknown).
@@ -150,7 +167,7 @@ func (e *ConflictError) Error() string {
 		}
 		peers = strings.Join(ps, ", ")
 	}
-	if e.Field == FieldVRID {
+	if e.Advert != nil {
 		a := e.Advert
 		fmt.Fprintf(&b, "VRRP virtual router ID %d is already in use on %s: %s advertises it (VRRPv%d, priority %d",
 			a.VRID, e.Interface, e.Speaker, a.Version, a.Priority)
@@ -158,15 +175,19 @@ func (e *ConflictError) Error() string {
 			fmt.Fprintf(&b, ", for %s", joinAddrs(a.Addresses))
 		}
 		fmt.Fprintf(&b, ") and is not one of this cluster's VRRP peers (%s); set %s to a VRID no other VRRP group on this segment uses (1..255)",
-			peers, FieldVRID)
+			peers, e.Field)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "the API VIP %s is already in use on %s: the host with MAC %s", e.VIP, e.Interface, e.MAC)
+	name := e.Name
+	if name == "" {
+		name = "API VIP"
+	}
+	fmt.Fprintf(&b, "the %s %s is already in use on %s: the host with MAC %s", name, e.VIP, e.Interface, e.MAC)
 	if e.Speaker.IsValid() {
 		fmt.Fprintf(&b, " (%s)", e.Speaker)
 	}
 	fmt.Fprintf(&b, " answered an ARP probe for it and is not one of this cluster's VRRP peers (%s); set %s to an address no host uses, or free %s on that host",
-		peers, FieldVIP, e.VIP)
+		peers, e.Field, e.VIP)
 	return b.String()
 }
 
@@ -291,7 +312,8 @@ func judge(res *Result, o Options, own net.HardwareAddr, adverts []Advert, seen 
 		case !reported[a.Source]:
 			reported[a.Source] = true
 			adv := a
-			errs = append(errs, &ConflictError{Interface: o.Interface, Field: FieldVRID, Speaker: a.Source, Advert: &adv, Peers: o.Peers})
+			field, _, name := o.fields()
+			errs = append(errs, &ConflictError{Interface: o.Interface, Field: field, Name: name, Speaker: a.Source, Advert: &adv, Peers: o.Peers})
 		}
 	}
 	for v := range other {
@@ -343,7 +365,8 @@ func judge(res *Result, o Options, own net.HardwareAddr, adverts []Advert, seen 
 			res.Holders[p.SenderIP] = speaker
 			continue
 		}
-		errs = append(errs, &ConflictError{Interface: o.Interface, Field: FieldVIP, Speaker: speaker,
+		_, field, name := o.fields()
+		errs = append(errs, &ConflictError{Interface: o.Interface, Field: field, Name: name, Speaker: speaker,
 			MAC: slices.Clone(p.SenderHardwareAddr), VIP: p.SenderIP, Peers: o.Peers})
 	}
 	return errors.Join(errs...)
