@@ -40,11 +40,21 @@ type VirtualMediaBooter interface {
 	// ErrVirtualMediaUnsupported, ErrVirtualMediaNotInserted, ErrBootDeviceNotApplied or the
 	// Controller's sentinels, and say what to check.
 	BootVirtualMedia(ctx context.Context, o VirtualMediaOptions) (VirtualMediaReport, error)
-	// EjectVirtualMedia ejects every inserted virtual CD (Redfish EjectMedia through bmclib;
-	// Supermicro legacy IsoConfig.UnMount) and reads the slots back. A BMC that keeps the CD boot
-	// override for every boot (VirtualMediaReport.BootPersistent) boots the disk again only once
-	// the media is out. No virtual media inserted: nil.
+	// EjectVirtualMedia ejects every inserted virtual CD (Redfish EjectMedia through bmclib, which
+	// finds the slots under the Manager or, on newer Dell iDRACs, under the System; Supermicro legacy
+	// IsoConfig.UnMount) and reads the slots back, then clears a boot override from the CD as
+	// ClearVirtualMediaBoot does, so that the next boot is the disk's. Nothing inserted and no CD
+	// override: nil. Call it only once the machine no longer reads the CD (the node image's live
+	// system runs from it until it reboots into its disk).
 	EjectVirtualMedia(ctx context.Context) error
+	// ClearVirtualMediaBoot replaces a boot override from the CD (BootSourceOverrideTarget "Cd",
+	// whatever its BootSourceOverrideEnabled: a BMC that keeps it Continuous, such as sushy-tools'
+	// libvirt driver, would boot the CD again; one that keeps the target after a Once boot shows it
+	// too) with a one-time boot from the disk ("Hdd", Once), read back; other overrides are left
+	// alone. It touches no media, so it is safe while the machine still runs from the CD. It reports
+	// whether it changed the override. Errors wrap ErrBootDeviceNotApplied when the BMC reads back
+	// another device.
+	ClearVirtualMediaBoot(ctx context.Context) (bool, error)
 }
 
 // VirtualMediaOptions says what a BMC inserts.
@@ -228,25 +238,68 @@ func (c *bmcController) EjectVirtualMedia(ctx context.Context) error {
 				}
 				_ = resp.Body.Close()
 			}
-			return nil
+			_, err := c.clearCDBoot(ctx)
+			return err
 		}
 		inserted := false
 		for _, s := range slots {
 			inserted = inserted || s.Inserted
 		}
-		if !inserted {
-			return nil
-		}
-		if ok, err := c.client.SetVirtualMedia(ctx, "CD", ""); err != nil || !ok {
-			return fmt.Errorf("the BMC refused EjectMedia: %v", err)
-		}
-		for _, s := range slots {
-			if got, err := redfish.GetVirtualMedia(rf, s.ODataID); err == nil && got.Inserted {
-				return fmt.Errorf("EjectMedia was accepted but %s still reads back Inserted (image %s): eject it on the BMC's virtual media page", s.ODataID, got.Image)
+		if inserted {
+			if ok, err := c.client.SetVirtualMedia(ctx, "CD", ""); err != nil || !ok {
+				return fmt.Errorf("the BMC refused EjectMedia: %v", err)
+			}
+			for _, s := range slots {
+				if got, err := redfish.GetVirtualMedia(rf, s.ODataID); err == nil && got.Inserted {
+					return fmt.Errorf("EjectMedia was accepted but %s still reads back Inserted (image %s): eject it on the BMC's virtual media page", s.ODataID, got.Image)
+				}
 			}
 		}
-		return nil
+		_, err = c.clearCDBoot(ctx)
+		return err
 	})
+}
+
+// ClearVirtualMediaBoot implements VirtualMediaBooter.
+func (c *bmcController) ClearVirtualMediaBoot(ctx context.Context) (bool, error) {
+	if c.provider != providerRedfish {
+		return false, fmt.Errorf("virtual media on a %s BMC: %w", c.o.Kind, ErrUnsupported)
+	}
+	var changed bool
+	err := c.op(ctx, "clear the boot override from CD", func(ctx context.Context) error {
+		var err error
+		changed, err = c.clearCDBoot(ctx)
+		return err
+	})
+	return changed, err
+}
+
+// clearCDBoot is ClearVirtualMediaBoot under the controller lock (c.op). The one-time disk override
+// goes through bmclib (BootSourceOverrideTarget "Hdd", Enabled "Once"); a BMC may report it
+// Continuous (sushy-tools' libvirt driver rewrites the domain's boot order), which boots the disk
+// as well.
+func (c *bmcController) clearCDBoot(ctx context.Context) (bool, error) {
+	got, _, _, err := c.readBootDevice(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read the boot override: %w", err)
+	}
+	if got != BootCDROM {
+		return false, nil
+	}
+	ok, err := c.client.SetBootDevice(ctx, string(BootDisk), false, false)
+	if err != nil {
+		return false, fmt.Errorf("replace the boot override from CD with the disk: %w", err)
+	}
+	if !ok {
+		return false, fmt.Errorf("BMC did not confirm boot device %s", BootDisk)
+	}
+	if got, _, _, err = c.readBootDevice(ctx); err != nil {
+		return false, fmt.Errorf("read back the boot override: %w", err)
+	}
+	if got != BootDisk {
+		return false, fmt.Errorf("%w: replaced the boot override from CD with %s once, BMC reports %s: clear it on the BMC (boot override), or the node boots the virtual CD again", ErrBootDeviceNotApplied, BootDisk, got)
+	}
+	return true, nil
 }
 
 // gofish opens a gofish client on the same BMC with the same TLS trust and login method as the

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,6 +106,82 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 	}
 	if err := vb.EjectVirtualMedia(ctx); err != nil {
 		t.Fatalf("EjectVirtualMedia with nothing inserted: %v", err)
+	}
+}
+
+// TestVirtualMediaFinishSushyTools: after the install, the CD leaves the boot, against sushy-tools
+// (fake system driver; its Systems PATCH and VirtualMedia EjectMedia are its own real code):
+// ClearVirtualMediaBoot replaces the CD boot override with the disk while the CD stays inserted (the
+// live system still runs from it), EjectVirtualMedia then takes the CD out, and an eject with a CD
+// override but nothing inserted (the next power action after a half-finished install) clears the
+// override too. Nothing left to do is no error and no change.
+func TestVirtualMediaFinishSushyTools(t *testing.T) {
+	bmc := sushy.Start(t)
+	image, ca, _ := isoServer(t)
+	ctx := t.Context()
+	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	vb := c.(VirtualMediaBooter)
+	r, err := vb.BootVirtualMedia(ctx, VirtualMediaOptions{Image: image, CAPEM: ca})
+	if err != nil {
+		b, _ := os.ReadFile(bmc.Log)
+		t.Fatalf("BootVirtualMedia: %v\n%s", err, b)
+	}
+	get := func(path string) map[string]any {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(bmc.CAPEM)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://127.0.0.1:"+strconv.Itoa(bmc.Port)+path, nil)
+		req.SetBasicAuth(bmc.User, bmc.Password)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	system := strings.TrimSuffix(r.Slot, "/VirtualMedia/Cd")
+	target := func() any { return get(system)["Boot"].(map[string]any)["BootSourceOverrideTarget"] }
+	if got := target(); got != "Cd" {
+		t.Fatalf("boot override after BootVirtualMedia: %v, want Cd", got)
+	}
+
+	changed, err := vb.ClearVirtualMediaBoot(ctx)
+	if err != nil || !changed {
+		t.Fatalf("ClearVirtualMediaBoot = %v, %v; want changed", changed, err)
+	}
+	if got := target(); got != "Hdd" {
+		t.Errorf("boot override after ClearVirtualMediaBoot: %v, want Hdd", got)
+	}
+	if s := get(r.Slot); s["Inserted"] != true {
+		t.Errorf("ClearVirtualMediaBoot ejected the CD (the live system runs from it): %v", s)
+	}
+	if changed, err := vb.ClearVirtualMediaBoot(ctx); err != nil || changed {
+		t.Errorf("second ClearVirtualMediaBoot = %v, %v; want no change", changed, err)
+	}
+	if err := vb.EjectVirtualMedia(ctx); err != nil {
+		t.Fatalf("EjectVirtualMedia: %v", err)
+	}
+	if s := get(r.Slot); s["Inserted"] != false || s["Image"] != "" {
+		t.Errorf("slot after the eject: Inserted %v, Image %v", s["Inserted"], s["Image"])
+	}
+
+	// A CD override left with nothing inserted: the eject clears it.
+	if err := c.SetBootDevice(ctx, BootCDROM, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := vb.EjectVirtualMedia(ctx); err != nil {
+		t.Fatalf("EjectVirtualMedia with nothing inserted: %v", err)
+	}
+	if got := target(); got != "Hdd" {
+		t.Errorf("boot override after an eject with nothing inserted: %v, want Hdd", got)
 	}
 }
 
@@ -348,11 +425,32 @@ func TestVirtualMediaVendorQuirks(t *testing.T) {
 		if !mounted || b.res["/redfish/v1/Systems/1"]["PowerState"] != "On" {
 			t.Fatalf("requests %v: want the IsoConfig.Mount action, then power on", b.requests)
 		}
+		n := len(b.requests)
 		if err := startVendorBMC(t, b).(VirtualMediaBooter).EjectVirtualMedia(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if last := b.requests[len(b.requests)-1]; last != "POST /redfish/v1/Managers/1/VM1/CfgCD/Actions/IsoConfig.UnMount" {
-			t.Fatalf("eject: last request %q, want IsoConfig.UnMount", last)
+		if !slices.Contains(b.requests[n:], "POST /redfish/v1/Managers/1/VM1/CfgCD/Actions/IsoConfig.UnMount") {
+			t.Fatalf("eject: requests %v, want IsoConfig.UnMount", b.requests[n:])
+		}
+		if boot := b.res["/redfish/v1/Systems/1"]["Boot"].(map[string]any); boot["BootSourceOverrideTarget"] != "Hdd" {
+			t.Fatalf("after the eject the boot override is %v, want Hdd (the CD override cleared)", boot)
+		}
+	})
+	t.Run("dell idrac eject under Systems clears the CD boot", func(t *testing.T) {
+		b := newVendorBMC("dell")
+		c := startVendorBMC(t, b).(VirtualMediaBooter)
+		if _, err := c.BootVirtualMedia(t.Context(), VirtualMediaOptions{Image: image}); err != nil {
+			t.Fatal(err)
+		}
+		const slot = "/redfish/v1/Systems/System.Embedded.1/VirtualMedia/1"
+		if err := c.EjectVirtualMedia(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(b.requests, "POST "+slot+"/Actions/VirtualMedia.EjectMedia") || b.res[slot]["Inserted"] == true {
+			t.Fatalf("the Dell slot under Systems was not ejected: %v, slot %v", b.requests, b.res[slot])
+		}
+		if boot := b.res["/redfish/v1/Systems/System.Embedded.1"]["Boot"].(map[string]any); boot["BootSourceOverrideTarget"] != "Hdd" || boot["BootSourceOverrideEnabled"] != "Once" {
+			t.Fatalf("after the eject the boot override is %v, want Hdd once", boot)
 		}
 	})
 	t.Run("no virtual media", func(t *testing.T) {
