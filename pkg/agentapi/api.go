@@ -285,10 +285,15 @@ type KubernetesConfig struct {
 	// nodes' ranges, each routed via that node's workload-plane address.
 	PodCIDR   netip.Prefix `json:"podCIDR"`
 	PodRoutes []PodRoute   `json:"podRoutes,omitempty"`
-	// CNI is networks.cni: "bridge" ("" from an older appliance means bridge too) or "calico", whose
-	// calico-node writes the node's CNI network itself (PodRoutes are then empty).
+	// CNI is networks.cni: "bridge" ("" from an older appliance means bridge too), "calico", whose
+	// calico-node writes the node's CNI network itself, or "flannel", whose overlay DaemonSet
+	// (pkg/overlay) routes the pods while hostagent writes the bridge network on cni0 for PodCIDR
+	// with PodMTU (PodRoutes are empty for both).
 	CNI string `json:"cni,omitempty"`
-	// CNIManifest is the YAML stream that deploys the CNI (pkg/calico), sent to control planes only:
+	// PodMTU is the MTU of the pods' interfaces and cni0 with CNI "flannel" (the workload-plane MTU
+	// less VXLAN's 50 bytes); 0 leaves the kernel's default.
+	PodMTU int `json:"podMTU,omitempty"`
+	// CNIManifest is the YAML stream that deploys the CNI (pkg/calico, pkg/overlay), sent to control planes only:
 	// each applies it server-side with its admin.conf once its kube-apiserver is ready (step api)
 	// and again whenever it changes.
 	CNIManifest string `json:"cniManifest,omitempty"`

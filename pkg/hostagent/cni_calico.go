@@ -18,6 +18,10 @@ import (
 // CNICalico is agentapi.KubernetesConfig.CNI for Calico (config.CNICalico).
 const CNICalico = "calico"
 
+// CNIFlannel is agentapi.KubernetesConfig.CNI for the flannel overlay (config.CNIFlannel): the bridge
+// network with agentapi.KubernetesConfig.PodMTU and no pod routes.
+const CNIFlannel = "flannel"
+
 // Paths of the Calico CNI on a control plane.
 const (
 	// CNIManifestPath is the CNI manifest the control plane applies (0644: no secret in it).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -27,11 +28,11 @@ func TestCNIConfigShape(t *testing.T) {
 	} {
 		t.Run(tc.cidr, func(t *testing.T) {
 			p := netip.MustParsePrefix(tc.cidr)
-			b, err := CNIConfig(p)
+			b, err := CNIConfig(p, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			again, err := CNIConfig(p)
+			again, err := CNIConfig(p, 0)
 			if err != nil || !bytes.Equal(b, again) {
 				t.Errorf("two renders differ (err %v)", err)
 			}
@@ -54,6 +55,9 @@ func TestCNIConfigShape(t *testing.T) {
 			br, pm := got.Plugins[0], got.Plugins[1]
 			if br["type"] != "bridge" || br["bridge"] != "cni0" || br["isGateway"] != true || br["hairpinMode"] != true {
 				t.Errorf("bridge plugin: %v", br)
+			}
+			if _, ok := br["mtu"]; ok {
+				t.Errorf("bridge plugin has an MTU without one given: %v", br)
 			}
 			if _, ok := br["ipMasq"]; ok {
 				t.Errorf("bridge plugin masquerades pod traffic (pods are routed, not NATed): %v", br)
@@ -164,9 +168,11 @@ func TestCNIConfigRealPlugins(t *testing.T) {
 	requireCNIPlugins(t)
 	for _, tc := range []struct {
 		name, cidr, gw string
+		mtu            int
 	}{
-		{"ipv4", "10.244.7.0/24", "10.244.7.1"},
-		{"ipv6", "fd00:244:0:7::/64", "fd00:244:0:7::1"},
+		{"ipv4", "10.244.7.0/24", "10.244.7.1", 0},
+		{"ipv6", "fd00:244:0:7::/64", "fd00:244:0:7::1", 0},
+		{"ipv4 flannel MTU", "10.244.8.0/24", "10.244.8.1", 1450},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			podCIDR := netip.MustParsePrefix(tc.cidr)
@@ -178,7 +184,7 @@ func TestCNIConfigRealPlugins(t *testing.T) {
 				host.MustRun("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
 				pod.MustRun("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
 			}
-			conflist, err := CNIConfig(podCIDR)
+			conflist, err := CNIConfig(podCIDR, tc.mtu)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,6 +235,16 @@ func TestCNIConfigRealPlugins(t *testing.T) {
 			// What the kernel says, in each namespace.
 			if got := pod.MustRun("ip", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+addr.String()+" ") {
 				t.Errorf("pod eth0 lacks %s:\n%s", addr, got)
+			}
+			if tc.mtu != 0 {
+				for _, l := range []struct {
+					ns  *labns.NS
+					dev string
+				}{{pod, "eth0"}, {host, "cni0"}} {
+					if got := l.ns.MustRun("ip", "-o", "link", "show", "dev", l.dev); !strings.Contains(got, fmt.Sprintf(" mtu %d ", tc.mtu)) {
+						t.Errorf("%s has not MTU %d:\n%s", l.dev, tc.mtu, got)
+					}
+				}
 			}
 			if got := pod.MustRun("ip", "route", "show", "default"); !strings.Contains(got, "via "+gw.String()+" dev eth0") {
 				if got6 := pod.MustRun("ip", "-6", "route", "show", "default"); !strings.Contains(got6, "via "+gw.String()+" dev eth0") {

@@ -267,6 +267,7 @@ type cniPlugin struct {
 	Bridge       string          `json:"bridge,omitempty"`
 	IsGateway    bool            `json:"isGateway,omitempty"`
 	HairpinMode  bool            `json:"hairpinMode,omitempty"`
+	MTU          int             `json:"mtu,omitempty"`
 	IPAM         *cniIPAM        `json:"ipam,omitempty"`
 	Capabilities map[string]bool `json:"capabilities,omitempty"`
 }
@@ -277,15 +278,17 @@ type cniIPAM struct {
 	Routes []map[string]string   `json:"routes"`
 }
 
-// CNIConfig renders the node's bridge network for podCIDR (JSON, deterministic). Pod traffic leaves
-// unmasqueraded: every node routes every other node's pod range via its workload-plane address.
-func CNIConfig(podCIDR netip.Prefix) ([]byte, error) {
+// CNIConfig renders the node's bridge network for podCIDR (JSON, deterministic); mtu, when not 0, is
+// the MTU of cni0 and the pods' interfaces (the bridge plugin's "mtu"; the flannel CNI leaves room
+// for VXLAN). Pod traffic leaves unmasqueraded: every node routes every other node's pod range (via
+// its workload-plane address, or over the flannel overlay).
+func CNIConfig(podCIDR netip.Prefix, mtu int) ([]byte, error) {
 	def := "0.0.0.0/0"
 	if podCIDR.Addr().Is6() {
 		def = "::/0"
 	}
 	c := cniConfig{CNIVersion: "1.0.0", Name: "appliance", Plugins: []cniPlugin{
-		{Type: "bridge", Bridge: "cni0", IsGateway: true, HairpinMode: true, IPAM: &cniIPAM{
+		{Type: "bridge", Bridge: "cni0", IsGateway: true, HairpinMode: true, MTU: mtu, IPAM: &cniIPAM{
 			Type:   "host-local",
 			Ranges: [][]map[string]string{{{"subnet": podCIDR.String()}}},
 			Routes: []map[string]string{{"dst": def}},
@@ -297,7 +300,10 @@ func CNIConfig(podCIDR netip.Prefix) ([]byte, error) {
 }
 
 // stepCNI enables IP forwarding, writes the bridge CNI network for the node's pod range and routes
-// every other node's pod range via that node's workload-plane address (netlink, replace).
+// every other node's pod range via that node's workload-plane address (netlink, replace). With the
+// flannel CNI it writes the bridge network with the pods' MTU and no route: the overlay DaemonSet
+// routes the other nodes' ranges over flannel.1 (and routePods would remove those routes, which
+// point into the pod network through a gateway).
 func (a *Agent) stepCNI(_ context.Context) (string, error) {
 	if err := a.onHost("cni"); err != nil {
 		return "", err
@@ -314,7 +320,11 @@ func (a *Agent) stepCNI(_ context.Context) (string, error) {
 	if k.CNI == CNICalico {
 		return stepCNICalico(did)
 	}
-	conf, err := CNIConfig(k.PodCIDR)
+	mtu := 0
+	if k.CNI == CNIFlannel {
+		mtu = k.PodMTU
+	}
+	conf, err := CNIConfig(k.PodCIDR, mtu)
 	if err != nil {
 		return "", err
 	}
@@ -322,6 +332,13 @@ func (a *Agent) stepCNI(_ context.Context) (string, error) {
 		return "", fmt.Errorf("write %s: %w", CNIConfigPath, err)
 	} else if c {
 		did = append(did, "wrote "+CNIConfigPath)
+	}
+	if k.CNI == CNIFlannel {
+		detail := fmt.Sprintf("bridge cni0 with pods %s, MTU %d; the flannel overlay routes the other nodes' pods", k.PodCIDR, mtu)
+		if len(did) == 0 {
+			return "unchanged: " + detail, nil
+		}
+		return strings.Join(did, ", ") + ": " + detail, nil
 	}
 	n, err := routePods(k.PodRoutes, k.PodSubnet)
 	if err != nil {

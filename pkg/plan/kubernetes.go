@@ -109,7 +109,8 @@ func (p *Plan) JoinSecretsRenewer() string {
 //   - PodCIDR: the node's range of cluster.PodRanges (AllocatePodRanges: stable per node name, the
 //     i-th /24 or /64 of networks.pods for the i-th node on a first allocation), and PodRoutes to
 //     every other node's range via its first workload-plane address (bridge CNI only);
-//   - with networks.cni calico: CNI, and for control planes CNIManifest (cniFor).
+//   - with networks.cni calico: CNI, and for control planes CNIManifest (cniFor); with flannel: CNI
+//     and PodMTU (cniFor; the control planes' CNIManifest comes from overlayFor).
 //
 // Errors: no cluster secrets, a node without a workload-plane address (Validate refuses those), a
 // node without a pod range in cluster.PodRanges, or (PodRanges nil) a pod network too small for the
@@ -193,8 +194,8 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 			k.PodCIDR = p
 			continue
 		}
-		if k.CNI == config.CNICalico {
-			continue // calico-node routes the pods itself
+		if k.CNI == config.CNICalico || k.CNI == config.CNIFlannel {
+			continue // calico-node, or the flannel overlay, routes the pods
 		}
 		via, ok := WorkloadPlaneAddress(c, node)
 		if !ok {
