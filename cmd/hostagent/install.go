@@ -38,7 +38,7 @@ func newInstallCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 			"by the node's root-device hints (nodes[].rootDevice; none: the smallest disk of at least 4 GiB), writes\n" +
 			"the node image to it (GPT, ext4, GRUB for BIOS and UEFI) with the Ignition config applied, tells the appliance\n" +
 			"over its HTTPS agent API, with the node token, that the machine is installed (its next network boots boot\n" +
-			"the disk) and reboots into the disk, where\n" +
+			"the disk; a virtual-media node's BMC boots the disk next and ejects the CD) and reboots into the disk, where\n" +
 			"hostagent.service takes over. No disk matching the hints fails the node, reported to the appliance with\n" +
 			"the hints and the disks seen.",
 		Args: cobra.NoArgs,

@@ -24,20 +24,27 @@ const (
 	// once: the hostagent then waits a few seconds between requests.
 	ConfigWaitParam = "wait"
 	// InstalledPathV1: POST an InstallNotice (JSON) → 204 once the node's machine has installed the
-	// node image to its disk (`hostagent install`): the appliance's network boot then answers that
-	// machine with a script that boots its disk (pkg/netboot). The node is the one the bearer token
-	// names, and the notice's MAC must be that node's nodes[].mac: a notice for another node's machine
-	// is refused with 403 (ErrInstallNoticeRefused), one without a valid token with the agent API's
-	// 401, and an appliance that does not network-boot the node (boot.dhcp off, or the node not
-	// network-bootable) answers 404. Resending a notice is harmless: the mark is rewritten.
+	// node image to its disk (`hostagent install`), before it reboots. After a network boot the
+	// appliance's network boot then answers that machine with a script that boots its disk
+	// (pkg/netboot); after a virtual-media boot (nodes[].power.virtualMediaImage) the node's BMC
+	// replaces the boot from the CD with one from the disk at once and ejects the CD once the
+	// installed system reports from its disk. The node is the one the bearer token names, and a
+	// network boot's MAC must be that node's nodes[].mac: a notice for another node's machine is
+	// refused with 403 (ErrInstallNoticeRefused), one without a valid token with the agent API's 401,
+	// and an appliance with nothing to do for the node (boot.dhcp off, a node neither network- nor
+	// virtual-media-booted) answers 404. Resending a notice is harmless.
 	InstalledPathV1 = "/agent/v1/installed"
 )
 
 // InstallNotice is the body of POST InstalledPathV1.
 type InstallNotice struct {
 	// MAC is the 48-bit MAC address of the NIC the machine network-booted from (iPXE's BOOTIF,
-	// "52:54:00:01:64:00"), which must be the node's nodes[].mac.
+	// "52:54:00:01:64:00"), which must be the node's nodes[].mac; empty after a boot from the node
+	// image's ISO (virtual media), which knows no boot NIC.
 	MAC string `json:"mac"`
+	// BootID is the installing (live) system's /proc/sys/kernel/random/boot_id: a report with
+	// another boot ID comes from the installed system.
+	BootID string `json:"bootID,omitempty"`
 }
 
 // ErrInstallNoticeRefused is wrapped by the appliance's install-notice handler for a notice it

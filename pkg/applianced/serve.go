@@ -141,9 +141,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	if nb != nil {
 		defer func() { _ = nb.Close() }()
-		// Installed machines' notices come over the HTTPS agent API with their node token.
-		agent.Installed = nb.NoteInstalled
 	}
+	// Installed machines' notices come over the HTTPS agent API with their node token: network-booted
+	// ones are marked (their next network boots boot the disk), virtual-media ones' BMCs take the CD
+	// out of the boot.
+	agent.Installed = newInstallNotices(ctx, cfg, nb, store, log.With("component", "install")).note
 	vctx, cancelVIP := context.WithCancel(ctx)
 	vipDone := make(chan struct{})
 	go func() {

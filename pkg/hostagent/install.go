@@ -195,19 +195,39 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	}
 	res.Installed = time.Since(t2)
 
-	if o.Boot.InitrdURL != "" && o.BootMAC != "" {
-		t3 := time.Now()
-		c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, "")
-		if err == nil {
-			err = sendInstallNotice(ctx, c, agentapi.InstallNotice{MAC: o.BootMAC})
+	t3 := time.Now()
+	c, err := NewClient(cfg.ApplianceURL, ca, cfg.Token, "")
+	if err == nil {
+		notice := agentapi.InstallNotice{MAC: o.BootMAC, BootID: bootID()}
+		if o.Boot.InitrdURL == "" {
+			notice.MAC = "" // an ISO boot: no boot NIC
 		}
-		if err != nil {
-			// Without the notice the next network boot would install again: refuse to reboot.
-			return res, fmt.Errorf("the disk is installed, but the appliance did not take the install notice (POST %s%s): %w", cfg.ApplianceURL, agentapi.InstalledPathV1, err)
-		}
-		res.Notified = time.Since(t3)
+		err = sendInstallNotice(ctx, c, notice)
 	}
+	switch {
+	case errors.Is(err, errNoticeNotServed) && (o.Boot.InitrdURL == "" || o.BootMAC == ""):
+		// An ISO boot the appliance has nothing to do for (no virtual media of its own): reboot.
+		log.Info("install: the appliance takes no install notice for this boot", "node", cfg.Node, "answer", err.Error())
+	case err != nil:
+		// Without the notice the next network boot would install again, and a virtual CD would stay
+		// in the boot: refuse to reboot.
+		return res, fmt.Errorf("the disk is installed, but the appliance did not take the install notice (POST %s%s): %w", cfg.ApplianceURL, agentapi.InstalledPathV1, err)
+	}
+	res.Notified = time.Since(t3)
 	return res, nil
+}
+
+// errNoticeNotServed is wrapped by sendInstallNotice for a 404: the appliance has nothing to do for
+// this node's install (agentapi.ErrInstallNoticeNotServed).
+var errNoticeNotServed = errors.New("the appliance takes no install notice for this node")
+
+// bootID is /proc/sys/kernel/random/boot_id, or "" when unreadable.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // installedNetwork is b.Network, with b.DHCPGateway as the gateway when the configuration names none
@@ -291,6 +311,9 @@ func sendInstallNotice(ctx context.Context, c *Client, n agentapi.InstallNotice)
 				return nil
 			}
 			last = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+			if resp.StatusCode == http.StatusNotFound {
+				return fmt.Errorf("%w: %w", errNoticeNotServed, last)
+			}
 			if resp.StatusCode < 500 {
 				return last
 			}

@@ -184,7 +184,7 @@ func TestInstallNoticeOverAgentAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	rendered := filepath.Join(dir, "rendered")
-	tokens := map[string]string{"w1": "tok-w1", "w2": "tok-w2"}
+	tokens := map[string]string{"w1": "tok-w1", "w2": "tok-w2", "s1": "tok-s1"}
 	agent := server.NewAgentAPI(rendered, tokens, nodestate.Open(filepath.Join(dir, "nodes")), log)
 	agent.Installed = nb.NoteInstalled
 	s, err := server.New(server.Options{Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM,
@@ -255,6 +255,12 @@ func TestInstallNoticeOverAgentAPI(t *testing.T) {
 	if strings.Contains(logs.String(), "tok-") {
 		t.Errorf("a token reached the log:\n%s", logs.String())
 	}
+
+	// A node the appliance does not network-boot: 404, which an ISO-booted installer may pass over.
+	if err := sendInstallNotice(t.Context(), client("tok-s1"), agentapi.InstallNotice{MAC: "52:54:00:00:00:41"}); !errors.Is(err, errNoticeNotServed) || !strings.Contains(err.Error(), "not network-booted") {
+		t.Errorf("s1's notice: %v, want errNoticeNotServed saying it is not network-booted", err)
+	}
+	noMarks("s1's notice")
 
 	if err := sendInstallNotice(t.Context(), client("tok-w1"), agentapi.InstallNotice{MAC: macW1}); err != nil {
 		t.Fatalf("w1's own notice: %v", err)
