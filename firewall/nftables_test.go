@@ -50,7 +50,7 @@ func expectedRuleLines(s Spec) []*regexp.Regexp {
 	q := regexp.QuoteMeta
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
 		if !containsRole(s.Roles, p.Role) || p.From == DNSPort && !s.DNS || strings.HasPrefix(p.Name, "ingress-") && !s.Ingress ||
-			strings.HasPrefix(p.Name, "boot-") && !s.Boot || p.From == PXEPort && !s.BootProxy {
+			p.Name == "vxlan" && !s.VXLAN || strings.HasPrefix(p.Name, "boot-") && !s.Boot || p.From == PXEPort && !s.BootProxy {
 			continue
 		}
 		if p.Name == "boot-http" && s.BootHTTPPort != 0 {

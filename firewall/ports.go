@@ -92,6 +92,10 @@ const (
 	IngressRouterHealthPort uint16 = 1936
 )
 
+// VXLANPort is the UDP port of the pod network's VXLAN between nodes (networks.cni flannel or calico):
+// the port IANA assigned to VXLAN (RFC 7348 §5).
+const VXLANPort uint16 = 4789
+
 // References cited by the port table.
 const (
 	RefKubeadmPorts    = "https://kubernetes.io/docs/reference/networking/ports-and-protocols/"
@@ -105,6 +109,7 @@ const (
 	RefNetboot         = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
 	RefIngress         = "RFC 9110 §4.2 (http 80, https 443); kcli's OpenShift ingress VIP layout"
 	RefAPILoadBalancer = "OpenShift on-prem API load balancer (haproxy on :9445, the API VIP's port redirected to it)"
+	RefVXLAN           = "RFC 7348 §5 (VXLAN, UDP port 4789)"
 )
 
 // Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
@@ -205,6 +210,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 		Description: "the ingress routers' HTTPS (TLS ends there), behind the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
 	add(nodes, Port{Name: "ingress-router-health", Protocol: ProtoTCP, From: IngressRouterHealthPort, To: IngressRouterHealthPort, Source: SourceNodeNetworks,
 		Description: "the ingress routers' /healthz, checked by the control planes' HAProxy; opened only when ingress.vip is set", Reference: RefIngress})
+	add(nodes, Port{Name: "vxlan", Protocol: ProtoUDP, From: VXLANPort, To: VXLANPort, Source: SourceNodeNetworks,
+		Description: "the pod network's VXLAN between the nodes' workload-plane addresses; opened only when networks.cni is flannel or calico", Reference: RefVXLAN})
 	add([]Role{RoleEtcd}, Port{Name: "etcd", Protocol: ProtoTCP, From: 2379, To: 2380, Source: SourceNodeNetworks,
 		Description: "etcd server client API and peer traffic", Reference: RefKubeadmPorts})
 	add(nodes, Port{Name: "kubelet", Protocol: ProtoTCP, From: 10250, To: 10250, Source: SourceNodeNetworks,

@@ -92,6 +92,8 @@ func TestPortsRequired(t *testing.T) {
 		{RoleWorker, "ingress-router-tls", ProtoTCP, 10443, 10443, SourceNodeNetworks},
 		{RoleControlPlane, "ingress-router-health", ProtoTCP, 1936, 1936, SourceNodeNetworks},
 		{RoleWorker, "ingress-router-health", ProtoTCP, 1936, 1936, SourceNodeNetworks},
+		{RoleControlPlane, "vxlan", ProtoUDP, 4789, 4789, SourceNodeNetworks},
+		{RoleWorker, "vxlan", ProtoUDP, 4789, 4789, SourceNodeNetworks},
 		{RoleEtcd, "etcd", ProtoTCP, 2379, 2380, SourceNodeNetworks},
 		{RoleControlPlane, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
 		{RoleWorker, "kubelet", ProtoTCP, 10250, 10250, SourceNodeNetworks},
@@ -289,7 +291,7 @@ var renderSpecs = []struct {
 		Boot:         true, BootProxy: true, BootHTTPPort: 8081}},
 	{"worker", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}}},
 	// A worker in a cluster with an ingress VIP: 80 and 443 for its ingress router.
-	{"worker-ingress", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}, Ingress: true}},
+	{"worker-ingress", Spec{Roles: []Role{RoleWorker}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("192.168.10.0/23")}, Ingress: true, VXLAN: true}},
 	// A control plane running the cluster's CoreDNS (hostagent sets DNS from the node config): 53
 	// from the node networks only; control-plane-etcd-dualstack, without DNS, has no 53.
 	{"control-plane-dns", Spec{Roles: []Role{RoleControlPlane, RoleEtcd},

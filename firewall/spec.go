@@ -34,6 +34,9 @@ type Spec struct {
 	// on control planes, the routers' ports on every node): only in a cluster with an ingress VIP
 	// (ingress.vip), where the control planes' HAProxy and the ingress routers answer there.
 	Ingress bool `json:",omitempty"`
+	// VXLAN opens the table's vxlan row (VXLANPort, UDP) of the host's roles: only on the nodes of a
+	// cluster whose pod network is VXLAN between them (networks.cni flannel or calico).
+	VXLAN bool `json:",omitempty"`
 	// Boot opens the table's network-boot rows (DHCPPort, TFTPPort and the boot HTTP port): only when
 	// the host serves network boot (the appliance with boot.dhcp proxy or server).
 	Boot bool `json:",omitempty"`
@@ -92,7 +95,7 @@ func (s Spec) ports() []Port {
 	seen := map[key]bool{}
 	var out []Port
 	for _, p := range Ports(s.HTTPSPort, s.APIPort) {
-		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS || p.isIngress() && !s.Ingress || p.isBoot() && !s.Boot || p.Name == "boot-proxydhcp" && !s.BootProxy {
+		if !slices.Contains(s.Roles, p.Role) || p.isDNS() && !s.DNS || p.isIngress() && !s.Ingress || p.Name == "vxlan" && !s.VXLAN || p.isBoot() && !s.Boot || p.Name == "boot-proxydhcp" && !s.BootProxy {
 			continue
 		}
 		if p.Name == "boot-http" && s.BootHTTPPort != 0 {

@@ -3,6 +3,8 @@ package config
 import (
 	"net/netip"
 	"slices"
+
+	"github.com/airgap-appliance/appliance/firewall"
 )
 
 // The pod network's plugins (networks.cni).
@@ -41,7 +43,7 @@ const (
 // that flannel inherits: firewalls and packet tools know 4789 as VXLAN.
 const (
 	VXLANVNI  = 1
-	VXLANPort = 4789
+	VXLANPort = int(firewall.VXLANPort)
 )
 
 // DefaultPodMTU is the pods' MTU with the flannel CNI when networks.workloadPlane.mtu is not set:

@@ -52,6 +52,8 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 		APIPort:      nc.APIServerPort,
 		DNS:          nc.DNS != nil && nc.DNS.Server != nil, // the control planes' CoreDNS (dns step)
 		Ingress:      nc.Ingress != nil,                     // HAProxy on the ingress VIP, the ingress routers
+		// The pod network's VXLAN between the nodes (the flannel overlay, calico-node).
+		VXLAN: nc.Kubernetes != nil && (nc.Kubernetes.CNI == CNIFlannel || nc.Kubernetes.CNI == CNICalico),
 	}
 	if nc.Keepalived != nil {
 		spec.VRRPPeers = nc.Keepalived.Peers
