@@ -10,8 +10,10 @@
 # Environment: P = LAB_PREFIX (default lab); LAB_DIR (default /var/lib/appliance-lab for the prefix
 # "lab", /var/lib/appliance-lab-P for any other, so labs never share node directories; a LAB_DIR that
 # already holds running nodes of another prefix is refused); LAB_WORKER_KIND = vm (default) or nspawn,
-# the kind wI nodes are started as. Each node's state lives in LAB_DIR/nodes/<node>, its kind in
-# LAB_DIR/nodes/<node>/kind.
+# the kind wI nodes are started as; LAB_VM_BOOT = kit (default) or pxe, how a VM worker boots
+# (test/lab/vm/chassis.sh: the lab kit, or a blank machine that network-boots, with one blank disk
+# whose serial is LAB-DISK-<node>); LAB_VM_MEMORY_MB its memory in MiB (default 1024). Each node's
+# state lives in LAB_DIR/nodes/<node>, its kind in LAB_DIR/nodes/<node>/kind.
 #
 # Two kinds of node:
 #
@@ -448,6 +450,8 @@ bmc_up() {
 		NET_ARGS="ip=10.100.0.$((20 + i))::10.100.0.2:255.255.255.0:$node:eth0:off ip=10.200.0.$((20 + i))::10.200.0.2:255.255.255.0:$node:eth1:off"
 		MAC_PREFIX=52:54:00:$(printf %02x "$i")
 		MEMORY_MB=${LAB_VM_MEMORY_MB:-1024}
+		VM_BOOT=${LAB_VM_BOOT:-kit}
+		VM_DISK_SERIAL=LAB-DISK-$node
 	ENV
 	(
 		umask 077

@@ -22,10 +22,18 @@
 # addresses, `ip=` in kernel syntax) is left out when that file already has an ip= argument. Power-on
 # fails when CMDLINE_FILE is missing: a machine whose PXE server has nothing for it does not boot.
 #
+# With VM_BOOT=pxe in chassis.env the VM is a blank machine instead (issue 12's bare-metal proof): no
+# kit and no kernel command line; its first NIC carries QEMU's iPXE ROM (Debian's ipxe-qemu,
+# pxe-virtio.rom) and comes first in the boot order, then one blank virtio disk, NODE_DIR/disk.img
+# (created sparse on the first power-on, VM_DISK_GB GiB, default 8; kept across power cycles, as a
+# machine's disk is), with serial VM_DISK_SERIAL. What it boots is what the network serves it: the
+# appliance's DHCP, TFTP and per-MAC iPXE script (which boots the disk once the machine installed).
+#
 # NODE_DIR/chassis.env (written by nodes.sh) gives NODE, NETNS, NODE_DIR, KIT_SCRIPT, APPLIANCE_CACHE,
-# HOSTAGENT, CMDLINE_FILE, NET_ARGS, MAC_PREFIX, MEMORY_MB, and optionally SYSTEM_UUID. The VM has two
-# virtio NICs: eth0 on tap0 (MAC_PREFIX:64:00, bridged to the control plane) and eth1 on tap1
-# (MAC_PREFIX:c8:00, workload plane), and the SMBIOS system UUID SYSTEM_UUID, by default derived from
+# HOSTAGENT, CMDLINE_FILE, NET_ARGS, MAC_PREFIX, MEMORY_MB, and optionally SYSTEM_UUID, VM_BOOT (kit,
+# the default, or pxe), VM_DISK_SERIAL and VM_DISK_GB. The VM has two virtio NICs: eth0 on tap0
+# (MAC_PREFIX:64:00, bridged to the control plane) and eth1 on tap1 (MAC_PREFIX:c8:00, workload
+# plane), and the SMBIOS system UUID SYSTEM_UUID, by default derived from
 # MAC_PREFIX: for 52:54:00:01 it is 52540001-6400-4000-8000-525400016400 (what the booted machine
 # reads in /sys/class/dmi/id/product_uuid and sends when it enrols). Its serial console is appended
 # to NODE_DIR/console.log.
@@ -47,8 +55,34 @@ qemu_alive() {
 	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "-name $NODE,process=$NETNS"
 }
 
+PXE_ROM=/usr/lib/ipxe/qemu/pxe-virtio.rom
+
+# power_on_pxe: the blank machine of VM_BOOT=pxe (see the header).
+power_on_pxe() {
+	[[ -r $PXE_ROM ]] || { echo "$PXE_ROM missing (Debian package ipxe-qemu)"; return 1; }
+	[[ -e $dir/disk.img ]] || truncate -s "${VM_DISK_GB:-8}G" "$dir/disk.img" || { echo "cannot create $dir/disk.img"; return 1; }
+	local prefix=${MAC_PREFIX//:/}
+	local uuid=${SYSTEM_UUID:-$prefix-6400-4000-8000-${prefix}6400}
+	rm -f "$dir/qemu.pid"
+	printf '\n=== power on %s: network boot (iPXE ROM), disk serial %s\n' "$(date -u +%FT%T.%NZ)" "${VM_DISK_SERIAL:-LAB-DISK}" >>"$dir/console.log"
+	date +%s%N >"$dir/powered-on"
+	# pxe-virtio.rom names the modern virtio-net device (1af4:1041): disable-legacy=on, or SeaBIOS skips it.
+	nsenter --net="/run/netns/$NETNS" -- qemu-system-x86_64 -name "$NODE,process=$NETNS" \
+		-accel tcg -cpu qemu64,+rdrand -m "$MEMORY_MB" -smp 1 -nodefaults -no-user-config -display none -uuid "$uuid" \
+		-chardev "file,id=con,path=$dir/console.log,append=on" -serial chardev:con \
+		-netdev tap,id=cp,ifname=tap0,script=no,downscript=no \
+		-device "virtio-net-pci,disable-legacy=on,netdev=cp,mac=$MAC_PREFIX:64:00,romfile=$PXE_ROM,bootindex=1" \
+		-netdev tap,id=wl,ifname=tap1,script=no,downscript=no -device "virtio-net-pci,netdev=wl,mac=$MAC_PREFIX:c8:00,romfile=" \
+		-drive "file=$dir/disk.img,format=raw,if=none,id=d0,cache=unsafe" \
+		-device "virtio-blk-pci,drive=d0,serial=${VM_DISK_SERIAL:-LAB-DISK},bootindex=2" \
+		-daemonize -pidfile "$dir/qemu.pid" </dev/null >>"$dir/chassis.log" 2>&1 ||
+		{ echo "qemu failed to start; see $dir/chassis.log"; return 1; }
+	qemu_alive || { echo "qemu exited at once; see $dir/chassis.log"; return 1; }
+}
+
 power_on() {
 	qemu_alive && return 0
+	[[ ${VM_BOOT:-kit} != pxe ]] || { power_on_pxe; return; }
 	[[ -s $CMDLINE_FILE ]] || { echo "no kernel command line at $CMDLINE_FILE (nothing to boot: the appliance renders it)"; return 1; }
 	local kit rendered args
 	# --check only: this runs inside the lab namespace, which has no route out; `make fixtures` builds the kit.
