@@ -66,6 +66,7 @@ node's endpoint (UDP --port). Only the net-conf.json flannel reads is written, i
 			return overlay.Run(ctx, o)
 		},
 	}
+	cmd.AddCommand(newOverlayReadyCommand())
 	f := cmd.Flags()
 	f.StringVar(&o.Kubeconfig, overlay.FlagKubeconfig, "", "kubeconfig file; empty: the pod's service account")
 	f.StringVar(&o.NodeName, overlay.FlagNodeName, o.NodeName, "this node's Kubernetes name (default $NODE_NAME)")
@@ -76,5 +77,20 @@ node's endpoint (UDP --port). Only the net-conf.json flannel reads is written, i
 	f.IntVar(&o.MTU, overlay.FlagMTU, 0, "the workload-plane link MTU; flannel.<vni> gets 50 bytes less (0: the interface's MTU)")
 	f.StringVar(&o.StateDir, overlay.FlagStateDir, o.StateDir, "directory of flannel's net-conf.json")
 	f.StringVar(&o.PodRangesFile, overlay.FlagPodRanges, "", "JSON file of node name → pod range (the appliance's assignment): this node's spec.podCIDR is set from it when empty; empty: spec.podCIDR as found")
+	return cmd
+}
+
+// newOverlayReadyCommand is `appliance overlay ready`: the overlay DaemonSet's readiness probe.
+func newOverlayReadyCommand() *cobra.Command {
+	dir := overlay.StateDir
+	cmd := &cobra.Command{
+		Use:   "ready",
+		Short: "Exit 0 once the overlay running with --state-dir has registered this node (the DaemonSet's readiness probe)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return overlay.Ready(dir)
+		},
+	}
+	cmd.Flags().StringVar(&dir, overlay.FlagStateDir, dir, "the overlay's state directory")
 	return cmd
 }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/overlay"
 )
 
 // TestOverlayFlags: `appliance overlay` reports every missing or wrong flag at once, each by its
@@ -28,5 +32,19 @@ func TestOverlayFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
+	}
+}
+
+// TestOverlayReady: the readiness probe fails until the overlay's ready file exists.
+func TestOverlayReady(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := runCLI("overlay", "ready", "--state-dir", dir); err == nil || !strings.Contains(err.Error(), "overlay: not ready") {
+		t.Errorf("before registration: %v, want not ready", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, overlay.ReadyFile), []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCLI("overlay", "ready", "--state-dir", dir); err != nil {
+		t.Errorf("after registration: %v", err)
 	}
 }

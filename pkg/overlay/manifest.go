@@ -84,7 +84,8 @@ var ErrManifest = errors.New("overlay manifest: invalid options")
 // spec.podCIDR), its ClusterRoleBinding, with PodRanges the ConfigMap of the pod ranges, and the
 // DaemonSet: every node (control planes and not-ready nodes tolerated),
 // host network, priority class system-node-critical, the appliance image running `appliance
-// overlay` with only NET_ADMIN and NET_RAW, a read-only root and an emptyDir for StateDir. It fails
+// overlay` with only NET_ADMIN and NET_RAW, a read-only root, an emptyDir for StateDir and a readiness
+// probe `appliance overlay ready` (Ready: the node registered). It fails
 // (ErrManifest) for an image not pinned by digest, options Run refuses, or an APIServer that is not
 // host:port. The same options give the same bytes.
 func Manifest(o ManifestOptions) ([]byte, error) {
@@ -191,6 +192,10 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 							AllowPrivilegeEscalation: &no,
 							ReadOnlyRootFilesystem:   &yes,
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}},
+						},
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/appliance", "overlay", "ready", "--" + FlagStateDir + "=" + StateDir}}},
+							PeriodSeconds: 5,
 						},
 						VolumeMounts: mounts,
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{

@@ -22,7 +22,7 @@
 //
 // It writes nothing else: no masquerade or forward rules (pod traffic leaves unmasqueraded, as with
 // the bridge CNI), no CNI configuration (hostagent writes the bridge network on cni0 for the node's
-// pod range), no subnet.env; only the net-conf.json flannel's subnet manager reads, in Options.StateDir,
+// pod range), no subnet.env; only the net-conf.json flannel's subnet manager reads and ReadyFile, in Options.StateDir,
 // and on the API its Node object's spec.podCIDR (once) and flannel's annotations and condition.
 package overlay
 
@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -56,8 +57,25 @@ import (
 // flanneld's default (--kube-annotation-prefix), so flannel's own tools and documentation apply.
 const AnnotationPrefix = "flannel.alpha.coreos.com"
 
-// NetConfFile is the name of flannel's network configuration in Options.StateDir.
-const NetConfFile = "net-conf.json"
+// NetConfFile is the name of flannel's network configuration in Options.StateDir; ReadyFile the
+// file Run writes there once the node is registered (its Lease as JSON) and removes when it stops,
+// which Ready checks (the DaemonSet's readiness probe, `appliance overlay ready`).
+const (
+	NetConfFile = "net-conf.json"
+	ReadyFile   = "ready"
+)
+
+// ErrNotReady is returned by Ready while the overlay has not registered the node.
+var ErrNotReady = errors.New("overlay: not ready")
+
+// Ready reports whether the overlay running with stateDir has registered its node (nil), else an
+// error wrapping ErrNotReady.
+func Ready(stateDir string) error {
+	if _, err := os.Stat(filepath.Join(stateDir, ReadyFile)); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotReady, err)
+	}
+	return nil
+}
 
 // DeviceName is the VXLAN device flannel creates for vni: "flannel.<vni>".
 func DeviceName(vni int) string { return fmt.Sprintf("flannel.%d", vni) }
@@ -97,11 +115,11 @@ type Options struct {
 // Lease is this node's part of the overlay once Run has registered it.
 type Lease struct {
 	// PodCIDR is the node's pod range (spec.podCIDR) and PublicAddr its VXLAN endpoint, on Interface.
-	PodCIDR    netip.Prefix
-	PublicAddr netip.Addr
-	Interface  string
+	PodCIDR    netip.Prefix `json:"podCIDR"`
+	PublicAddr netip.Addr   `json:"publicAddress"`
+	Interface  string       `json:"interface"`
 	// MTU is the MTU left to pods (flannel.<VNI>'s MTU).
-	MTU int
+	MTU int `json:"mtu"`
 }
 
 // ErrOptions is wrapped by Run's errors for options it cannot use.
@@ -205,6 +223,11 @@ func Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
+	readyPath := filepath.Join(o.StateDir, ReadyFile)
+	if err := os.Remove(readyPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	defer os.Remove(readyPath)
 	confPath := filepath.Join(o.StateDir, NetConfFile)
 	if err := os.WriteFile(confPath, conf, 0o644); err != nil {
 		return fmt.Errorf("overlay: %w", err)
@@ -250,6 +273,11 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	log.Info("overlay registered", "node", o.NodeName, "podCIDR", l.PodCIDR, "device", DeviceName(o.VNI), "podMTU", l.MTU)
+	if b, err := json.Marshal(l); err != nil {
+		return err
+	} else if err := os.WriteFile(readyPath, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
 	if o.Ready != nil {
 		o.Ready(l)
 	}

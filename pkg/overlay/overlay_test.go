@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -143,6 +144,14 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		t.Errorf("overlay for node c: %v, output lacks %q:\n%s", err, want, out)
 	}
 
+	for _, n := range []string{"a", "b"} {
+		if err := Ready(filepath.Join(dir, n)); err != nil {
+			t.Errorf("node %s: %v after the overlay said ready", n, err)
+		}
+	}
+	if err := Ready(filepath.Join(dir, "c")); !errors.Is(err, ErrNotReady) {
+		t.Errorf("node c (refused): Ready = %v, want ErrNotReady", err)
+	}
 	for node, want := range map[string]string{"a": podCIDRA, "b": podCIDRB} {
 		if got := kube("", "get", "node", node, "-o", "jsonpath={.spec.podCIDR}"); got != want {
 			t.Errorf("node %s spec.podCIDR %q, want the appliance's %s", node, got, want)
