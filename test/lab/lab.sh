@@ -70,7 +70,15 @@ port() {
 	nsip "$FABRIC" link set "$fport" master "$bridge"
 	nsip "$FABRIC" link set "$fport" up
 	# nodes.sh bridges a VM node's interfaces to its VM (which owns the address): leave those alone.
-	nsip "$node" link show "$ifname" | grep -q ' master ' || nsip "$node" addr replace "$addr" dev "$ifname"
+	if ! nsip "$node" link show "$ifname" | grep -q ' master '; then
+		nsip "$node" addr replace "$addr" dev "$ifname"
+		# An earlier `up` of the other workload-plane layout (LAB_WL_SUBNETS) left the other subnet's
+		# address here: only ADDR stays.
+		local a
+		for a in $(nsip "$node" -4 -o addr show dev "$ifname" scope global | awk '{print $4}'); do
+			[[ $a == "$addr" ]] || nsip "$node" addr del "$a" dev "$ifname"
+		done
+	fi
 	nsip "$node" link set "$ifname" up
 }
 
