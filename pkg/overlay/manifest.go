@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -37,13 +38,15 @@ const (
 	FlagMTU         = "mtu"
 	FlagStateDir    = "state-dir"
 	FlagPodRanges   = "pod-ranges"
+	FlagPublicAddrs = "public-addresses"
 )
 
 // PodRangesKey is the ConfigMap's key holding the pod ranges (JSON, node name → CIDR), mounted at
 // ConfigDir.
 const (
-	PodRangesKey = "pod-ranges.json"
-	ConfigDir    = "/etc/appliance-overlay"
+	PodRangesKey       = "pod-ranges.json"
+	PublicAddressesKey = "public-addresses.json"
+	ConfigDir          = "/etc/appliance-overlay"
 )
 
 // StateDir is the DaemonSet's state directory (an emptyDir: flannel's net-conf.json only).
@@ -69,6 +72,11 @@ type ManifestOptions struct {
 	// PodRangesKey, from which each node's overlay sets its spec.podCIDR (Options.PodRangesFile).
 	// Nil: no ConfigMap, spec.podCIDR is used as found.
 	PodRanges map[string]netip.Prefix
+	// PublicAddresses is the workload-plane address the appliance knows for each node (the first of
+	// nodes[].addresses inside networks.workloadPlane.cidrs, in their order: what the bridge CNI's
+	// routes and the appliance use): the ConfigMap's PublicAddressesKey, from which each node's
+	// overlay takes its VXLAN endpoint (Options.PublicAddressesFile). Nil: none (the CIDRs decide).
+	PublicAddresses map[string]netip.Addr
 	// APIServer, when set ("host:port", the API VIP and port), is given as
 	// KUBERNETES_SERVICE_HOST/PORT: the overlay reaches the API before any Service works.
 	APIServer string
@@ -121,19 +129,34 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	var cm *corev1.ConfigMap
 	mounts := []corev1.VolumeMount{{Name: "state", MountPath: StateDir}}
 	volumes := []corev1.Volume{{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if o.PodRanges != nil {
+	if o.PodRanges != nil || o.PublicAddresses != nil {
+		for n, a := range o.PublicAddresses {
+			if !a.Is4() || !slices.ContainsFunc(o.PublicCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				return nil, fmt.Errorf("%w: public address %s of node %s: give an IPv4 address inside %v", ErrManifest, a, n, o.PublicCIDRs)
+			}
+		}
 		for n, r := range o.PodRanges {
 			if !r.IsValid() || !o.Network.Contains(r.Addr()) || r.Bits() < o.Network.Bits() {
 				return nil, fmt.Errorf("%w: pod range %s of node %s: give a range inside %s", ErrManifest, r, n, o.Network)
 			}
 		}
-		ranges, err := json.Marshal(o.PodRanges) // map keys sorted: deterministic
-		if err != nil {
-			return nil, fmt.Errorf("overlay manifest: %w", err)
-		}
 		cm = &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: Name, Namespace: Namespace},
-			Data: map[string]string{PodRangesKey: string(ranges) + "\n"}}
-		args = append(args, "--"+FlagPodRanges+"="+ConfigDir+"/"+PodRangesKey)
+			Data: map[string]string{}}
+		for _, d := range []struct {
+			key, flag string
+			v         any
+			set       bool
+		}{{PodRangesKey, FlagPodRanges, o.PodRanges, o.PodRanges != nil}, {PublicAddressesKey, FlagPublicAddrs, o.PublicAddresses, o.PublicAddresses != nil}} {
+			if !d.set {
+				continue
+			}
+			b, err := json.Marshal(d.v) // map keys sorted: deterministic
+			if err != nil {
+				return nil, fmt.Errorf("overlay manifest: %w", err)
+			}
+			cm.Data[d.key] = string(b) + "\n"
+			args = append(args, "--"+d.flag+"="+ConfigDir+"/"+d.key)
+		}
 		mounts = append(mounts, corev1.VolumeMount{Name: "config", MountPath: ConfigDir, ReadOnly: true})
 		volumes = append(volumes, corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: Name}}}})

@@ -22,14 +22,15 @@ func labManifestOptions() ManifestOptions {
 	return ManifestOptions{Image: testImage, Network: netip.MustParsePrefix("10.244.0.0/16"),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24"), netip.MustParsePrefix("10.201.0.0/24")},
 		VNI:         1, Port: 4789, MTU: 1500, APIServer: "10.100.0.100:6443",
-		PodRanges: map[string]netip.Prefix{"cp1": netip.MustParsePrefix("10.244.0.0/24"), "w1": netip.MustParsePrefix("10.244.1.0/24")}}
+		PodRanges:       map[string]netip.Prefix{"cp1": netip.MustParsePrefix("10.244.0.0/24"), "w1": netip.MustParsePrefix("10.244.1.0/24")},
+		PublicAddresses: map[string]netip.Addr{"cp1": netip.MustParseAddr("10.200.0.11"), "w1": netip.MustParseAddr("10.201.0.21")}}
 }
 
 // TestManifestGolden renders the manifest of a two-subnet lab (MTU set) and of one that leaves the
 // MTU to the interfaces, compares them with the golden files and renders each twice: identical bytes.
 func TestManifestGolden(t *testing.T) {
 	noMTU := labManifestOptions()
-	noMTU.MTU, noMTU.APIServer, noMTU.PodRanges = 0, "", nil
+	noMTU.MTU, noMTU.APIServer, noMTU.PodRanges, noMTU.PublicAddresses = 0, "", nil, nil
 	for _, c := range []struct {
 		name  string
 		o     ManifestOptions
@@ -81,14 +82,15 @@ func TestManifestErrors(t *testing.T) {
 		edit func(*ManifestOptions)
 		want string
 	}{
-		"image by tag":        {func(o *ManifestOptions) { o.Image = "10.100.0.2:8443/airgap-appliance/appliance:v1" }, "give the appliance image by digest"},
-		"IPv6 pod network":    {func(o *ManifestOptions) { o.Network = netip.MustParsePrefix("fd00::/48") }, "give the IPv4 pod network (networks.pods)"},
-		"no IPv4 CIDR":        {func(o *ManifestOptions) { o.PublicCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")} }, "give the workload-plane CIDRs, at least one IPv4"},
-		"VNI 0":               {func(o *ManifestOptions) { o.VNI = 0 }, "VNI 0: give 1..16777215"},
-		"port 0":              {func(o *ManifestOptions) { o.Port = 0 }, "port 0: give a UDP port"},
-		"MTU too small":       {func(o *ManifestOptions) { o.MTU = 600 }, "MTU 600: give the link MTU (at least 626"},
-		"pod range outside":   {func(o *ManifestOptions) { o.PodRanges["w1"] = netip.MustParsePrefix("10.245.1.0/24") }, "pod range 10.245.1.0/24 of node w1: give a range inside 10.244.0.0/16"},
-		"API server w/o port": {func(o *ManifestOptions) { o.APIServer = "10.100.0.100" }, "give host:port"},
+		"image by tag":           {func(o *ManifestOptions) { o.Image = "10.100.0.2:8443/airgap-appliance/appliance:v1" }, "give the appliance image by digest"},
+		"IPv6 pod network":       {func(o *ManifestOptions) { o.Network = netip.MustParsePrefix("fd00::/48") }, "give the IPv4 pod network (networks.pods)"},
+		"no IPv4 CIDR":           {func(o *ManifestOptions) { o.PublicCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:1::/64")} }, "give the workload-plane CIDRs, at least one IPv4"},
+		"VNI 0":                  {func(o *ManifestOptions) { o.VNI = 0 }, "VNI 0: give 1..16777215"},
+		"port 0":                 {func(o *ManifestOptions) { o.Port = 0 }, "port 0: give a UDP port"},
+		"MTU too small":          {func(o *ManifestOptions) { o.MTU = 600 }, "MTU 600: give the link MTU (at least 626"},
+		"pod range outside":      {func(o *ManifestOptions) { o.PodRanges["w1"] = netip.MustParsePrefix("10.245.1.0/24") }, "pod range 10.245.1.0/24 of node w1: give a range inside 10.244.0.0/16"},
+		"public address outside": {func(o *ManifestOptions) { o.PublicAddresses["w1"] = netip.MustParseAddr("10.100.0.21") }, "public address 10.100.0.21 of node w1: give an IPv4 address inside [10.200.0.0/24 10.201.0.0/24]"},
+		"API server w/o port":    {func(o *ManifestOptions) { o.APIServer = "10.100.0.100" }, "give host:port"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := labManifestOptions()

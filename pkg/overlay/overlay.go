@@ -4,8 +4,11 @@
 // (k3s pkg/agent/flannel) instead of running flanneld. It is the only importer of flannel.
 //
 // On each node `appliance overlay` (run by the DaemonSet Manifest renders, host network, NET_ADMIN):
-//   - picks the node's public address: the first local IPv4 address inside the workload-plane CIDRs,
-//     tried in their order (pkg/netresolve, the order the appliance and hostagent resolve);
+//   - picks the node's public address: the one the appliance knows for it
+//     (Options.PublicAddressesFile, the first of its configured addresses inside the workload-plane
+//     CIDRs, as the appliance resolves it), which must be local; for a node not listed there, the
+//     first local IPv4 address inside the workload-plane CIDRs, tried in their order
+//     (pkg/netresolve);
 //   - gives its Node object the pod range the appliance assigned it (Options.PodRangesFile: the
 //     appliance assigns every node's range itself, hostagent's bridge network on cni0 hands out its
 //     addresses, and kube-controller-manager runs with --allocate-node-cidrs=false), as
@@ -37,6 +40,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,6 +107,11 @@ type Options struct {
 	// spec.podCIDRs) to its range when empty, and fails when it holds another one or the file has no
 	// range for the node while spec.podCIDR is empty. Empty: spec.podCIDR is taken as it is.
 	PodRangesFile string
+	// PublicAddressesFile, when set, is a JSON object of node name → IPv4 address (the appliance's
+	// workload-plane address of each node, PublicAddressesKey of the manifest's ConfigMap): a listed
+	// node's VXLAN endpoint is that address, which must be a usable local address; a node not
+	// listed resolves PublicCIDRs.
+	PublicAddressesFile string
 	// StateDir is where NetConfFile is written (made 0755 if missing). Required.
 	StateDir string
 	// Log receives progress (flannel itself logs through klog). Nil: discard.
@@ -211,7 +220,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	pub, err := r.Resolve(publicCIDRs(o.PublicCIDRs))
+	pub, err := publicAddress(r, o)
 	r.Close()
 	if err != nil {
 		return fmt.Errorf("overlay: public address: %w", err)
@@ -350,4 +359,34 @@ func assignPodCIDR(ctx context.Context, o Options, log *slog.Logger) error {
 	}
 	log.Info("overlay: node pod range set", "node", o.NodeName, "podCIDR", want)
 	return nil
+}
+
+// publicAddress is the node's VXLAN endpoint (see Options.PublicAddressesFile and PublicCIDRs).
+func publicAddress(r *netresolve.Resolver, o Options) (netresolve.Address, error) {
+	if o.PublicAddressesFile != "" {
+		b, err := os.ReadFile(o.PublicAddressesFile)
+		if err != nil {
+			return netresolve.Address{}, err
+		}
+		var addrs map[string]netip.Addr
+		if err := json.Unmarshal(b, &addrs); err != nil {
+			return netresolve.Address{}, fmt.Errorf("%s: %w", o.PublicAddressesFile, err)
+		}
+		if want, ok := addrs[o.NodeName]; ok {
+			all, err := r.Addresses()
+			if err != nil {
+				return netresolve.Address{}, err
+			}
+			var have []string
+			for _, a := range all {
+				if a.Prefix.Addr() == want {
+					return a, nil
+				}
+				have = append(have, a.String())
+			}
+			return netresolve.Address{}, fmt.Errorf("%w: the appliance knows node %s by %s (its workload-plane address in nodes[].addresses), which is not a usable address here (this host has: %s): put it on the node's workload-plane interface, or correct nodes[].addresses",
+				netresolve.ErrNoMatch, o.NodeName, want, strings.Join(have, ", "))
+		}
+	}
+	return r.Resolve(publicCIDRs(o.PublicCIDRs))
 }

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 // The lab of TestOverlayAcrossRouter: two nodes in two subnets joined by a router namespace.
 const (
 	subnetA, nodeAAddr, routerAAddr = "10.71.0.0/24", "10.71.0.2", "10.71.0.1"
+	// nodeAKnown is node a's second address on the same link, the one the appliance knows it by
+	// (nodes[].addresses): its VXLAN endpoint, although the CIDR order alone would pick the primary.
+	nodeAKnown                      = "10.71.0.3"
 	subnetB, nodeBAddr, routerBAddr = "10.72.0.0/24", "10.72.0.2", "10.72.0.1"
 	podNetwork                      = "10.244.0.0/16"
 	podCIDRA, podGatewayA, podA     = "10.244.1.0/24", "10.244.1.1", "10.244.1.2"
@@ -33,11 +36,11 @@ const (
 )
 
 // overlayProbe is the test binary as one node's `appliance overlay` (one process per node, as flannel
-// needs): overlay NODE KUBECONFIG STATEDIR PODRANGES. It prints "ready" once Run registered the node and runs
+// needs): overlay NODE KUBECONFIG STATEDIR PODRANGES PUBLICADDRESSES. It prints "ready" once Run registered the node and runs
 // until stdin closes.
 func overlayProbe(args []string) int {
-	if len(args) != 5 {
-		fmt.Println("error: overlay NODE KUBECONFIG STATEDIR PODRANGES")
+	if len(args) != 6 {
+		fmt.Println("error: overlay NODE KUBECONFIG STATEDIR PODRANGES PUBLICADDRESSES")
 		return 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -46,7 +49,7 @@ func overlayProbe(args []string) int {
 		cancel()
 	}()
 	err := Run(ctx, Options{
-		NodeName: args[1], Kubeconfig: args[2], StateDir: args[3], PodRangesFile: args[4],
+		NodeName: args[1], Kubeconfig: args[2], StateDir: args[3], PodRangesFile: args[4], PublicAddressesFile: args[5],
 		Network:     netip.MustParsePrefix(podNetwork),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix(subnetA), netip.MustParsePrefix(subnetB)},
 		VNI:         testVNI, Port: testPort, MTU: testMTU,
@@ -79,6 +82,7 @@ func TestOverlayAcrossRouter(t *testing.T) {
 	// The fabric: a and b reach each other only through the router.
 	labns.Link(t, nodeA, nodeAAddr+"/24", router, routerAAddr+"/24")
 	labns.Link(t, router, routerBAddr+"/24", nodeB, nodeBAddr+"/24") // (Link names the ends by side: no two alike)
+	nodeA.MustRun("ip", "addr", "add", nodeAKnown+"/24", "dev", "v"+nodeA.Name[len(nodeA.Name)-6:]+"a")
 	nodeA.MustRun("ip", "route", "add", "default", "via", routerAAddr)
 	nodeB.MustRun("ip", "route", "add", "default", "via", routerBAddr)
 	// The pods: an address of each node's pod range behind it (cni0's part, played by a veth).
@@ -98,7 +102,9 @@ func TestOverlayAcrossRouter(t *testing.T) {
 	m, err := Manifest(ManifestOptions{Image: testImage, Network: netip.MustParsePrefix(podNetwork),
 		PublicCIDRs: []netip.Prefix{netip.MustParsePrefix(subnetA), netip.MustParsePrefix(subnetB)},
 		VNI:         testVNI, Port: testPort, MTU: testMTU, APIServer: "10.71.0.100:6443",
-		PodRanges: map[string]netip.Prefix{"a": netip.MustParsePrefix(podCIDRA), "b": netip.MustParsePrefix(podCIDRB), "c": netip.MustParsePrefix("10.244.3.0/24")}})
+		PodRanges: map[string]netip.Prefix{"a": netip.MustParsePrefix(podCIDRA), "b": netip.MustParsePrefix(podCIDRB), "c": netip.MustParsePrefix("10.244.3.0/24"),
+			"d": netip.MustParsePrefix("10.244.4.0/24")},
+		PublicAddresses: map[string]netip.Addr{"a": netip.MustParseAddr(nodeAKnown), "b": netip.MustParseAddr(nodeBAddr), "d": netip.MustParseAddr("10.72.0.77")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +127,10 @@ func TestOverlayAcrossRouter(t *testing.T) {
 	if err := os.WriteFile(ranges, []byte(kube("", "get", "configmap", "-n", Namespace, Name, "-o", `jsonpath={.data.pod-ranges\.json}`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	addrs := filepath.Join(dir, PublicAddressesKey)
+	if err := os.WriteFile(addrs, []byte(kube("", "get", "configmap", "-n", Namespace, Name, "-o", `jsonpath={.data.public-addresses\.json}`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	kubeconfig := filepath.Join(dir, "overlay.conf")
 	s.WriteKubeconfig(t, kubeconfig, "system:serviceaccount:"+Namespace+":"+Name, "system:serviceaccounts", "system:serviceaccounts:"+Namespace)
 	for _, n := range []struct {
@@ -128,21 +138,27 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		ns   *labns.NS
 	}{{"a", nodeA}, {"b", nodeB}} {
 		s.ServeIn(t, n.ns)
-		labns.StartProbe(t, n.ns, "overlay", n.name, kubeconfig, filepath.Join(dir, n.name), ranges)
+		labns.StartProbe(t, n.ns, "overlay", n.name, kubeconfig, filepath.Join(dir, n.name), ranges, addrs)
 	}
 	// Node c registered with another range than the appliance's: refused, named, nothing set up.
 	stdin, keepOpen, err := os.Pipe() // the probe runs until its stdin closes: hold it open
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := labns.ProbeCommand(t, nodeA, "overlay", "c", kubeconfig, filepath.Join(dir, "c"), ranges)
-	cmd.Stdin = stdin
-	out, err := cmd.CombinedOutput()
-	stdin.Close()
-	keepOpen.Close()
-	if want := "node c has spec.podCIDR 10.244.9.0/24 but the appliance assigned it 10.244.3.0/24"; err == nil || !strings.Contains(string(out), want) {
-		t.Errorf("overlay for node c: %v, output lacks %q:\n%s", err, want, out)
+	defer keepOpen.Close()
+	for node, want := range map[string]string{
+		"c": "node c has spec.podCIDR 10.244.9.0/24 but the appliance assigned it 10.244.3.0/24",
+		// Node d is known by an address its host does not carry: refused, naming it.
+		"d": "the appliance knows node d by 10.72.0.77 (its workload-plane address in nodes[].addresses), which is not a usable address here",
+	} {
+		cmd := labns.ProbeCommand(t, nodeA, "overlay", node, kubeconfig, filepath.Join(dir, node), ranges, addrs)
+		cmd.Stdin = stdin
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("overlay for node %s: %v, output lacks %q:\n%s", node, err, want, out)
+		}
 	}
+	stdin.Close()
 
 	for _, n := range []string{"a", "b"} {
 		if err := Ready(filepath.Join(dir, n)); err != nil {
@@ -157,7 +173,7 @@ func TestOverlayAcrossRouter(t *testing.T) {
 			t.Errorf("node %s spec.podCIDR %q, want the appliance's %s", node, got, want)
 		}
 	}
-	for node, want := range map[string]string{"a": nodeAAddr, "b": nodeBAddr} {
+	for node, want := range map[string]string{"a": nodeAKnown, "b": nodeBAddr} {
 		if got := kube("", "get", "node", node, "-o", `jsonpath={.metadata.annotations.flannel\.alpha\.coreos\.com/public-ip}`); got != want {
 			t.Errorf("node %s public-ip annotation %q, want its workload-plane address %s", node, got, want)
 		}
@@ -166,7 +182,7 @@ func TestOverlayAcrossRouter(t *testing.T) {
 		}
 	}
 	link := nodeA.MustRun("ip", "-d", "link", "show", DeviceName(testVNI))
-	for _, want := range []string{"mtu 1450", "vxlan id 1 ", "local " + nodeAAddr, "dstport 4789"} {
+	for _, want := range []string{"mtu 1450", "vxlan id 1 ", "local " + nodeAKnown + " ", "dstport 4789"} {
 		if !strings.Contains(link, want) {
 			t.Errorf("%s on node a lacks %q:\n%s", DeviceName(testVNI), want, link)
 		}

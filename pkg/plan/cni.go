@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 
@@ -56,7 +57,8 @@ func cniFor(c *config.BootstrapConfiguration, n config.Node, k *agentapi.Kuberne
 // networks.workloadPlane.cidrs in their order, VNI config.VXLANVNI on UDP config.VXLANPort, the
 // link MTU networks.workloadPlane.mtu (0: each node's interface's), the API through
 // apiServer.vip:port, and the pod ranges of every node (cluster.PodRanges, else the first
-// allocation, as kubernetesFor assigns PodCIDR) from which each node's spec.podCIDR is set. Nothing
+// allocation, as kubernetesFor assigns PodCIDR) from which each node's spec.podCIDR is set, and
+// every node's workload-plane address (WorkloadPlaneAddress), its VXLAN endpoint. Nothing
 // for another CNI, without Kubernetes, on workers, or before the bundle phase made the appliance
 // image.
 func overlayFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.NodeConfig, image string, cluster *ClusterSecrets) error {
@@ -73,6 +75,12 @@ func overlayFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.No
 			return err
 		}
 	}
+	addrs := map[string]netip.Addr{}
+	for _, node := range c.Nodes {
+		if a, ok := WorkloadPlaneAddress(c, node); ok && a.Is4() {
+			addrs[node.Name] = a
+		}
+	}
 	m, err := overlay.Manifest(overlay.ManifestOptions{
 		Image:       image,
 		Network:     c.Networks.Pods,
@@ -82,6 +90,9 @@ func overlayFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.No
 		MTU:         int(c.Networks.WorkloadPlane.MTU),
 		APIServer:   net.JoinHostPort(c.APIServer.VIP.String(), strconv.Itoa(int(c.APIServer.Port))),
 		PodRanges:   ranges,
+		// The nodes' workload-plane addresses as the appliance knows them (the bridge's next hops):
+		// each node's VXLAN endpoint, whatever else its interfaces carry.
+		PublicAddresses: addrs,
 	})
 	if err != nil {
 		return fmt.Errorf("networks.cni flannel: %w", err)

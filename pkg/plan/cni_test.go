@@ -73,7 +73,11 @@ func TestBuildFlannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ranges := map[string]string{}
+	ranges, wl := map[string]string{}, map[string]string{}
+	for _, n := range c.Nodes {
+		a, _ := WorkloadPlaneAddress(c, n)
+		wl[n.Name] = a.String()
+	}
 	for _, a := range p.Nodes {
 		k := a.NodeConfig.Kubernetes
 		ranges[a.Name] = k.PodCIDR.String()
@@ -91,7 +95,8 @@ func TestBuildFlannel(t *testing.T) {
 		}
 		for _, want := range []string{"image: " + image, "kind: DaemonSet", "--public-cidrs=10.200.0.0/24,10.201.0.0/24", "--mtu=9000",
 			"--port=4789", "--vni=1", "--network=10.233.0.0/16", "value: " + c.APIServer.VIP.String(),
-			fmt.Sprintf(`{"cp1":"%s","cp2":"%s","w1":"%s"}`, ranges["cp1"], ranges["cp2"], ranges["w1"])} {
+			fmt.Sprintf(`{"cp1":"%s","cp2":"%s","w1":"%s"}`, ranges["cp1"], ranges["cp2"], ranges["w1"]),
+			fmt.Sprintf(`{"cp1":"%s","cp2":"%s","w1":"%s"}`, wl["cp1"], wl["cp2"], wl["w1"])} {
 			if !strings.Contains(m, want) {
 				t.Errorf("%s: overlay manifest lacks %q:\n%s", a.Name, want, m)
 			}
