@@ -188,9 +188,21 @@ func (a *Agent) criConfig(ctx context.Context, sandboxImage string) (string, err
 	sum := sha256.Sum256(data)
 	want := hex.EncodeToString(sum[:])
 	if b, err := os.ReadFile(ContainerdAppliedPath); err == nil && strings.TrimSpace(string(b)) == want && !changed {
+		// Applied before, at an earlier boot maybe: containerd must run now too (the node image ships
+		// it disabled until this step has configured it).
+		did, err := ensureUnitRunning(ctx, "containerd.service")
+		if err != nil {
+			return "", err
+		}
+		if did != "" {
+			return containerd.ConfigPath + " unchanged; " + did, nil
+		}
 		return "unchanged: " + containerd.ConfigPath, nil
 	}
 	if err := restartUnit(ctx, "containerd.service"); err != nil {
+		return "", err
+	}
+	if _, err := ensureUnitRunning(ctx, "containerd.service"); err != nil {
 		return "", err
 	}
 	if _, err := atomicfile.Write(ContainerdAppliedPath, []byte(want+"\n"), 0o600); err != nil {
@@ -212,6 +224,54 @@ func reloadOrRestartUnit(ctx context.Context, unit string) error {
 	return unitJob(ctx, "reload", unit, func(c *dbus.Conn, done chan<- string) (int, error) {
 		return c.ReloadOrRestartUnitContext(ctx, unit, "replace", done)
 	})
+}
+
+// ensureUnitRunning enables a systemd unit (so that it starts at every boot, as kubeadm's install
+// guide has it for kubelet: `systemctl enable --now`) and starts it unless it is active or
+// activating (kubelet restarting itself counts as running). It returns what it did, "" for nothing.
+// The node image (iso/build-node-image.sh) ships containerd and kubelet disabled, so that they start
+// only once this agent has configured them; kubeadm starts kubelet but never enables it, so without
+// this an installed node's reboot came back without kubelet (and without containerd).
+func ensureUnitRunning(ctx context.Context, unit string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	conn, err := dbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return "", fmt.Errorf("connect to systemd: %w", err)
+	}
+	defer conn.Close()
+	var did []string
+	if p, err := conn.GetUnitPropertyContext(ctx, unit, "UnitFileState"); err != nil {
+		return "", fmt.Errorf("read %s's unit file state: %w", unit, err)
+	} else if p.Value.Value() != "enabled" {
+		if _, _, err := conn.EnableUnitFilesContext(ctx, []string{unit}, false, false); err != nil {
+			return "", fmt.Errorf("enable %s: %w", unit, err)
+		}
+		if err := conn.ReloadContext(ctx); err != nil { // what systemctl enable does after linking
+			return "", fmt.Errorf("reload systemd after enabling %s: %w", unit, err)
+		}
+		did = append(did, "enabled "+unit)
+	}
+	p, err := conn.GetUnitPropertyContext(ctx, unit, "ActiveState")
+	if err != nil {
+		return "", fmt.Errorf("read %s's state: %w", unit, err)
+	}
+	if st := p.Value.Value(); st != "active" && st != "activating" && st != "reloading" {
+		done := make(chan string, 1) // buffered: an unread job channel deadlocks the connection
+		if _, err := conn.StartUnitContext(ctx, unit, "replace", done); err != nil {
+			return "", fmt.Errorf("start %s: %w", unit, err)
+		}
+		select {
+		case r := <-done:
+			if r != "done" {
+				return "", fmt.Errorf("start %s: job %s (see journalctl -u %s)", unit, r, unit)
+			}
+		case <-ctx.Done():
+			return "", fmt.Errorf("start %s: %w", unit, ctx.Err())
+		}
+		did = append(did, fmt.Sprintf("started %s (was %v)", unit, st))
+	}
+	return strings.Join(did, ", "), nil
 }
 
 // unitActive reports whether a systemd unit's ActiveState is "active".
@@ -454,8 +514,16 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if st.Action != "" {
+		// Joined at an earlier boot: kubelet must run at this one too.
+		did, err := ensureUnitRunning(ctx, "kubelet.service")
+		if err != nil {
+			return "", err
+		}
 		if renewsJoinSecrets(st, k) {
 			return a.renewJoinSecrets(ctx, nc, k, addr, st)
+		}
+		if did != "" {
+			return fmt.Sprintf("kubeadm %s done %s; %s", st.Action, st.Done.UTC().Format(time.RFC3339), did), nil
 		}
 		return fmt.Sprintf("unchanged: kubeadm %s done %s", st.Action, st.Done.UTC().Format(time.RFC3339)), nil
 	}
@@ -505,6 +573,10 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("unknown kubeadm action %q in the node config", k.Action)
 	}
 	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", args...); err != nil {
+		return "", err
+	}
+	// kubeadm started kubelet; enabled, it also starts at the next boot.
+	if _, err := ensureUnitRunning(ctx, "kubelet.service"); err != nil {
 		return "", err
 	}
 	st = kubeadmState{Action: k.Action, Done: time.Now().UTC()}
