@@ -12,7 +12,8 @@
 # already holds running nodes of another prefix is refused); LAB_WORKER_KIND = vm (default) or nspawn,
 # the kind wI nodes are started as; LAB_VM_BOOT = kit (default) or pxe, how a VM worker boots
 # (test/lab/vm/chassis.sh: the lab kit, or a blank machine that network-boots, with one blank disk
-# whose serial is LAB-DISK-<node>); LAB_VM_MEMORY_MB its memory in MiB (default 1024). Each node's
+# whose serial is LAB-DISK-<node>, and with LAB_VM_DECOY_GB a second, decoy disk of that size);
+# LAB_VM_MEMORY_MB its memory in MiB (default 1024). Each node's
 # state lives in LAB_DIR/nodes/<node>, its kind in LAB_DIR/nodes/<node>/kind.
 #
 # Two kinds of node:
@@ -452,6 +453,7 @@ bmc_up() {
 		MEMORY_MB=${LAB_VM_MEMORY_MB:-1024}
 		VM_BOOT=${LAB_VM_BOOT:-kit}
 		VM_DISK_SERIAL=LAB-DISK-$node
+		VM_DECOY_GB=${LAB_VM_DECOY_GB:-}
 	ENV
 	(
 		umask 077

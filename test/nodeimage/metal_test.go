@@ -39,17 +39,24 @@ const (
 // TestBareMetalWorkerJoinsCluster is issue 12's proof that a blank machine becomes a Kubernetes node
 // through its BMC, with real parts throughout: `appliance bootstrap` (every phase, Kubernetes on)
 // for one control plane, cp1 (a pre-installed systemd-nspawn host reached over SSH, as in the e2e),
-// and one worker, n1: a QEMU VM (TCG, 2 GiB) with one blank virtio disk and QEMU's iPXE ROM behind a
-// real ipmi_sim BMC (IPMI-over-LAN, RMCP+). Nothing boots n1 but the appliance: its power phase sets
-// the boot device and powers n1 on over IPMI; the VM takes DHCP (boot.dhcp: server) and TFTP from
-// the appliance, iPXE fetches its script by MAC, the kernel and initramfs, the initramfs the root
-// filesystem; `hostagent install` enrols (MAC and SMBIOS UUID within the power-on window), installs
-// to the disk named by nodes[].rootDevice.serialNumber and reboots; the appliance's script then boots
-// the disk, and the installed hostagent joins n1 to the cluster with kubeadm. The test checks n1
-// Ready through the API VIP, a pod pinned to n1 (the bundle's busybox, pulled through the
-// appliance's registry) Running, the install to the hinted disk and the appliance's install mark;
-// it prints the power-on → Ready timeline (DHCP/TFTP/kernel, root filesystem, install, reboot, join
-// shares) and removes the lab (test/lab/purge.sh) before and after.
+// and one worker, n1: a QEMU VM (TCG, 2 GiB) with two blank virtio disks (the target, and a smaller
+// decoy that an install without hints would choose) and QEMU's iPXE ROM, behind a real ipmi_sim BMC
+// (IPMI-over-LAN, RMCP+). Nothing boots n1 but the appliance: its power phase sets the boot device
+// and powers n1 on over IPMI; the VM takes DHCP (boot.dhcp: server) and TFTP from the appliance,
+// iPXE fetches its script by MAC, the kernel and initramfs, the initramfs the root filesystem;
+// `hostagent install` enrols (MAC and SMBIOS UUID within the power-on window), installs to the disk
+// named by nodes[].rootDevice.serialNumber and reboots; the appliance's script then boots the disk,
+// and the installed hostagent joins n1 to the cluster with kubeadm.
+//
+// The test checks n1 Ready through the API VIP with its nodes[].addresses as InternalIP, a pod pinned
+// to n1 (the bundle's busybox, pulled through the appliance's registry) Running, the install on the
+// hinted disk (the decoy stays blank) and the appliance's install mark. Then a power cycle through
+// the BMC (`appliance power cycle n1`): the machine boots its disk (no network image, no second
+// install, the mark unchanged), its hostagent reports ready from the new boot, and the pod comes
+// back Running on n1 with its container restarted (kubelet's and containerd's state kept). It prints
+// the power-on → Ready timeline (DHCP/TFTP/kernel, root filesystem, install, reboot, join shares) and
+// removes the lab (test/lab/purge.sh) before and after; waits are bounds (TCG is slow), not timed
+// assertions.
 func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	labns.RequireRoot(t)
 	for _, tool := range []string{"qemu-system-x86_64", "go", "debootstrap", "mksquashfs", "nft", "ipmi_sim", "ipmitool", "systemd-nspawn"} {
@@ -72,7 +79,7 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	labDir := filepath.Join(dir, "lab")
 	state := filepath.Join(dir, "state")
 	env := append(os.Environ(), "LAB_PREFIX="+bmPrefix, "LAB_DIR="+labDir, "LAB_WORKERS=1", "LAB_WORKER_KIND=vm",
-		"LAB_VM_BOOT=pxe", "LAB_VM_MEMORY_MB=2048")
+		"LAB_VM_BOOT=pxe", "LAB_VM_MEMORY_MB=2048", "LAB_VM_DECOY_GB=5")
 	script := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(repoRoot(t), "test", "lab", name), args...)
@@ -347,8 +354,68 @@ spec:
 	if b := readHead(t, filepath.Join(w1, "disk.img"), 1<<20); bytes.Count(b, []byte{0}) == len(b) {
 		t.Errorf("n1's disk (%s) is blank after the install", filepath.Join(w1, "disk.img"))
 	}
+	if b := readHead(t, filepath.Join(w1, "decoy.img"), 1<<20); bytes.Count(b, []byte{0}) != len(b) {
+		t.Errorf("the decoy disk (serial DECOY-w1, smaller: an install without hints would take it) was written: the install ignored nodes[].rootDevice")
+	}
 	if _, ok, err := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); err != nil || !ok {
 		t.Errorf("the appliance has no install mark for n1 (%v)", err)
+	}
+
+	// A power cycle through the BMC (`appliance power cycle`, IPMI): the machine boots its disk (the
+	// appliance's script says so: no network image, no second install), keeps its state, and kubelet
+	// restarts the pod it had (the same pod, its container restarted), the node Ready again.
+	store := nodestate.Open(statedir.Nodes(state))
+	st1, err := store.Get("n1")
+	if err != nil || st1.BootID == "" {
+		t.Fatalf("n1's status before the power cycle: %+v (%v)", st1, err)
+	}
+	mark1, _, _ := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1")
+	before := len(mustRead(t, console))
+	cycleAt := time.Now()
+	if out, err := exec.Command("ip", "netns", "exec", bmPrefix+"-boot", appliance, "power", "cycle", "n1", "--config", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("appliance power cycle n1: %v\n%s", err, out)
+	}
+	var tCycleKernel, tCycleReport time.Duration
+	waitFor("n1 boots its disk after the power cycle", 5*time.Minute, func() error {
+		second := string(mustRead(t, console)[before:])
+		if strings.Contains(second, "appliance.rootfs=") || strings.Contains(second, "NODE-INSTALL:") {
+			t.Fatalf("the power cycle network-booted the image or installed again:\n%s", lastLines(second, 40))
+		}
+		if !regexp.MustCompile(`Command line: [^\n]*root=UUID=`).MatchString(second) {
+			return fmt.Errorf("no kernel from disk on the console yet")
+		}
+		return nil
+	})
+	tCycleKernel = time.Since(cycleAt).Round(100 * time.Millisecond)
+	waitFor("n1's hostagent ready from a new boot", 6*time.Minute, func() error {
+		st, err := store.Get("n1")
+		if err != nil {
+			return err
+		}
+		if st.BootID == st1.BootID || st.State != agentapi.StateReady {
+			return fmt.Errorf("n1 %s (boot %s, before the cycle %s): %s", st.State, st.BootID, st1.BootID, steps(st))
+		}
+		return nil
+	})
+	tCycleReport = time.Since(cycleAt).Round(100 * time.Millisecond)
+	waitFor("pod "+bmPodName+" Running again on n1 with its container restarted", 5*time.Minute, func() error {
+		out, err := kube("get", "pod", bmPodName, "-o", `jsonpath={.status.phase} {.spec.nodeName} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}`)
+		f := strings.Fields(out)
+		if err != nil || len(f) != 4 || f[0] != "Running" || f[1] != "n1" || f[2] != "true" || f[3] == "0" {
+			return fmt.Errorf("pod: %q (%v)", out, err)
+		}
+		return nil
+	})
+	tCyclePod := time.Since(cycleAt).Round(100 * time.Millisecond)
+	waitFor("node n1 Ready after the power cycle", 3*time.Minute, func() error {
+		out, err := kube("get", "node", "n1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if err != nil || strings.TrimSpace(out) != "True" {
+			return fmt.Errorf("kubectl get node n1: Ready=%q (%v)", out, err)
+		}
+		return nil
+	})
+	if mark2, _, _ := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); !mark2.Time.Equal(mark1.Time) {
+		t.Errorf("install mark changed by the power cycle: %v → %v", mark1.Time, mark2.Time)
 	}
 
 	// FIGURES: the timeline from the BMC's power-on.
@@ -357,7 +424,6 @@ spec:
 			t.Errorf("n1's console never showed the milestone %q (%s)", m.name, milestones[i].re)
 		}
 	}
-	store := nodestate.Open(statedir.Nodes(state))
 	joinStart, joinDone := stepTimes(t, store, "n1", agentapi.StepKubeadm)
 	var b strings.Builder
 	fmt.Fprintf(&b, "FIGURES: bare-metal worker n1 under TCG, from the BMC's power-on (IPMI chassis power on by the power phase, %s after bootstrap started):\n",
@@ -380,11 +446,24 @@ spec:
 		fmt.Fprintf(&b, "  for comparison, cp1 (pre-installed nspawn host over SSH): kubeadm init %.1fs, done %.1fs after bootstrap started\n",
 			cpDone.Sub(cpStart).Seconds(), cpDone.Sub(start).Seconds())
 	}
-	fmt.Fprintf(&b, "  bootstrap (every phase, racked → converged): %.1fs", racked.Seconds())
+	fmt.Fprintf(&b, "  bootstrap (every phase, racked → converged): %.1fs\n", racked.Seconds())
+	fmt.Fprintf(&b, "  power cycle through the BMC: kernel from disk %s, hostagent ready %s, the pod Running again (restarted) %s after the cycle",
+		tCycleKernel, tCycleReport, tCyclePod)
 	t.Log(b.String())
 }
 
-// stepTimes returns when node's step first ran and when it was done (the node's clock), zero if never.
+// mustRead reads a file the test needs.
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// stepTimes returns when node's step first ran and when it was first done (the node's clock), zero
+// if never.
 func stepTimes(t *testing.T, store *nodestate.Store, node, step string) (time.Time, time.Time) {
 	t.Helper()
 	evs, err := store.Events(node)
@@ -407,7 +486,9 @@ func stepTimes(t *testing.T, store *nodestate.Store, node, step string) (time.Ti
 				began = at
 			}
 		case agentapi.StatusDone:
-			done = at
+			if done.IsZero() {
+				done = at // the first boot's (a later boot reports the step again)
+			}
 		}
 	}
 	return began, done

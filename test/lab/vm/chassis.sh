@@ -26,12 +26,14 @@
 # kit and no kernel command line; its first NIC carries QEMU's iPXE ROM (Debian's ipxe-qemu,
 # pxe-virtio.rom) and comes first in the boot order, then one blank virtio disk, NODE_DIR/disk.img
 # (created sparse on the first power-on, VM_DISK_GB GiB, default 8; kept across power cycles, as a
-# machine's disk is), with serial VM_DISK_SERIAL. What it boots is what the network serves it: the
+# machine's disk is), with serial VM_DISK_SERIAL; with VM_DECOY_GB set, a second blank disk
+# NODE_DIR/decoy.img of that size, serial DECOY-NODE, last in the boot order (the root-device hints
+# must pass it over: a smaller decoy is what an install without hints would take). What it boots is what the network serves it: the
 # appliance's DHCP, TFTP and per-MAC iPXE script (which boots the disk once the machine installed).
 #
 # NODE_DIR/chassis.env (written by nodes.sh) gives NODE, NETNS, NODE_DIR, KIT_SCRIPT, APPLIANCE_CACHE,
 # HOSTAGENT, CMDLINE_FILE, NET_ARGS, MAC_PREFIX, MEMORY_MB, and optionally SYSTEM_UUID, VM_BOOT (kit,
-# the default, or pxe), VM_DISK_SERIAL and VM_DISK_GB. The VM has two virtio NICs: eth0 on tap0
+# the default, or pxe), VM_DISK_SERIAL, VM_DISK_GB and VM_DECOY_GB. The VM has two virtio NICs: eth0 on tap0
 # (MAC_PREFIX:64:00, bridged to the control plane) and eth1 on tap1 (MAC_PREFIX:c8:00, workload
 # plane), and the SMBIOS system UUID SYSTEM_UUID, by default derived from
 # MAC_PREFIX: for 52:54:00:01 it is 52540001-6400-4000-8000-525400016400 (what the booted machine
@@ -61,6 +63,11 @@ PXE_ROM=/usr/lib/ipxe/qemu/pxe-virtio.rom
 power_on_pxe() {
 	[[ -r $PXE_ROM ]] || { echo "$PXE_ROM missing (Debian package ipxe-qemu)"; return 1; }
 	[[ -e $dir/disk.img ]] || truncate -s "${VM_DISK_GB:-8}G" "$dir/disk.img" || { echo "cannot create $dir/disk.img"; return 1; }
+	local decoy=()
+	if [[ -n ${VM_DECOY_GB:-} ]]; then
+		[[ -e $dir/decoy.img ]] || truncate -s "${VM_DECOY_GB}G" "$dir/decoy.img" || { echo "cannot create $dir/decoy.img"; return 1; }
+		decoy=(-drive "file=$dir/decoy.img,format=raw,if=none,id=d1,cache=unsafe" -device "virtio-blk-pci,drive=d1,serial=DECOY-$NODE,bootindex=3")
+	fi
 	local prefix=${MAC_PREFIX//:/}
 	local uuid=${SYSTEM_UUID:-$prefix-6400-4000-8000-${prefix}6400}
 	rm -f "$dir/qemu.pid"
@@ -74,7 +81,7 @@ power_on_pxe() {
 		-device "virtio-net-pci,disable-legacy=on,netdev=cp,mac=$MAC_PREFIX:64:00,romfile=$PXE_ROM,bootindex=1" \
 		-netdev tap,id=wl,ifname=tap1,script=no,downscript=no -device "virtio-net-pci,netdev=wl,mac=$MAC_PREFIX:c8:00,romfile=" \
 		-drive "file=$dir/disk.img,format=raw,if=none,id=d0,cache=unsafe" \
-		-device "virtio-blk-pci,drive=d0,serial=${VM_DISK_SERIAL:-LAB-DISK},bootindex=2" \
+		-device "virtio-blk-pci,drive=d0,serial=${VM_DISK_SERIAL:-LAB-DISK},bootindex=2" "${decoy[@]}" \
 		-daemonize -pidfile "$dir/qemu.pid" </dev/null >>"$dir/chassis.log" 2>&1 ||
 		{ echo "qemu failed to start; see $dir/chassis.log"; return 1; }
 	qemu_alive || { echo "qemu exited at once; see $dir/chassis.log"; return 1; }
@@ -104,6 +111,11 @@ power_on() {
 	args="console=ttyS0 panic=-1"
 	[[ " $rendered" == *" ip="* ]] || args+=" $NET_ARGS"
 	args+=" $rendered"
+	local decoy=()
+	if [[ -n ${VM_DECOY_GB:-} ]]; then
+		[[ -e $dir/decoy.img ]] || truncate -s "${VM_DECOY_GB}G" "$dir/decoy.img" || { echo "cannot create $dir/decoy.img"; return 1; }
+		decoy=(-drive "file=$dir/decoy.img,format=raw,if=none,id=d1,cache=unsafe" -device "virtio-blk-pci,drive=d1,serial=DECOY-$NODE,bootindex=3")
+	fi
 	local prefix=${MAC_PREFIX//:/}
 	local uuid=${SYSTEM_UUID:-$prefix-6400-4000-8000-${prefix}6400}
 	rm -f "$dir/qemu.pid"
