@@ -17,6 +17,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/calico"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/overlay"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -33,7 +34,7 @@ const cniNamespace = "cni-e2e"
 const testImage = "docker.io/library/busybox:1.35"
 
 // e2eCNI is the CNI the lab's configuration asks for: calico when the bundle at bundlePath has
-// calico.Image, else bridge.
+// calico.Image, else flannel (on the two-subnet lab, newK8sLabCNI).
 func e2eCNI(t *testing.T) string {
 	t.Helper()
 	b, err := bundle.Open(bundlePath)
@@ -59,14 +60,15 @@ func e2eCNI(t *testing.T) string {
 			return config.CNICalico
 		}
 	}
-	t.Logf("bundle %s has no %s (build-bundle.sh CALICO_BIN=…): the lab runs the %s CNI", bundlePath, calico.Image, config.CNIBridge)
-	return config.CNIBridge
+	t.Logf("bundle %s has no %s (build-bundle.sh CALICO_BIN=…): the lab runs the %s CNI (flannel's VXLAN, the overlay of the appliance's own image) on the two-subnet lab", bundlePath, calico.Image, config.CNIFlannel)
+	return config.CNIFlannel
 }
 
-// calicoOnly is the template's CNI: "calico" sets networks.cni (and workloadPlane.mtu 1500, the lab
-// veths' MTU); the bridge default writes neither, so the bridge lab's configuration is unchanged.
+// calicoOnly is the template's CNI: "calico" or "flannel" sets networks.cni (and workloadPlane.mtu
+// 1500, the lab veths' MTU); the bridge default writes neither, so the bridge lab's configuration is
+// unchanged.
 func calicoOnly(cni string) string {
-	if cni == config.CNICalico {
+	if cni != config.CNIBridge {
 		return cni
 	}
 	return ""
@@ -213,8 +215,12 @@ func (k *k8sLab) cniTimeline(t *testing.T, cni string, start time.Time, racked t
 		return
 	}
 	cniReady := map[string]time.Time{}
-	if cni == config.CNICalico {
-		ps, err := k.pods(calico.Namespace, "k8s-app=calico-node")
+	if cni != config.CNIBridge {
+		ns, sel := calico.Namespace, "k8s-app=calico-node"
+		if cni == config.CNIFlannel {
+			ns, sel = overlay.Namespace, "app.kubernetes.io/name="+overlay.Name
+		}
+		ps, err := k.pods(ns, sel)
 		if err != nil {
 			t.Error(err)
 		}
@@ -265,6 +271,46 @@ func (k *k8sLab) podNetwork(t *testing.T, cni string, start time.Time, racked ti
 		}
 		k.cniTimeline(t, cni, start, racked)
 	})
+	if cni == config.CNIFlannel {
+		t.Run("flannel: the overlay Ready on every node, pod ranges routed over VXLAN across the router", func(t *testing.T) {
+			if err := poll(3*time.Minute, func() error {
+				ps, err := k.pods(overlay.Namespace, "app.kubernetes.io/name="+overlay.Name)
+				if err != nil {
+					return err
+				}
+				var ready []string
+				for _, p := range ps {
+					if _, ok := p.readySince(); ok {
+						ready = append(ready, p.Spec.NodeName)
+					}
+				}
+				if len(ready) != len(k8sNodes) {
+					return fmt.Errorf("%s Ready on %v of %v", overlay.Name, ready, k8sNodes)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			dev := overlay.DeviceName(config.VXLANVNI)
+			for _, node := range k8sNodes {
+				// The VXLAN device: VNI 1, UDP 4789, from the node's workload-plane address; and the
+				// routes to every other node's pod range over it.
+				out := k.ssh(t, node, "ip -d link show "+dev+" | head -3")
+				if !strings.Contains(out, fmt.Sprintf("vxlan id %d local %s", config.VXLANVNI, k.wlAddr(node))) || !strings.Contains(out, fmt.Sprintf("dstport %d", config.VXLANPort)) {
+					t.Errorf("%s: %s is not VXLAN %d on port %d from %s:\n%s", node, dev, config.VXLANVNI, config.VXLANPort, k.wlAddr(node), out)
+				}
+				for _, other := range k8sNodes {
+					if other == node {
+						continue
+					}
+					prefix := k.podRangeOf(t, other)
+					if out, _ := k.run(node, "ip", "route", "show", prefix); !strings.Contains(out, "dev "+dev) {
+						t.Errorf("%s: route to %s's pod range %s: %q, want it over %s", node, other, prefix, out, dev)
+					}
+				}
+			}
+		})
+	}
 	if cni == config.CNICalico {
 		t.Run("calico: calico-node Ready on every node, and no bridge network left", func(t *testing.T) {
 			if err := poll(3*time.Minute, func() error {
@@ -373,6 +419,7 @@ spec:
 			t.Errorf("Service web answered from %v, want web-w1 and web-cp2", seen)
 		}
 	})
+	k.bandwidth(t, ips)
 	t.Run("pod network ("+cni+"): a NetworkPolicy denies, then allows, real traffic", func(t *testing.T) {
 		if cni != config.CNICalico {
 			t.Skipf("SKIPPED: networks.cni is %s, which enforces no NetworkPolicy; the lab runs Calico when its bundle has %s (build-bundle.sh CALICO_BIN=…, APPLIANCE_BUNDLE=…)", cni, calico.Image)

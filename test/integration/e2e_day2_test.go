@@ -17,6 +17,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/overlay"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/plan"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -135,20 +136,39 @@ func samePods(was, now map[string]podRoutes, extra ...string) string {
 	return strings.Join(diffs, "; ")
 }
 
-// podRangeOf returns node's pod range as cp1's rendered node config routes it ("" if none).
+// podRangeOf returns node's pod range as cp1's rendered node config routes it (bridge CNI), else
+// as node's own rendered node config holds it (flannel and Calico route it themselves); "" if none.
 func (k *k8sLab) podRangeOf(t *testing.T, node string) string {
 	t.Helper()
-	var nc agentapi.NodeConfig
-	b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, "cp1"), statedir.NodeConfigFile))
-	if err != nil || json.Unmarshal(b, &nc) != nil || nc.Kubernetes == nil {
-		t.Fatalf("cp1's rendered node config: %v", err)
-	}
-	for _, r := range nc.Kubernetes.PodRoutes {
-		if r.Node == node {
-			return r.Prefix.String()
+	read := func(of string) agentapi.NodeConfig {
+		var nc agentapi.NodeConfig
+		b, err := os.ReadFile(filepath.Join(statedir.RenderedNode(k.state, of), statedir.NodeConfigFile))
+		if err != nil || json.Unmarshal(b, &nc) != nil || nc.Kubernetes == nil {
+			t.Fatalf("%s's rendered node config: %v", of, err)
 		}
+		return nc
+	}
+	if k.cni == config.CNIBridge {
+		for _, r := range read("cp1").Kubernetes.PodRoutes {
+			if r.Node == node {
+				return r.Prefix.String()
+			}
+		}
+		return ""
+	}
+	if p := read(node).Kubernetes.PodCIDR; p.IsValid() {
+		return p.String()
 	}
 	return ""
+}
+
+// podRouteVia is what a node's kernel route to another node's pod range must say: the bridge CNI's
+// route goes via that node's workload-plane address; flannel's over its VXLAN device flannel.1.
+func (k *k8sLab) podRouteVia(node string) string {
+	if k.cni == config.CNIFlannel {
+		return "dev " + overlay.DeviceName(config.VXLANVNI)
+	}
+	return "via " + k.wlAddr(node)
 }
 
 // removeWorker proves issue 15's node removal on w1: a configuration without w1 is refused until
@@ -158,8 +178,9 @@ func (k *k8sLab) podRangeOf(t *testing.T, node string) string {
 // `appliance status` shows w1 removed; the API still answers through the VIP.
 func (k *k8sLab) removeWorker(t *testing.T) {
 	appliance := filepath.Join(binDir, "appliance")
-	// The bridge CNI's routes are the appliance's (PodRoutes); Calico's are felix's, which the pod
-	// network subtests prove (e2e_calico_test.go): with calico the route checks are skipped.
+	// The bridge CNI's routes are the appliance's (PodRoutes), flannel's the overlay's (flannel.1,
+	// dropped when the Node is deleted); Calico's are felix's, which the pod network subtests prove
+	// (e2e_calico_test.go): with calico the route checks are skipped.
 	bridge := k.cni != config.CNICalico
 	prefix := k.podRangeOf(t, "w1")
 	if prefix == "" && bridge {
@@ -358,7 +379,7 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+k.workerEntry("w2", "10.100.0.22", "10.200.0.22"))
+	mustWrite(t, k.config, strings.TrimRight(string(text), "\n")+"\n"+k.workerEntry("w2", "10.100.0.22", k.wlAddr("w2")))
 	k8sNodes = append(slices.Clone(k8sNodes), "w2")
 
 	start := time.Now()
@@ -392,7 +413,7 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 	}
 	// w2's pod range is routed on every other node (their hostagents resync within a minute).
 	prefix := k.podRangeOf(t, "w2")
-	bridge := k.cni != config.CNICalico // Calico's routes are felix's (see removeWorker)
+	bridge := k.cni != config.CNICalico // bridge or flannel; Calico's routes are felix's (see removeWorker)
 	if prefix == "" && bridge {
 		t.Fatalf("cp1's rendered config has no pod route to w2")
 	}
@@ -402,8 +423,8 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 	}
 	if err := waitFor(3*time.Minute, func() error {
 		for _, n := range routed {
-			if out, err := k.run(n, "ip", "route", "show", prefix); err != nil || !strings.Contains(out, "via 10.200.0.22") {
-				return fmt.Errorf("%s has no route to w2's pod range %s via 10.200.0.22: %q %v", n, prefix, out, err)
+			if out, err := k.run(n, "ip", "route", "show", prefix); err != nil || !strings.Contains(out, k.podRouteVia("w2")) {
+				return fmt.Errorf("%s has no route to w2's pod range %s %s: %q %v", n, prefix, k.podRouteVia("w2"), out, err)
 			}
 		}
 		return nil
@@ -622,8 +643,23 @@ func (k *k8sLab) addControlPlane(t *testing.T, ctx context.Context, pods map[str
 		t.Errorf("inserting cp4 before w2 moved pod ranges or routes: %s", d)
 	}
 	for n, p := range pods {
-		if p.CIDR == now["cp4"].CIDR || !slices.ContainsFunc(now[n].Routes, func(r agentapi.PodRoute) bool { return r.Node == "cp4" && r.Prefix == now["cp4"].CIDR }) {
+		// The rendered routes are the bridge CNI's; flannel's are in the kernel (checked below).
+		routed := k.cni != config.CNIBridge || slices.ContainsFunc(now[n].Routes, func(r agentapi.PodRoute) bool { return r.Node == "cp4" && r.Prefix == now["cp4"].CIDR })
+		if p.CIDR == now["cp4"].CIDR || !routed {
 			t.Errorf("%s: range %s, routes %v; cp4's range %s must be its own and routed", n, p.CIDR, now[n].Routes, now["cp4"].CIDR)
+		}
+	}
+	if k.cni == config.CNIFlannel {
+		cp4Range := now["cp4"].CIDR.String()
+		if err := waitFor(2*time.Minute, func() error {
+			for n := range pods {
+				if out, err := k.run(n, "ip", "route", "show", cp4Range); err != nil || !strings.Contains(out, k.podRouteVia("cp4")) {
+					return fmt.Errorf("%s has no route to cp4's pod range %s %s: %q %v", n, cp4Range, k.podRouteVia("cp4"), out, err)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 	t.Logf("pod ranges with cp4 inserted before w2: cp4 %s; %v", now["cp4"].CIDR, now)

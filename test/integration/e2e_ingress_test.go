@@ -3,8 +3,17 @@
 package integration
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,9 +42,13 @@ func (k *k8sLab) ingressHolders() []string {
 // hello.apps.<cluster>.lab.test answers from a pod when w1 resolves the name with its own resolver
 // (CoreDNS on the control planes: *.apps → the ingress VIP) and asks it over HTTP (the VIP holder's
 // HAProxy → the router on w1 → the pod); the served Ingress's status names the VIP; with the VIP
-// holder's keepalived killed, the VIP moves and the name answers again.
+// holder's keepalived killed, the VIP moves and the name answers again. HTTPS too: the Ingress's
+// spec.tls names a kubernetes.io/tls Secret (a certificate for the host from a CA the test makes), and
+// curl on w1, trusting only that CA, gets the pod's answer through the VIP's 443 (HAProxy passes TLS
+// through; the router terminates it with the Secret's certificate), before and after the kill.
 func (k *k8sLab) ingress(t *testing.T) {
 	host := "hello.apps." + k.prefix + ".lab.test"
+	caFile, certPEM, keyPEM := ingressCert(t, host)
 	if err := poll(3*time.Minute, func() error {
 		out, err := k.kube("-n", ingressrouter.Namespace, "get", "daemonset", ingressrouter.Name, "-o", "json")
 		if err != nil {
@@ -83,12 +96,19 @@ apiVersion: networking.k8s.io/v1
 kind: Ingress
 metadata: {name: hello, namespace: %[1]s}
 spec:
+  tls: [{hosts: [%[3]s], secretName: hello-tls}]
   rules:
   - host: %[3]s
     http:
       paths:
       - {path: /, pathType: Prefix, backend: {service: {name: hello, port: {number: 80}}}}
-`, ingressNamespace, testImage, host)
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: hello-tls, namespace: %[1]s}
+type: kubernetes.io/tls
+data: {tls.crt: %[4]s, tls.key: %[5]s}
+`, ingressNamespace, testImage, host, base64.StdEncoding.EncodeToString(certPEM), base64.StdEncoding.EncodeToString(keyPEM))
 	if out, err := k.kubeStdin(manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s", err, out)
 	}
@@ -106,6 +126,12 @@ spec:
 		out, err := k.run("w1", "curl", "-sS", "--max-time", "3", "--resolve", host+":80:"+ingressVIP, "http://"+host+"/")
 		return strings.TrimSpace(out), err
 	}
+	// curlTLS asks https://host/ trusting only the test's CA (curl runs in w1's network namespace
+	// with this machine's files, so the CA file is the test's own).
+	curlTLS := func() (string, error) {
+		out, err := k.run("w1", "curl", "-sS", "--max-time", "3", "--cacert", caFile, "--resolve", host+":443:"+ingressVIP, "https://"+host+"/")
+		return strings.TrimSpace(out), err
+	}
 	// Through w1's own resolver too (above): curl --resolve pins the name to what it resolved to, so a
 	// run that ends in the namespace without the node's resolver still asks the VIP.
 	start := time.Now()
@@ -121,6 +147,18 @@ spec:
 	t.Logf("http://%s/ answered from the pod through the ingress VIP %.1fs after the Ingress was applied", host, time.Since(start).Seconds())
 	if out := k.ssh(t, "w1", "curl -sS --max-time 3 http://"+host+"/"); strings.TrimSpace(out) != "hello-from-a-pod" {
 		t.Errorf("curl on w1 with its own resolver: %q", out)
+	}
+	tlsStart := time.Now()
+	if err := poll(time.Minute, func() error {
+		body, err := curlTLS()
+		if err != nil || body != "hello-from-a-pod" {
+			return fmt.Errorf("curl https://%s/ from w1 (CA %s): %v %q", host, caFile, err, body)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	} else {
+		t.Logf("https://%s/ answered from the pod through the ingress VIP with the Ingress's certificate (%.1fs after the HTTP answer)", host, time.Since(tlsStart).Seconds())
 	}
 	if err := poll(time.Minute, func() error {
 		out, err := k.kube("-n", ingressNamespace, "get", "ingress", "hello", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
@@ -163,4 +201,48 @@ spec:
 	}
 	t.Logf("keepalived on %s (the ingress VIP's holder) SIGKILLed: the VIP moved to %v; %s answered again %.1fs after the kill (%d failed polls before)",
 		holders[0], moved, host, time.Since(killed).Seconds(), fails)
+	if body, err := curlTLS(); err != nil || body != "hello-from-a-pod" {
+		t.Errorf("curl https://%s/ from w1 after the kill: %v %q", host, err, body)
+	}
+}
+
+// ingressCert makes a CA and a certificate for host signed by it (ECDSA P-256, one day): the CA's
+// PEM file (in the test's temporary directory) and the certificate's and key's PEM, for a
+// kubernetes.io/tls Secret.
+func ingressCert(t *testing.T, host string) (caFile string, certPEM, keyPEM []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ingress e2e CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile = filepath.Join(t.TempDir(), "ingress-ca.pem")
+	mustWrite(t, caFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})))
+	return caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }

@@ -61,9 +61,36 @@ type k8sLab struct {
 	*nodeLab
 	kubectl, etcdctl string
 	cni              string // networks.cni of the lab's configuration (e2eCNI)
+	// wl2 is the two-subnet lab (lab.sh LAB_WL_SUBNETS=2): the workers' workload-plane addresses are
+	// in 10.201.0.0/24, behind the lab's router. Only with a CNI that crosses subnets (not bridge).
+	wl2 bool
 }
 
+// wlAddr is a lab node's workload-plane address: 10.200.0.(10+I) for cpI; 10.200.0.(20+I) for wI, or
+// 10.201.0.(20+I) in the two-subnet lab.
+func (k *k8sLab) wlAddr(node string) string {
+	var i int
+	if _, err := fmt.Sscanf(node, "cp%d", &i); err == nil {
+		return fmt.Sprintf("10.200.0.%d", 10+i)
+	}
+	if _, err := fmt.Sscanf(node, "w%d", &i); err != nil {
+		panic("wlAddr: not a lab node: " + node)
+	}
+	if k.wl2 {
+		return fmt.Sprintf("10.201.0.%d", 20+i)
+	}
+	return fmt.Sprintf("10.200.0.%d", 20+i)
+}
+
+// newK8sLab makes the e2e's lab with the CNI e2eCNI picks (and the two-subnet lab when that CNI
+// crosses subnets).
 func newK8sLab(t *testing.T, prefix string) *k8sLab {
+	t.Helper()
+	return newK8sLabCNI(t, prefix, e2eCNI(t))
+}
+
+// newK8sLabCNI makes the lab with networks.cni cni: the two-subnet lab unless cni is bridge.
+func newK8sLabCNI(t *testing.T, prefix, cni string) *k8sLab {
 	t.Helper()
 	l := newLab(t, prefix)
 	l.skip = nil
@@ -71,6 +98,12 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	// Four control-plane and two worker namespaces (host keys pinned): cp4 and w2 are started only
 	// when day2 adds them.
 	n.env = append(os.Environ(), "LAB_PREFIX="+prefix, "LAB_DIR="+n.labDir, "LAB_WORKERS=2", "LAB_WORKER_KIND=nspawn")
+	// A CNI that encapsulates crosses the router of the two-subnet lab; the bridge CNI's static routes
+	// need one segment.
+	wl2 := cni != config.CNIBridge
+	if wl2 {
+		n.env = append(n.env, "LAB_WL_SUBNETS=2")
+	}
 	n.script(t, "lab.sh", "up", "4", "2")
 	n.script(t, "creds.sh")
 	t.Cleanup(func() {
@@ -98,12 +131,11 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	k8sNodes = slices.Clone(day1Nodes)
 	n.script(t, "nodes.sh", append([]string{"up"}, k8sNodes...)...)
 	var buf bytes.Buffer
-	cni := e2eCNI(t)
-	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true, "CNI": calicoOnly(cni)}); err != nil {
+	if err := nodeConfigTemplate.Execute(&buf, map[string]any{"Bundle": bundlePath, "BundleKey": bundleKey, "State": l.state, "Lab": n.labDir, "Name": prefix, "K8s": true, "CNI": calicoOnly(cni), "WL2": wl2}); err != nil {
 		t.Fatal(err)
 	}
 	mustWrite(t, l.config, buf.String())
-	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl"), cni: cni}
+	return &k8sLab{nodeLab: n, kubectl: fixtureBin(t, "kubectl"), etcdctl: fixtureBin(t, "etcdctl"), cni: cni, wl2: wl2}
 }
 
 // kube runs kubectl from the bootstrap host's namespace with the appliance's admin kubeconfig,

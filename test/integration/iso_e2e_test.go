@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/test/isovm"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -38,7 +39,9 @@ const (
 func TestISOJourney(t *testing.T) {
 	labns.RequireRoot(t)
 	iso := isovm.BuildISO(t) // before the lab exists: nothing downloads inside it
-	k := newK8sLab(t, "kiso")
+	// The bridge CNI on the one-segment lab: the journey proves the ISO; the pod network across
+	// subnets is TestKubernetesE2E's.
+	k := newK8sLabCNI(t, "kiso", config.CNIBridge)
 	boot := k.ns("boot")
 
 	// P-boot becomes two bridges: each NIC of the VM joins the port that held the address.

@@ -111,7 +111,12 @@ boot: {dhcp: "off"}
 {{- end}}
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
+{{- if .WL2}}
+  # The two-subnet lab (lab.sh LAB_WL_SUBNETS=2): the workers' workload-plane subnet is behind a router.
+  workloadPlane: {cidrs: [10.200.0.0/24, 10.201.0.0/24]{{if .CNI}}, mtu: 1500{{end}}}
+{{- else}}
   workloadPlane: {cidrs: [10.200.0.0/24]{{if .CNI}}, mtu: 1500{{end}}}
+{{- end}}
   services: 10.96.0.0/16
 {{- if .CNI}}
   cni: {{.CNI}}
@@ -141,7 +146,7 @@ nodes:
   power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
 - name: w1
   roles: [worker]
-  addresses: [10.100.0.21, 10.200.0.21]
+  addresses: [10.100.0.21, {{if .WL2}}10.201.0.21{{else}}10.200.0.21{{end}}]
 {{- if .K8s}}
   power: {kind: ssh, privateKeyFile: {{.Lab}}/ssh/id_ed25519, knownHostsFile: {{.Lab}}/ssh/known_hosts}
 {{- else}}
