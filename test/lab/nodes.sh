@@ -296,6 +296,22 @@ ct_run() {
 	done
 }
 
+# inotify_check NODE: warn when the host's inotify instances are nearly used up. The nodes share the
+# host's user namespace, so every node's systemd, kubelet, kube-apiserver, controller-manager and
+# containerd count against root's fs.inotify.max_user_instances (128 by default; a Kubernetes control
+# plane holds about 25, a worker about 15). Past it kubelet exits with "Failed to start cAdvisor"
+# err="inotify_init: too many open files" and no static pod starts: a control plane then fails kubeadm
+# join with "the etcd member … is not started". Labs running side by side hit it; the host's limit is
+# not changed here (LAB.md: the lab never changes the host).
+inotify_check() {
+	local max used
+	max=$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null) || return 0
+	used=$(find /proc/[0-9]*/fd -lname 'anon_inode:inotify' 2>/dev/null | wc -l)
+	if ((used + 25 > max)); then
+		log "WARNING: $1: the host's inotify instances are nearly used up ($used in use of fs.inotify.max_user_instances=$max; a control plane needs about 25): kubelet on it may fail with 'inotify_init: too many open files'. Other labs running now hold them: run labs one at a time."
+	fi
+}
+
 ct_up() {
 	local node=$1 d
 	d=$(nodedir "$node")
@@ -303,6 +319,7 @@ ct_up() {
 		return 0
 	fi
 	ct_plain_net "$node"
+	inotify_check "$node"
 	ensure_nspawn_run
 	ct_prepare "$node"
 	echo nspawn >"$d/kind"
