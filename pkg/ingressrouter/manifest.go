@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -121,11 +120,8 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 		}
 		apiHost, apiPort = h, p
 	}
-	labels := map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "airgap-appliance"}
-	meta := func(name, ns string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
-	}
-	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(Name, Namespace)}
+	meta := func(name, ns string) metav1.ObjectMeta { return kubemanifest.Meta(Name, name, ns) }
+	sa, binding := kubemanifest.ServiceAccountWithRole(Name, Namespace)
 	read := []string{"get", "list", "watch"}
 	role := &rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
@@ -139,12 +135,6 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: read},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
 		},
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
-		ObjectMeta: meta(Name, ""),
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: Name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: Name, Namespace: Namespace}},
 	}
 	class := &networkingv1.IngressClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "IngressClass"},
@@ -178,65 +168,40 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 			}}},
 		}}
 	}
-	no, yes := false, true
-	selector := map[string]string{"app.kubernetes.io/name": Name}
-	ds := &appsv1.DaemonSet{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
-		ObjectMeta: meta(Name, Namespace),
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: selector},
-			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
-				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr(intstr.FromInt32(1))},
+	ds := kubemanifest.HostNetworkDaemonSet(Name, Namespace, corev1.PodSpec{
+		PriorityClassName: "system-cluster-critical",
+		NodeSelector:      o.NodeSelector,
+		Affinity:          affinity,
+		Tolerations:       tolerations,
+		Containers: []corev1.Container{{
+			Name:            "router",
+			Image:           o.Image,
+			ImagePullPolicy: corev1.PullIfNotPresent,
+			Command:         args,
+			Env:             env,
+			Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: int32(o.ListenPort), HostPort: int32(o.ListenPort), Protocol: corev1.ProtocolTCP},
+				{Name: "https", ContainerPort: int32(o.TLSPort), HostPort: int32(o.TLSPort), Protocol: corev1.ProtocolTCP},
+				{Name: "health", ContainerPort: int32(o.HealthPort), HostPort: int32(o.HealthPort), Protocol: corev1.ProtocolTCP},
 			},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					ServiceAccountName: Name,
-					HostNetwork:        true,
-					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-					PriorityClassName:  "system-cluster-critical",
-					NodeSelector:       o.NodeSelector,
-					Affinity:           affinity,
-					Tolerations:        tolerations,
-					Containers: []corev1.Container{{
-						Name:            "router",
-						Image:           o.Image,
-						ImagePullPolicy: corev1.PullIfNotPresent,
-						Command:         args,
-						Env:             env,
-						Ports: []corev1.ContainerPort{
-							{Name: "http", ContainerPort: int32(o.ListenPort), HostPort: int32(o.ListenPort), Protocol: corev1.ProtocolTCP},
-							{Name: "https", ContainerPort: int32(o.TLSPort), HostPort: int32(o.TLSPort), Protocol: corev1.ProtocolTCP},
-							{Name: "health", ContainerPort: int32(o.HealthPort), HostPort: int32(o.HealthPort), Protocol: corev1.ProtocolTCP},
-						},
-						ReadinessProbe: &corev1.Probe{
-							ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: HealthPath, Port: intstr.FromInt32(int32(o.HealthPort))}},
-							PeriodSeconds: 5,
-						},
-						LivenessProbe: &corev1.Probe{
-							ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(int32(o.HealthPort))}},
-							InitialDelaySeconds: 10,
-							PeriodSeconds:       10,
-						},
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: &no,
-							ReadOnlyRootFilesystem:   &yes,
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_BIND_SERVICE"}},
-						},
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
-						}},
-					}},
-				},
+			ReadinessProbe: &corev1.Probe{
+				ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: HealthPath, Port: intstr.FromInt32(int32(o.HealthPort))}},
+				PeriodSeconds: 5,
 			},
-		},
-	}
+			LivenessProbe: &corev1.Probe{
+				ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(int32(o.HealthPort))}},
+				InitialDelaySeconds: 10,
+				PeriodSeconds:       10,
+			},
+			SecurityContext: kubemanifest.RestrictedSecurityContext("NET_BIND_SERVICE"),
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
+			}},
+		}},
+	})
 	out, err := kubemanifest.Stream(sa, role, binding, class, ds)
 	if err != nil {
 		return nil, fmt.Errorf("ingress-router manifest: %w", err)
 	}
 	return out, nil
 }
-
-func ptr[T any](v T) *T { return &v }

@@ -1,7 +1,8 @@
 // Package kubemanifest serialises typed Kubernetes objects (k8s.io/api types, or structs shaped like
 // them) into the YAML an applied manifest holds: what `kubectl apply --server-side` takes, without the
 // zero-valued fields the Go types always carry and an applied object must not set. pkg/calico and
-// pkg/ingressrouter render their manifests with it.
+// pkg/ingressrouter render their manifests with it, and HostNetworkDaemonSet, ServiceAccountWithRole and
+// RestrictedSecurityContext are the shapes their host-network DaemonSets share.
 package kubemanifest
 
 import (

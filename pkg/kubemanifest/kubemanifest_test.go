@@ -34,3 +34,27 @@ func TestMarshalPrunes(t *testing.T) {
 		t.Error("Marshal of a JSON array: no error")
 	}
 }
+
+// TestHostNetworkDaemonSet: the DaemonSet's shape is the helper's whatever the pod spec says (its
+// ServiceAccount, host network and DNS policy win), the selector matches the pods' labels, and the
+// rest of the pod spec is kept.
+func TestHostNetworkDaemonSet(t *testing.T) {
+	ds := HostNetworkDaemonSet("x", "kube-system", corev1.PodSpec{ServiceAccountName: "other", DNSPolicy: corev1.DNSDefault,
+		PriorityClassName: "system-node-critical", Containers: []corev1.Container{{Name: "c", SecurityContext: RestrictedSecurityContext("NET_ADMIN")}}})
+	p := ds.Spec.Template.Spec
+	if p.ServiceAccountName != "x" || !p.HostNetwork || p.DNSPolicy != corev1.DNSClusterFirstWithHostNet || p.PriorityClassName != "system-node-critical" || len(p.Containers) != 1 {
+		t.Errorf("pod spec %+v", p)
+	}
+	sel, labels := ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels
+	if len(sel) != 1 || sel[NameLabel] != "x" || labels[NameLabel] != "x" || ds.Labels[NameLabel] != "x" || ds.Namespace != "kube-system" {
+		t.Errorf("selector %v, pod labels %v, DaemonSet meta %+v", sel, labels, ds.ObjectMeta)
+	}
+	sc := p.Containers[0].SecurityContext
+	if *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Add[0] != "NET_ADMIN" {
+		t.Errorf("security context %+v", sc)
+	}
+	sa, rb := ServiceAccountWithRole("x", "kube-system")
+	if sa.Namespace != "kube-system" || rb.RoleRef.Name != "x" || rb.Subjects[0].Name != "x" || rb.Subjects[0].Namespace != "kube-system" || rb.Namespace != "" {
+		t.Errorf("service account %+v, binding %+v", sa.ObjectMeta, rb)
+	}
+}
