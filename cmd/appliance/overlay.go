@@ -75,7 +75,7 @@ node's endpoint (UDP --port). Only the net-conf.json flannel reads is written, i
 	f.IntVar(&o.VNI, overlay.FlagVNI, o.VNI, "VXLAN network identifier (device flannel.<vni>)")
 	f.IntVar(&o.Port, overlay.FlagPort, o.Port, "VXLAN UDP port (4789: IANA's, RFC 7348 §5)")
 	f.IntVar(&o.MTU, overlay.FlagMTU, 0, "the workload-plane link MTU; flannel.<vni> gets 50 bytes less (0: the interface's MTU)")
-	f.StringVar(&o.StateDir, overlay.FlagStateDir, o.StateDir, "directory of flannel's net-conf.json")
+	f.StringVarP(&o.StateDir, overlay.FlagStateDir, "s", o.StateDir, "directory of flannel's net-conf.json")
 	f.StringVar(&o.PublicAddressesFile, overlay.FlagPublicAddrs, "", "JSON file of node name → workload-plane address (the appliance's): this node's VXLAN endpoint when listed; else the first local address inside --public-cidrs")
 	f.StringVar(&o.PodRangesFile, overlay.FlagPodRanges, "", "JSON file of node name → pod range (the appliance's assignment): this node's spec.podCIDR is set from it when empty; empty: spec.podCIDR as found")
 	return cmd
@@ -92,6 +92,6 @@ func newOverlayReadyCommand() *cobra.Command {
 			return overlay.Ready(dir)
 		},
 	}
-	cmd.Flags().StringVar(&dir, overlay.FlagStateDir, dir, "the overlay's state directory")
+	cmd.Flags().StringVarP(&dir, overlay.FlagStateDir, "s", dir, "the overlay's state directory")
 	return cmd
 }

@@ -10,12 +10,10 @@ import (
 	"strconv"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/airgap-appliance/appliance/pkg/kubemanifest"
 )
@@ -162,77 +160,44 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 			LocalObjectReference: corev1.LocalObjectReference{Name: Name}}}})
 	}
 
-	labels := map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "airgap-appliance"}
-	meta := func(name, ns string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}
-	}
-	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(Name, Namespace)}
+	sa, binding := kubemanifest.ServiceAccountWithRole(Name, Namespace)
 	role := &rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
-		ObjectMeta: meta(Name, ""),
+		ObjectMeta: kubemanifest.Meta(Name, Name, ""),
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
 			{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		},
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
-		ObjectMeta: meta(Name, ""),
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: Name},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: Name, Namespace: Namespace}},
-	}
 	var tolerations []corev1.Toleration
 	for _, k := range tolerated {
 		tolerations = append(tolerations, corev1.Toleration{Key: k, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
 	}
-	no, yes := false, true
-	selector := map[string]string{"app.kubernetes.io/name": Name}
-	ds := &appsv1.DaemonSet{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
-		ObjectMeta: meta(Name, Namespace),
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: selector},
-			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
-				Type:          appsv1.RollingUpdateDaemonSetStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr(intstr.FromInt32(1))},
+	ds := kubemanifest.HostNetworkDaemonSet(Name, Namespace, corev1.PodSpec{
+		PriorityClassName: "system-node-critical",
+		NodeSelector:      map[string]string{"kubernetes.io/os": "linux"},
+		Tolerations:       tolerations,
+		Containers: []corev1.Container{{
+			Name:            "overlay",
+			Image:           o.Image,
+			ImagePullPolicy: corev1.PullIfNotPresent,
+			Command:         args,
+			Env:             env,
+			SecurityContext: kubemanifest.RestrictedSecurityContext("NET_ADMIN", "NET_RAW"),
+			ReadinessProbe: &corev1.Probe{
+				ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/appliance", "overlay", "ready", "--" + FlagStateDir + "=" + StateDir}}},
+				PeriodSeconds: 5,
 			},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					ServiceAccountName: Name,
-					HostNetwork:        true,
-					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-					PriorityClassName:  "system-node-critical",
-					NodeSelector:       map[string]string{"kubernetes.io/os": "linux"},
-					Tolerations:        tolerations,
-					Containers: []corev1.Container{{
-						Name:            "overlay",
-						Image:           o.Image,
-						ImagePullPolicy: corev1.PullIfNotPresent,
-						Command:         args,
-						Env:             env,
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: &no,
-							ReadOnlyRootFilesystem:   &yes,
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}},
-						},
-						ReadinessProbe: &corev1.Probe{
-							ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/appliance", "overlay", "ready", "--" + FlagStateDir + "=" + StateDir}}},
-							PeriodSeconds: 5,
-						},
-						VolumeMounts: mounts,
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-							corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("50Mi"),
-						}},
-					}},
-					Volumes: volumes,
-				},
-			},
-		},
-	}
+			VolumeMounts: mounts,
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("50Mi"),
+			}},
+		}},
+		Volumes: volumes,
+	})
 	objs := []any{sa, role, binding}
 	if cm != nil {
-		cm.Labels = labels
+		cm.Labels = kubemanifest.Labels(Name)
 		objs = append(objs, cm)
 	}
 	out, err := kubemanifest.Stream(append(objs, ds)...)
@@ -241,5 +206,3 @@ func Manifest(o ManifestOptions) ([]byte, error) {
 	}
 	return out, nil
 }
-
-func ptr[T any](v T) *T { return &v }
