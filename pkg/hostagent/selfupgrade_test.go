@@ -97,7 +97,17 @@ func TestAgentSelfUpgrade(t *testing.T) {
 		if b, _ := os.ReadFile(exe); !bytes.Equal(b, oldBytes) {
 			t.Errorf("%s: the executable was replaced (%d bytes)", when, len(b))
 		}
-		if left, _ := filepath.Glob(filepath.Join(exeDir, ".hostagent.upgrade-*")); len(left) > 0 {
+		// The agent retries the upgrade with backoff, so a retry's download may be in progress when
+		// the failure is seen; a failed attempt's file is removed before its failure is reported, so
+		// between attempts there is none. A leaked file would stay (each attempt only removes older
+		// ones when it starts, then makes its own), and no such moment would come within the bound.
+		var left []string
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if left, _ = filepath.Glob(filepath.Join(exeDir, ".hostagent.upgrade-*")); len(left) == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(left) > 0 {
 			t.Errorf("%s: temporary files left: %v", when, left)
 		}
 	}
