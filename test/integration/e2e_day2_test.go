@@ -323,6 +323,7 @@ spec:
 	if out, err := k.kube("get", "nodes", "-o", "name"); err != nil || strings.Join(strings.Fields(out), " ") != "node/cp1 node/cp2 node/cp3" {
 		t.Errorf("nodes after the removal: %v %q", err, out)
 	}
+	k.decommission(t, "w1")
 }
 
 // addCollision: a configuration that appends w2 with cp3's addresses is refused at load, naming
@@ -767,4 +768,14 @@ func (k *k8sLab) removeControlPlane(t *testing.T, ctx context.Context, pods map[
 	if out, err := k.kube("get", "--raw", "/readyz"); err != nil || strings.TrimSpace(out) != "ok" {
 		t.Errorf("readyz through the VIP after removing cp4: %v %q", err, out)
 	}
+	k.decommission(t, "cp4")
+}
+
+// decommission switches a removed node's machine off, as it leaves the rack. In the lab it also frees
+// what the node's processes hold of the host's: the nodes share root's inotify instances (128, see
+// test/lab/nodes.sh inotify_check), and a removed node left running took the ones day 2's next node
+// needed (its kubelet exited with "inotify_init: too many open files").
+func (k *k8sLab) decommission(t *testing.T, node string) {
+	t.Helper()
+	k.script(t, "nodes.sh", "down", node)
 }
