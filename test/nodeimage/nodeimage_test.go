@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/pem"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -82,94 +80,11 @@ func buildImage(t *testing.T, hostagent string, extra ...string) string {
 	return out
 }
 
-// TestNodeImagePXEInstall is issue 12's proof for the node image and the install to disk, with real
-// parts throughout: the appliance is `appliance bootstrap` (phases up to serve, boot.dhcp: server)
-// in a lab namespace; the machine is QEMU (TCG) with QEMU's iPXE ROM (Debian's ipxe-qemu) and two
-// blank virtio disks, a decoy (serial DECOY-DISK) and the target (serial NODE-DISK-1, named by
-// nodes[].rootDevice.serialNumber; without the hint the decoy, being smaller, would be chosen). One
-// stand-in: no BMC. The test records the power-on in the appliance's node store (what the power phase
-// does before it asks the BMC to power on, so the enrolment window opens) and starts QEMU itself; the
-// BMC path is issue 12's e2e step.
-//
-// It checks: DHCP → iPXE → kernel, initramfs and root filesystem over HTTP; `hostagent install`
-// enrols, installs to the hinted disk (the decoy stays blank) and tells the appliance (over its HTTPS
-// agent API with the node token); the VM reboots, its installed system answers at n1's
-// nodes[].addresses (static, outside boot.range),
-// the appliance's script now boots the disk, the kernel runs with root=UUID=…, and the installed
-// node's hostagent (Ignition's unit) reports to the appliance; after a power cycle the machine boots
-// its disk again (no second install, no second root filesystem download) and reports again with a
-// new boot ID. It prints the DHCP/TFTP/kernel/rootfs/install/reboot shares.
-func TestNodeImagePXEInstall(t *testing.T) {
-	l := newNodeLab(t)
-	qemu, dir, state, store, ns := l.qemu, l.dir, l.state, l.store, l.ns
-	if _, err := store.Set("n1", agentapi.StatePowering, "test: QEMU started in place of a BMC power-on"); err != nil {
-		t.Fatal(err)
-	}
-	decoy, target := filepath.Join(dir, "decoy.img"), filepath.Join(dir, "disk.img")
-	for p, size := range map[string]int64{decoy: 5 << 30, target: 8 << 30} {
-		f, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Truncate(size); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-	}
-	console := filepath.Join(dir, "console.log")
-	vm := startVM(t, ns, qemu, console, pxeDevices(decoy, target))
-	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
-
-	// First boot: network, enrol, install, reboot.
-	tKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*appliance\.rootfs=`), 0, 4*time.Minute)
-	tFetched := c.wait(regexp.MustCompile(`NODE-INIT: fetched `), 0, 6*time.Minute)
-	tSystemd := c.wait(regexp.MustCompile(`NODE-INIT: live root ready`), 0, 6*time.Minute)
-	installLine := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n1 installed to [^\n]*`), 12*time.Minute)
-	tInstalled := c.since()
-	if !strings.Contains(installLine, "vdb") || !strings.Contains(installLine, `serial="`+diskSerial+`"`) {
-		t.Errorf("installed to the wrong disk (want vdb, serial %s): %s", diskSerial, installLine)
-	}
-	tDiskKernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0, 5*time.Minute)
-	mark, ok, err := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1")
-	if err != nil || !ok {
-		t.Fatalf("the appliance has no install mark for n1 (%v): the machine's notice did not arrive", err)
-	}
-	st1 := waitReport(t, store, "n1", "", 8*time.Minute, c)
-	tReport := c.since()
-	// The installed system keeps n1's nodes[].addresses (static, on the boot NIC), not a lease of
-	// boot.range: the address the plan expects answers.
-	if out, err := ns.Run("ping", "-c", "1", "-W", "5", "10.83.0.21"); err != nil {
-		t.Errorf("the installed n1 does not answer at its nodes[].addresses 10.83.0.21: %v\n%s", err, out)
-	}
-
-	// The decoy stays blank: the hint chose the target.
-	if b := readHead(t, decoy, 1<<20); bytes.Count(b, []byte{0}) != len(b) {
-		t.Errorf("the decoy disk (serial DECOY-DISK) was written: the install ignored nodes[].rootDevice")
-	}
-
-	t.Logf("FIGURES: node image PXE → install → reboot under TCG (host clock from QEMU's start): kernel booting %s, "+
-		"root filesystem fetched %s, systemd %s, installed %s (%s), kernel from disk %s, hostagent report %s (state %s: %s)",
-		tKernel, tFetched, tSystemd, tInstalled, strings.TrimPrefix(installLine, "NODE-INSTALL: "), tDiskKernel, tReport, st1.State, steps(st1))
-	t.Logf("FIGURES: shares: DHCP+TFTP+iPXE+kernel/initrd %s, root filesystem (%s) %s, systemd→installed %s, reboot→disk kernel %s, disk boot→report %s",
-		tKernel, sizeOf(t, filepath.Join(l.img, "rootfs.squashfs")), tFetched-tKernel, tInstalled-tSystemd, tDiskKernel-tInstalled, tReport-tDiskKernel)
-
-	// Second power-on: the disk boots, nothing is installed again.
-	vm.stop()
-	before := c.size()
-	vm = startVM(t, ns, qemu, console, pxeDevices(decoy, target))
-	c.start, c.vm, c.from = vm.start, vm, before
-	t2Kernel := c.wait(regexp.MustCompile(`Command line: [^\n]*root=UUID=`), before, 5*time.Minute)
-	st2 := waitReport(t, store, "n1", st1.BootID, 8*time.Minute, c)
-	t2Report := c.since()
-	again, _ := os.ReadFile(console)
-	if second := string(again[before:]); strings.Contains(second, "NODE-INIT: fetched") || strings.Contains(second, "NODE-INSTALL:") {
-		t.Errorf("the second power-on network-booted or installed again:\n%s", lastLines(second, 40))
-	}
-	if mark2, _, _ := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); !mark2.Time.Equal(mark.Time) {
-		t.Errorf("install mark changed on the second boot: %v → %v", mark.Time, mark2.Time)
-	}
-	t.Logf("FIGURES: second power-on: kernel from disk %s, hostagent report %s (new boot %s, state %s)", t2Kernel, t2Report, st2.BootID, st2.State)
-}
+// The network boot of a blank machine (DHCP, TFTP, iPXE, kernel, initramfs and root filesystem over
+// HTTP; the install to the disk root-device hints name, a decoy disk left blank; the installed system
+// at its static address; a power cycle that boots the disk and installs nothing again) is
+// TestBareMetalWorkerJoinsCluster's (metal_test.go), with a real BMC and kubeadm join after it: it
+// replaced TestNodeImagePXEInstall, which proved the same without a BMC and without Kubernetes.
 
 // TestNodeImageISOInstall: the node image's ISO form (what pkg/power's Redfish virtual media
 // inserts) installs a machine too. The ISO is built with the appliance URL and CA pin on its kernel
@@ -375,19 +290,6 @@ func (v *vmProc) stop() {
 	}
 }
 
-// pxeDevices: NIC first in the boot order (the BMC's "boot from PXE"), then the target disk; the decoy last.
-func pxeDevices(decoy, target string) []string {
-	return []string{
-		"-netdev", "tap,id=n0,ifname=nitap0,script=no,downscript=no",
-		// pxe-virtio.rom names the modern virtio-net device (1af4:1041): disable-legacy=on, or SeaBIOS skips it.
-		"-device", "virtio-net-pci,disable-legacy=on,netdev=n0,mac=" + mac + ",romfile=" + pxeROM + ",bootindex=1",
-		"-drive", "file=" + decoy + ",format=raw,if=none,id=d0,cache=unsafe",
-		"-device", "virtio-blk-pci,drive=d0,serial=DECOY-DISK,bootindex=3",
-		"-drive", "file=" + target + ",format=raw,if=none,id=d1,cache=unsafe",
-		"-device", "virtio-blk-pci,drive=d1,serial=" + diskSerial + ",bootindex=2",
-	}
-}
-
 // startVM starts the machine with devices; serial console appended to console.
 func startVM(t *testing.T, ns *labns.NS, qemu, console string, devices []string) *vmProc {
 	t.Helper()
@@ -512,14 +414,6 @@ func readHead(t *testing.T, p string, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func sizeOf(t *testing.T, p string) string {
-	st, err := os.Stat(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%d MB", st.Size()>>20)
 }
 
 func lastLines(s string, n int) string {
