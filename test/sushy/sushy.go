@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,7 +49,8 @@ func sushyDir(t testing.TB) string {
 	return ""
 }
 
-// Emulator is a running sushy-emulator: its HTTPS port on 127.0.0.1, the CA its certificate chains to
+// Emulator is a running sushy-emulator: its HTTPS port (on 127.0.0.1, or on a lab BMC address in a
+// namespace: StartLibvirt with LabNIC), the CA its certificate chains to
 // (PEM), and the HTTP basic-auth credentials it accepts.
 type Emulator struct {
 	Port           int
@@ -64,12 +66,20 @@ type Emulator struct {
 // root has no SessionService: the case the basic-auth fallback exists for. Stopped (by PID) at the end.
 func Start(t testing.TB) Emulator {
 	t.Helper()
-	return start(t, t.TempDir(), "SUSHY_EMULATOR_FAKE_DRIVER = True\n", nil)
+	return start(t, t.TempDir(), "SUSHY_EMULATOR_FAKE_DRIVER = True\n", nil, nil)
+}
+
+// listenIn puts sushy-emulator inside a namespace, listening on an address there.
+type listenIn struct {
+	ns *labns.NS
+	ip netip.Addr
 }
 
 // start runs sushy-emulator from dir (its config, TLS files and state live there) with driverConf
-// appended to its configuration, as the user cred when not nil (files in dir are then owned by it).
-func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emulator {
+// appended to its configuration, as the user cred when not nil (files in dir are then owned by it),
+// on 127.0.0.1 in the root namespace, or with in, inside in.ns on in.ip (port 8000; its certificate
+// names that address).
+func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential, in *listenIn) Emulator {
 	t.Helper()
 	dir := sushyDir(t)
 	py := "/usr/bin/python3"
@@ -79,24 +89,31 @@ func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emula
 		}
 		t.Skipf("SKIPPED: sushy-tools' python modules missing (`make deps`): %s", out)
 	}
-	ca, leaf := pkitest.Issue(t)
+	listen := netip.MustParseAddr("127.0.0.1")
+	if in != nil {
+		listen = in.ip
+	}
+	ca, leaf := pkitest.Issue(t, listen)
 	certFile, keyFile := pkitest.WritePEM(t, tmp, leaf)
 	user, password := "admin", "sushy-"+strconv.FormatInt(time.Now().UnixNano()%100000, 10)
 	hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	port := 8000 // in a namespace of the test's own
+	if in == nil {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
 	if err := os.WriteFile(filepath.Join(tmp, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\n",
-		port, certFile, keyFile, filepath.Join(tmp, "htpasswd")) + driverConf
+	conf := fmt.Sprintf("SUSHY_EMULATOR_LISTEN_IP = '%s'\nSUSHY_EMULATOR_LISTEN_PORT = %d\nSUSHY_EMULATOR_SSL_CERT = %q\nSUSHY_EMULATOR_SSL_KEY = %q\nSUSHY_EMULATOR_AUTH_FILE = %q\n",
+		listen, port, certFile, keyFile, filepath.Join(tmp, "htpasswd")) + driverConf
 	if err := os.WriteFile(filepath.Join(tmp, "emulator.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -118,12 +135,17 @@ func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emula
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(py, "-m", "sushy_tools.emulator.main", "--config", filepath.Join(tmp, "emulator.conf"))
+	argv := []string{py, "-m", "sushy_tools.emulator.main", "--config", filepath.Join(tmp, "emulator.conf")}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if in != nil {
+		// ip netns exec execs setpriv, which execs python: cmd's PID is sushy-emulator's.
+		cmd = in.ns.Command(append([]string{"setpriv", "--reuid=" + strconv.Itoa(int(cred.Uid)), "--regid=" + strconv.Itoa(int(cred.Gid)), "--clear-groups"}, argv...)...)
+	}
 	// TMPDIR: its persistent state (memoize.py keeps systems in $TMPDIR/sushy-emulator) starts fresh;
 	// virtual media images it downloads land there too.
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+dir, "TMPDIR="+state)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if cred != nil {
+	if cred != nil && in == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
 	if err := cmd.Start(); err != nil {
@@ -138,7 +160,12 @@ func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emula
 	})
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	if in != nil {
+		tr.DialContext = dialIn(in.ns.Path())
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Timeout: time.Second, Transport: tr}
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		select {
 		case <-exited:
@@ -146,7 +173,7 @@ func start(t testing.TB, tmp, driverConf string, cred *syscall.Credential) Emula
 			t.Fatalf("sushy-emulator exited:\n%s", b)
 		default:
 		}
-		if resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/redfish/v1/", port)); err == nil {
+		if resp, err := client.Get("https://" + net.JoinHostPort(listen.String(), strconv.Itoa(port)) + "/redfish/v1/"); err == nil {
 			_ = resp.Body.Close()
 			break
 		}

@@ -83,7 +83,7 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 	labns.RequireTool(t, "xorriso")
 	before := rootLinks(t)
 	kernel, initrd := vmKit(t)
-	m := sushy.StartLibvirt(t, 256)
+	m := sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 256})
 
 	nb := make([]byte, 4)
 	_, _ = rand.Read(nb)
@@ -223,7 +223,7 @@ func TestVirtualMediaBootsNodeImage(t *testing.T) {
 		iso = buildNodeImageISO(t)
 	}
 	before := rootLinks(t)
-	m := sushy.StartLibvirt(t, 1024)
+	m := sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 1024})
 	vb, rep, start := bootFromVirtualMedia(t, m, iso)
 	milestones := []milestone{
 		{"GRUB boots the node image", "Node image: enrol and install"},
