@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,9 +25,10 @@ import (
 
 // Bare-metal lab (test/lab/lab.sh, prefix bmPrefix): the appliance in bm-boot (10.100.0.2), cp1 an
 // nspawn host (10.100.0.11), and w1's namespace bridged to a QEMU VM behind an ipmi_sim BMC at
-// 10.100.0.121 (test/lab/nodes.sh, LAB_VM_BOOT=pxe: a blank machine, test/lab/vm/chassis.sh).
+// 10.100.0.121 (test/lab/nodes.sh, LAB_VM_BOOT=pxe: a blank machine, test/lab/vm/chassis.sh); n2, a
+// libvirt domain behind sushy-tools at 10.100.0.122, and the datacenter's DHCP and image servers at
+// 10.100.0.3 join the same control-plane bridge from namespaces of the test's own (vmworker_test.go).
 const (
-	bmPrefix  = "bm"
 	bmMAC     = "52:54:00:01:64:00"                    // chassis.sh: MAC_PREFIX 52:54:00:01, boot NIC :64:00
 	bmUUID    = "52540001-6400-4000-8000-525400016400" // chassis.sh's SMBIOS UUID for that prefix
 	bmSerial  = "LAB-DISK-w1"                          // nodes.sh: VM_DISK_SERIAL of w1
@@ -35,6 +37,15 @@ const (
 	// bmTestImage is the fixture's busybox (in every fixture bundle; test/integration uses it too).
 	bmTestImage = "docker.io/library/busybox:1.35"
 )
+
+// bmPrefix is the lab's prefix (and its directory /tmp/appliance-lab-PREFIX): $BM_LAB_PREFIX, else
+// "bm", so that a second run of the test can go on beside one that holds "bm".
+var bmPrefix = func() string {
+	if p := os.Getenv("BM_LAB_PREFIX"); p != "" {
+		return p
+	}
+	return "bm"
+}()
 
 // TestBareMetalWorkerJoinsCluster is issue 12's proof that a blank machine becomes a Kubernetes node
 // through its BMC, with real parts throughout: `appliance bootstrap` (every phase, Kubernetes on)
@@ -48,13 +59,28 @@ const (
 // named by nodes[].rootDevice.serialNumber and reboots; the appliance's script then boots the disk,
 // and the installed hostagent joins n1 to the cluster with kubeadm.
 //
-// The test checks n1 Ready through the API VIP with its nodes[].addresses as InternalIP, a pod pinned
-// to n1 (the bundle's busybox, pulled through the appliance's registry) Running, the install on the
-// hinted disk (the decoy stays blank) and the appliance's install mark. Then a power cycle through
+// A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
+// (TCG, 2 GiB, one blank disk with a serial, powered off) whose NIC and BMC are on the lab's
+// control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image ISO is
+// built once the appliance has its CA (a first `appliance bootstrap` up to serve), with the appliance
+// URL and CA pin on its kernel command line, and served by the datacenter's image server beside a
+// DHCP server that holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert
+// the ISO (it fetches it), boot once from the CD and power n2 on; the live system enrols, installs to
+// its disk (without hints: root-device hints reach a machine only on the network boot's kernel
+// command line, and the configuration refuses nodes[].rootDevice for any other), its install notice has the appliance replace the CD boot override with the disk,
+// it reboots (the domain restarts from its definition, as firmware reads the BMC's override at a
+// reset: sushy.LibvirtOptions.ColdReboot) into its disk, joins with kubeadm and is Ready; once the
+// installed system reports, the appliance ejects the CD (read back through Redfish).
+//
+// The test checks n1 and n2 Ready through the API VIP with their nodes[].addresses as InternalIP,
+// a pod pinned to each (the bundle's busybox, pulled through the appliance's registry) Running, n1's
+// install on the hinted disk (its decoy stays blank), n2's on its disk, n1's install mark, and n2's boots: the ISO
+// once, the disk after the reset, no second install, the CD ejected. Then a power cycle of n1 through
 // the BMC (`appliance power cycle n1`): the machine boots its disk (no network image, no second
 // install, the mark unchanged), its hostagent reports ready from the new boot with its kubeadm join
-// kept, and kubelet runs again: n1 posts Ready from the new boot. It prints
-// the power-on → Ready timeline (DHCP/TFTP/kernel, root filesystem, install, reboot, join shares) and
+// kept, and kubelet runs again: n1 posts Ready from the new boot. It prints each worker's
+// power-on → Ready timeline (n1: DHCP/TFTP/kernel, root filesystem, install, reboot, join; n2: virtual
+// media insert, ISO boot, install, disk boot, join) and
 // removes the lab (test/lab/purge.sh) before and after; waits are bounds (TCG is slow), not timed
 // assertions.
 func TestBareMetalWorkerJoinsCluster(t *testing.T) {
@@ -118,10 +144,20 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 			t.Errorf("%s left behind", dir)
 		}
 	})
+	rootBefore := rootLinks(t)
 	script("lab.sh", "up", "1", "1")
 	t0 := time.Now()
 	script("nodes.sh", "up", "cp1", "w1")
-	t.Logf("lab up: cp1 (nspawn) and w1's BMC in %.1fs", time.Since(t0).Seconds())
+	fabric := bmPrefix + "-fabric"
+	dc := startDatacenter(t, fabric)
+	n2 := startVMWorker(t, fabric)
+	t.Logf("lab up: cp1 (nspawn), w1's BMC, n2's BMC (sushy-tools, libvirt) and the datacenter's DHCP and image servers in %.1fs", time.Since(t0).Seconds())
+	n2Password, n2CA := filepath.Join(dir, "n2-bmc.password"), filepath.Join(dir, "n2-bmc-ca.pem")
+	for p, b := range map[string][]byte{n2Password: []byte(n2.Password), n2CA: n2.CAPEM} {
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w1 := filepath.Join(labDir, "nodes", "w1")
 	console := filepath.Join(w1, "console.log")
 	t.Cleanup(func() {
@@ -130,6 +166,12 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 		}
 		b, _ := os.ReadFile(console)
 		t.Logf("n1's console (tail):\n%s", lastLines(string(b), 120))
+		b, _ = os.ReadFile(n2.Console)
+		t.Logf("n2's console (tail):\n%s", lastLines(string(b), 120))
+		b, _ = os.ReadFile(n2.Events)
+		t.Logf("n2's domain events:\n%s", b)
+		b, _ = os.ReadFile(n2.Log)
+		t.Logf("n2's BMC (sushy-emulator) log (tail):\n%s", lastLines(string(b), 40))
 		if b, err := os.ReadFile(filepath.Join(state, "serve", "serve.log")); err == nil {
 			t.Logf("appliance serve log (tail):\n%s", lastLines(string(b), 60))
 		}
@@ -144,7 +186,8 @@ kubernetes:
   # cp1 is a systemd-nspawn host: kubeadm cannot read the host kernel's config (SystemVerification).
   ignorePreflightErrors: [SystemVerification]
 # One network for both planes: n1 network-boots on its control-plane NIC, and the install
-# configures that NIC only (with n1's static address, pkg/install BootNetwork).
+# configures that NIC only (with n1's static address, pkg/install BootNetwork); n2 has one NIC,
+# which takes its address from the datacenter's DHCP reservation.
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
   workloadPlane: {cidrs: [10.100.0.0/24]}
@@ -172,6 +215,13 @@ nodes:
   systemUUID: ` + bmUUID + `
   power: {kind: ipmi, address: 10.100.0.121, username: admin, passwordFile: ` + labDir + `/bmc/w1.password}
   rootDevice: {serialNumber: ` + bmSerial + `}
+- name: n2
+  roles: [worker]
+  addresses: [` + vmAddr + `]
+  mac: "` + vmMAC + `"
+  systemUUID: ` + vmUUID + `
+  power: {kind: redfish, address: "https://` + n2.Addr + `", username: ` + n2.User + `, passwordFile: ` + n2Password + `, caFile: ` + n2CA + `,
+    bootDevice: cdrom, virtualMediaImage: "` + dc.imageURL() + `"}
 `
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -183,7 +233,19 @@ nodes:
 		}
 	})
 
-	// Bootstrap in the background; the console is watched meanwhile for the boot's milestones.
+	// The appliance up to serve (its CA exists from here on), then the node image ISO with its URL
+	// and CA pin on the kernel command line (public data), served by the datacenter's image server.
+	t0 = time.Now()
+	if out, err := exec.Command("ip", "netns", "exec", bmPrefix+"-boot", appliance, "bootstrap", "--config", cfgPath,
+		"--skip-phases", "power,converge,upgrade,handoff").CombinedOutput(); err != nil {
+		t.Fatalf("appliance bootstrap (to serve): %v\n%s", err, out)
+	}
+	t.Logf("appliance bootstrap up to serve in %.1fs", time.Since(t0).Seconds())
+	isoArgs := "appliance.url=https://10.100.0.2:8443 appliance.ca_pin=" + caPin(t, filepath.Join(statedir.PKI(state), "ca.crt"))
+	isoImg := buildImage(t, filepath.Join(bin, "hostagent"), "--iso-args", isoArgs)
+	dc.serveISO(filepath.Join(isoImg, "node-amd64.iso"))
+
+	// Bootstrap in the background; the consoles are watched meanwhile for the boots' milestones.
 	start := time.Now()
 	type result struct {
 		events []bootstrap.Event
@@ -193,7 +255,7 @@ nodes:
 	done := make(chan result, 1)
 	go func() {
 		cmd := exec.Command("ip", "netns", "exec", bmPrefix+"-boot", appliance, "bootstrap", "--config", cfgPath, "-o", "json",
-			"--converge-timeout", "20m")
+			"--converge-timeout", "30m")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		stdout, err := cmd.StdoutPipe()
@@ -216,21 +278,38 @@ nodes:
 		done <- r
 	}()
 
-	// Milestones on n1's console, as seconds since the BMC powered it on (chassis.sh writes the time).
-	var poweredOn time.Time
-	milestones := []struct {
-		name string
-		re   *regexp.Regexp
-		at   time.Duration
-	}{
-		{"kernel (DHCP, TFTP, iPXE, kernel+initrd over HTTP)", regexp.MustCompile(`Command line: [^\n]*appliance\.rootfs=`), 0},
-		{"root filesystem fetched", regexp.MustCompile(`NODE-INIT: fetched `), 0},
-		{"live system up", regexp.MustCompile(`NODE-INIT: live root ready`), 0},
-		{"installed", regexp.MustCompile(`NODE-INSTALL: node n1 installed to [^\n]*`), 0},
-		{"kernel from disk", regexp.MustCompile(`Command line: [^\n]*root=UUID=`), 0},
-	}
-	var installLine string
-	next := 0
+	// Milestones on n1's console, as seconds since the BMC powered it on (chassis.sh writes the time),
+	// and on n2's, since its domain started (the watcher's log).
+	var poweredOn, n2On time.Time
+	n1Track := &consoleTrack{console: console, poweredOn: func() time.Time {
+		if poweredOn.IsZero() {
+			if b, err := os.ReadFile(filepath.Join(w1, "powered-on")); err == nil {
+				if ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+					poweredOn = time.Unix(0, ns)
+				}
+			}
+		}
+		return poweredOn
+	}, ms: []milestone{
+		{name: "kernel (DHCP, TFTP, iPXE, kernel+initrd over HTTP)", re: regexp.MustCompile(`Command line: [^\n]*appliance\.rootfs=`)},
+		{name: "root filesystem fetched", re: regexp.MustCompile(`NODE-INIT: fetched `)},
+		{name: "live system up", re: regexp.MustCompile(`NODE-INIT: live root ready`)},
+		{name: "installed", re: regexp.MustCompile(`NODE-INSTALL: node n1 installed to [^\n]*`)},
+		{name: "kernel from disk", re: regexp.MustCompile(`Command line: [^\n]*root=UUID=`)},
+	}}
+	n2Track := &consoleTrack{console: n2.Console, poweredOn: func() time.Time {
+		if n2On.IsZero() {
+			if b, err := os.ReadFile(n2.Events); err == nil && bytes.Contains(b, []byte(" started ")) {
+				n2On = firstEvent(domainEvents(t, n2.Events), "started")
+			}
+		}
+		return n2On
+	}, ms: []milestone{
+		{name: "kernel from the virtual CD (SeaBIOS, GRUB of the ISO)", re: regexp.MustCompile(`Command line: [^\n]*appliance\.medium=`)},
+		{name: "live system up (root filesystem from the CD)", re: regexp.MustCompile(`NODE-INIT: live root ready`)},
+		{name: "installed", re: regexp.MustCompile(`NODE-INSTALL: node n2 installed to [^\n]*`)},
+		{name: "kernel from disk", re: regexp.MustCompile(`Command line: [^\n]*root=UUID=`)},
+	}}
 	var r result
 	finished := false
 	for !finished {
@@ -239,26 +318,11 @@ nodes:
 			finished = true
 		case <-time.After(time.Second):
 		}
-		if poweredOn.IsZero() {
-			if b, err := os.ReadFile(filepath.Join(w1, "powered-on")); err == nil {
-				if ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-					poweredOn = time.Unix(0, ns)
-				}
-			}
-		}
-		b, _ := os.ReadFile(console)
-		for next < len(milestones) {
-			m := milestones[next].re.FindString(string(b))
-			if m == "" || poweredOn.IsZero() {
-				break
-			}
-			milestones[next].at = time.Since(poweredOn).Round(100 * time.Millisecond)
-			if next == 3 {
-				installLine = m
-			}
-			next++
-		}
+		n1Track.poll()
+		n2Track.poll()
 	}
+	installLine := n1Track.ms[3].line
+	milestones := n1Track.ms
 	if r.err != nil {
 		t.Fatalf("appliance bootstrap: %v\nevents: %+v\nstderr:\n%s", r.err, r.events, lastLines(r.stderr, 60))
 	}
@@ -272,6 +336,9 @@ nodes:
 	t.Logf("appliance bootstrap converged in %.1fs: %s", racked.Seconds(), strings.Join(phases, ", "))
 	if poweredOn.IsZero() {
 		t.Fatalf("the BMC never powered n1 on (no %s/powered-on): the power phase did not reach it", w1)
+	}
+	if n2On.IsZero() {
+		t.Fatalf("n2's BMC never powered it on (no start in %s): the power phase did not reach it", n2.Events)
 	}
 
 	kube := func(args ...string) (string, error) {
@@ -295,57 +362,73 @@ nodes:
 			time.Sleep(time.Second)
 		}
 	}
-	waitFor("node n1 Ready", 5*time.Minute, func() error {
-		out, err := kube("get", "node", "n1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-		if err != nil || strings.TrimSpace(out) != "True" {
-			return fmt.Errorf("kubectl get node n1: Ready=%q (%v)", out, err)
+	// Ready, and when each became Ready: its Ready condition's lastTransitionTime (the API server's
+	// clock, this host's), since its power-on.
+	readyAt := map[string]time.Duration{}
+	for _, w := range []struct {
+		node, addr string
+		on         time.Time
+	}{{"n1", "10.100.0.21", poweredOn}, {"n2", vmAddr, n2On}} {
+		waitFor("node "+w.node+" Ready", 5*time.Minute, func() error {
+			out, err := kube("get", "node", w.node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			if err != nil || strings.TrimSpace(out) != "True" {
+				return fmt.Errorf("kubectl get node %s: Ready=%q (%v)", w.node, out, err)
+			}
+			return nil
+		})
+		readyAt[w.node] = time.Since(w.on).Round(100 * time.Millisecond)
+		if out, err := kube("get", "node", w.node, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].lastTransitionTime}`); err == nil {
+			if at, err := time.Parse(time.RFC3339, strings.TrimSpace(out)); err == nil {
+				readyAt[w.node] = at.Sub(w.on).Round(time.Second)
+			}
 		}
-		return nil
-	})
-	// When n1 became Ready: its Ready condition's lastTransitionTime (the API server's clock, this host's).
-	tReady := time.Since(poweredOn).Round(100 * time.Millisecond)
-	if out, err := kube("get", "node", "n1", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].lastTransitionTime}`); err == nil {
-		if at, err := time.Parse(time.RFC3339, strings.TrimSpace(out)); err == nil {
-			tReady = at.Sub(poweredOn).Round(time.Second)
+		// The node registered with its nodes[].addresses address (n1: static on its boot NIC after
+		// the install; n2: its DHCP reservation).
+		if ip, err := kube("get", "node", w.node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`); err != nil || strings.TrimSpace(ip) != w.addr {
+			t.Errorf("%s's InternalIP is %q (%v), want its nodes[].addresses %s", w.node, ip, err, w.addr)
 		}
 	}
-	// The node registered with its nodes[].addresses address (static on its boot NIC after the install).
-	if ip, err := kube("get", "node", "n1", "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`); err != nil || strings.TrimSpace(ip) != "10.100.0.21" {
-		t.Errorf("n1's InternalIP is %q (%v), want its nodes[].addresses 10.100.0.21", ip, err)
-	}
+	tReady := readyAt["n1"]
 	wide, _ := kube("get", "nodes", "-o", "wide")
 	t.Logf("kubectl get nodes -o wide:\n%s", wide)
 
-	// A pod pinned to n1 runs: the sandbox (CNI) and the image pull through the appliance's registry.
-	pod := `apiVersion: v1
+	// A pod pinned to each worker runs: the sandbox (CNI) and the image pull through the appliance's
+	// registry.
+	podStart := time.Now()
+	pods := map[string]string{"n1": bmPodName, "n2": "on-n2"}
+	for node, name := range pods {
+		pod := `apiVersion: v1
 kind: Pod
-metadata: {name: ` + bmPodName + `, namespace: default}
+metadata: {name: ` + name + `, namespace: default}
 spec:
-  nodeName: n1
+  nodeName: ` + node + `
   terminationGracePeriodSeconds: 0
   containers:
   - name: c
     image: ` + bmTestImage + `
     command: [sleep, "3600"]
 `
-	podFile := filepath.Join(dir, "pod.yaml")
-	if err := os.WriteFile(podFile, []byte(pod), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := kube("apply", "-f", podFile); err != nil {
-		t.Fatalf("kubectl apply pod: %v\n%s", err, out)
-	}
-	podStart := time.Now()
-	waitFor("pod "+bmPodName+" Running on n1", 5*time.Minute, func() error {
-		out, err := kube("get", "pod", bmPodName, "-o", `jsonpath={.status.phase} {.spec.nodeName} {.status.podIP}`)
-		if err != nil || !strings.HasPrefix(out, "Running n1 ") {
-			desc, _ := kube("describe", "pod", bmPodName)
-			return fmt.Errorf("pod: %q (%v)\n%s", out, err, lastLines(desc, 15))
+		podFile := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(podFile, []byte(pod), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	podOut, _ := kube("get", "pod", bmPodName, "-o", "wide")
-	t.Logf("pod on n1 Running %.1fs after it was applied:\n%s", time.Since(podStart).Seconds(), podOut)
+		if out, err := kube("apply", "-f", podFile); err != nil {
+			t.Fatalf("kubectl apply pod %s: %v\n%s", name, err, out)
+		}
+	}
+	for _, node := range []string{"n1", "n2"} {
+		name := pods[node]
+		waitFor("pod "+name+" Running on "+node, 5*time.Minute, func() error {
+			out, err := kube("get", "pod", name, "-o", `jsonpath={.status.phase} {.spec.nodeName} {.status.podIP}`)
+			if err != nil || !strings.HasPrefix(out, "Running "+node+" ") {
+				desc, _ := kube("describe", "pod", name)
+				return fmt.Errorf("pod: %q (%v)\n%s", out, err, lastLines(desc, 15))
+			}
+			return nil
+		})
+	}
+	podOut, _ := kube("get", "pods", "-o", "wide")
+	t.Logf("pods on n1 and n2 Running %.1fs after they were applied:\n%s", time.Since(podStart).Seconds(), podOut)
 
 	// The install went to the hinted disk and the appliance holds its mark (the next boot is the disk's).
 	if !strings.Contains(installLine, `serial="`+bmSerial+`"`) {
@@ -360,6 +443,62 @@ spec:
 	if _, ok, err := netboot.InstalledMark(filepath.Join(state, "netboot"), "n1"); err != nil || !ok {
 		t.Errorf("the appliance has no install mark for n1 (%v)", err)
 	}
+
+	// n2: the BMC fetched the ISO, the machine booted it once, installed to the hinted disk, its reset
+	// (after the install notice replaced the CD override) started it from the disk, and once the
+	// installed system reported, the appliance ejected the CD.
+	n2Install := n2Track.ms[2].line
+	if !strings.Contains(n2Install, `serial="`+vmSerial+`"`) {
+		t.Errorf("n2 installed to the wrong disk (want its only disk, serial %s): %q", vmSerial, n2Install)
+	}
+	if b := readHead(t, n2.Disks[0], 1<<20); bytes.Count(b, []byte{0}) == len(b) {
+		t.Errorf("n2's disk (%s) is blank after the install", n2.Disks[0])
+	}
+	if dc.isoGets.Load() == 0 {
+		t.Errorf("n2's BMC never fetched %s", dc.imageURL())
+	}
+	n2Console := string(mustRead(t, n2.Console))
+	isoBoots := regexp.MustCompile(`Command line: [^\n]*appliance\.medium=`).FindAllStringIndex(n2Console, -1)
+	installs := regexp.MustCompile(`NODE-INSTALL: node n2 installed to `).FindAllStringIndex(n2Console, -1)
+	diskBoots := regexp.MustCompile(`Command line: [^\n]*root=UUID=`).FindAllStringIndex(n2Console, -1)
+	if len(isoBoots) != 1 || len(installs) != 1 || len(diskBoots) != 1 || isoBoots[0][0] > installs[0][0] || installs[0][0] > diskBoots[0][0] {
+		t.Errorf("n2's console: want one boot from the ISO, one install, then one boot from the disk; got ISO kernels at %v, installs at %v, disk kernels at %v", isoBoots, installs, diskBoots)
+	}
+	n2Events := domainEvents(t, n2.Events)
+	var evNames []string
+	for _, e := range n2Events {
+		evNames = append(evNames, e.what)
+	}
+	n2Reset := firstEvent(n2Events, "reset")
+	if n2Reset.IsZero() || firstEvent(n2Events, "restarted").Before(n2Reset) {
+		t.Errorf("n2 never reset into a restart from its definition (domain events: %q)", evNames)
+	}
+	var inserted []string
+	var target, enabled string
+	waitFor("n2's BMC reads back its CD ejected", 3*time.Minute, func() error {
+		var err error
+		inserted, target, enabled, err = virtualMediaState(n2)
+		if err != nil {
+			return err
+		}
+		if len(inserted) > 0 || target == "Cd" {
+			return fmt.Errorf("inserted %q, boot override %s (%s)", inserted, target, enabled)
+		}
+		return nil
+	})
+	// What the BMC was asked (its access log, to the second): power on, then the disk override that
+	// replaced the CD's (the install notice) before the machine's reset, and the eject after it.
+	reqs := bmcRequests(t, n2.Log)
+	powerOn, _ := firstRequest(reqs, "POST", "/Actions/ComputerSystem.Reset", time.Time{})
+	override, okOverride := firstRequest(reqs, "PATCH", "/Systems/"+n2.SystemID, powerOn.at.Add(time.Second))
+	eject, okEject := firstRequest(reqs, "POST", "/Actions/VirtualMedia.EjectMedia", time.Time{})
+	if !okOverride || override.at.After(n2Reset) {
+		t.Errorf("n2's BMC got no boot override (PATCH) after the power on and before the reset at %s: %+v", n2Reset.Format(time.TimeOnly), override)
+	}
+	if !okEject || eject.at.Before(n2Reset.Truncate(time.Second)) {
+		t.Errorf("n2's BMC got no EjectMedia after the reset at %s: %+v", n2Reset.Format(time.TimeOnly), eject)
+	}
+	t.Logf("n2's BMC after the install: no virtual CD inserted, boot override %s (%s); domain events %q", target, enabled, evNames)
 
 	// A power cycle through the BMC (`appliance power cycle`, IPMI): the machine boots its disk (the
 	// appliance's script says so: no network image, no second install), keeps its state (no second
@@ -454,6 +593,70 @@ spec:
 	fmt.Fprintf(&b, "  power cycle through the BMC: kernel from disk %s, hostagent ready %s, node Ready from the new boot %s after the cycle",
 		tCycleKernel, tCycleReport, tCycleReady)
 	t.Log(b.String())
+
+	// n2's timeline, from its domain's start (the BMC's power on).
+	for i, m := range n2Track.ms {
+		if m.at == 0 {
+			t.Errorf("n2's console never showed the milestone %q (%s)", m.name, n2Track.ms[i].re)
+		}
+	}
+	var powerDetail string
+	for _, ev := range r.events {
+		if ev.Phase == "power" && ev.Status == bootstrap.StatusDone {
+			powerDetail = ev.Detail
+		}
+	}
+	slot, how, tInsert, tBoot, tPower, ok := vmediaShares(powerDetail, "n2")
+	if !ok {
+		t.Errorf("the power phase's detail has no virtual media report for n2: %q", powerDetail)
+	}
+	since := func(at time.Time) time.Duration {
+		if at.IsZero() {
+			return 0
+		}
+		return at.Sub(n2On).Round(100 * time.Millisecond)
+	}
+	b.Reset()
+	fmt.Fprintf(&b, "FIGURES: virtual-media worker n2 under TCG, from the BMC's power-on (Redfish through sushy-tools' libvirt driver, by the power phase, %s after bootstrap started):\n",
+		n2On.Sub(start).Round(100*time.Millisecond))
+	fmt.Fprintf(&b, "  before it, the BMC: insert %s (fetching the %s ISO included), boot override %s, power on %s; slot %s (%s)\n",
+		tInsert, sizeOf(filepath.Join(isoImg, "node-amd64.iso")), tBoot, tPower, slot, how)
+	prev = 0
+	row := func(name string, at time.Duration) {
+		fmt.Fprintf(&b, "  %-52s at %8s  share %8s\n", name, at, at-prev)
+		prev = at
+	}
+	for i, m := range n2Track.ms {
+		switch i {
+		case 2: // the install notice comes before the install's last console line
+			row("install notice: CD override replaced (BMC log, 1 s)", since(override.at))
+		case 3:
+			row("reset → the domain restarts from its definition", since(n2Reset))
+		}
+		row(m.name, m.at)
+	}
+	if js, jd := stepTimes(t, store, "n2", agentapi.StepKubeadm); !jd.IsZero() {
+		row("disk boot → kubeadm join starts", since(js))
+		row("kubeadm join done", since(jd))
+	}
+	row("Ready (its Ready condition's transition)", readyAt["n2"])
+	fmt.Fprintf(&b, "  CD ejected once the installed system reported (BMC log, 1 s) at %s; installed: %s", since(eject.at),
+		strings.TrimPrefix(n2Install, "NODE-INSTALL: "))
+	t.Log(b.String())
+
+	// Everything above lived in namespaces: the root namespace has the links it had.
+	if after := rootLinks(t); !slices.Equal(rootBefore, after) {
+		t.Errorf("the root namespace's links changed: before %v, after %v", rootBefore, after)
+	}
+}
+
+// sizeOf is a file's size in MB, for figures.
+func sizeOf(p string) string {
+	st, err := os.Stat(p)
+	if err != nil {
+		return "?"
+	}
+	return fmt.Sprintf("%d MB", st.Size()>>20)
 }
 
 // mustRead reads a file the test needs.

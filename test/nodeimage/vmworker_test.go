@@ -1,0 +1,368 @@
+package nodeimage
+
+import (
+	"bufio"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/test/labns"
+	"github.com/airgap-appliance/appliance/test/sushy"
+)
+
+// The virtual-media worker of the bare-metal lab (TestBareMetalWorkerJoinsCluster's n2): a libvirt
+// domain behind sushy-tools' Redfish BMC (test/sushy, StartLibvirt with a lab NIC), on the lab's
+// control-plane segment.
+const (
+	vmMAC    = "52:54:00:02:64:00"
+	vmUUID   = "52540002-6400-4000-8000-525400026400"
+	vmSerial = "LAB-DISK-n2"
+	vmAddr   = "10.100.0.22"
+	vmBMC    = "10.100.0.122/24"
+	// dcAddr is the datacenter services' address (DHCP with n2's reservation, the image server).
+	dcAddr = "10.100.0.3"
+)
+
+// startVMWorker defines n2 (2 GiB, one blank 8 GiB disk with serial vmSerial, powered off) in a libvirt
+// daemon of the test's own whose NIC and BMC sit on the lab's control-plane bridge (fabric's br-cp).
+// A reboot of the machine starts it again from its definition (sushy.LibvirtOptions.ColdReboot).
+func startVMWorker(t *testing.T, fabric string) sushy.Machine {
+	t.Helper()
+	return sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
+		Disks: []sushy.Disk{{SizeGiB: 8, Serial: vmSerial}}, ColdReboot: true,
+		Lab: &sushy.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
+}
+
+// datacenter is what a datacenter gives a virtual-media machine, in a namespace of the test's own on
+// the lab's control-plane bridge at dcAddr: busybox udhcpd with one reservation (n2's MAC → vmAddr)
+// and no other address to lease, so it is silent for every other machine (n1's PXE ROM takes the
+// appliance's offer); and an HTTP server of the node image ISO, the URL n2's BMC fetches.
+type datacenter struct {
+	ns      *labns.NS
+	isoGets atomic.Int32
+	iso     atomic.Value // string: the ISO's path, once built
+}
+
+// startDatacenter starts the datacenter's DHCP and image servers (stopped by PID and by closing the
+// listener when the test ends). The image server answers 404 until serveISO names the file.
+func startDatacenter(t *testing.T, fabric string) *datacenter {
+	t.Helper()
+	busybox := labns.RequireTool(t, "busybox")
+	dc := &datacenter{ns: labns.New(t, "bmdc")}
+	port := "d" + dc.ns.Name[len(dc.ns.Name)-6:] + "c"
+	for _, c := range [][]string{
+		{"ip", "link", "add", "eth0", "netns", dc.ns.Name, "type", "veth", "peer", "name", port, "netns", fabric},
+		{"ip", "-n", fabric, "link", "set", port, "master", "br-cp", "up"},
+		{"ip", "-n", dc.ns.Name, "addr", "add", dcAddr + "/24", "dev", "eth0"},
+		{"ip", "-n", dc.ns.Name, "link", "set", "eth0", "up"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", c, err, out)
+		}
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "udhcpd.conf")
+	if err := os.WriteFile(conf, []byte("start "+vmAddr+"\nend "+vmAddr+"\ninterface eth0\noption subnet 255.255.255.0\noption lease 86400\n"+
+		"static_lease "+vmMAC+" "+vmAddr+"\nlease_file "+filepath.Join(dir, "leases")+"\npidfile "+filepath.Join(dir, "udhcpd.pid")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "udhcpd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := dc.ns.Command(busybox, "udhcpd", "-f", conf)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill() // by PID: `ip netns exec` execs busybox
+		<-exited
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("udhcpd (pid %d):\n%s", cmd.Process.Pid, lastLines(string(b), 30))
+		}
+	})
+
+	l := listenIn(t, dc.ns, net.JoinHostPort(dcAddr, "8081"))
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, _ := dc.iso.Load().(string)
+		if r.URL.Path != "/node-amd64.iso" || p == "" {
+			http.NotFound(w, r)
+			return
+		}
+		dc.isoGets.Add(1)
+		http.ServeFile(w, r, p)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return dc
+}
+
+// imageURL is the ISO's URL on the datacenter's image server.
+func (dc *datacenter) imageURL() string { return "http://" + dcAddr + ":8081/node-amd64.iso" }
+
+// serveISO makes the image server answer with iso.
+func (dc *datacenter) serveISO(iso string) { dc.iso.Store(iso) }
+
+// listenIn returns a TCP listener on addr inside ns: made on a thread that enters ns and is never handed
+// back to the runtime (it ends locked), so nothing else runs in ns by accident.
+func listenIn(t *testing.T, ns *labns.NS, addr string) net.Listener {
+	t.Helper()
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		h, err := netns.GetFromPath(ns.Path())
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		ch <- result{l, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, r.err)
+	}
+	return r.l
+}
+
+// domainEvents reads the watcher's log (sushy.Machine.Events): each event's name and time.
+func domainEvents(t *testing.T, path string) []domainEvent {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("domain events: %v", err)
+	}
+	defer f.Close()
+	var evs []domainEvent
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		ns, what, ok := strings.Cut(sc.Text(), " ")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if ok && err == nil {
+			evs = append(evs, domainEvent{time.Unix(0, n), what})
+		}
+	}
+	return evs
+}
+
+type domainEvent struct {
+	at   time.Time
+	what string
+}
+
+// firstEvent is when the first event whose name starts with prefix happened, zero if none did.
+func firstEvent(evs []domainEvent, prefix string) time.Time {
+	for _, e := range evs {
+		if strings.HasPrefix(e.what, prefix) {
+			return e.at
+		}
+	}
+	return time.Time{}
+}
+
+// vmediaShares reads node's virtual-media report from the power phase's detail
+// (power.VirtualMediaReport.String: "n2 powered on from virtual media SLOT (HOW): insert 1.2s, boot
+// override 0.1s, power on 0.2s"): the slot, how, and the three durations.
+var vmediaShareRE = regexp.MustCompile(`powered on from virtual media (\S+) \(([^)]*)\): insert (\S+), boot override (\S+), power (\S+) (\S+?)(?:[,;]|$)`)
+
+func vmediaShares(detail, node string) (slot, how string, insert, boot, power time.Duration, ok bool) {
+	i := strings.Index(detail, node+" powered on from virtual media ")
+	if i < 0 {
+		return "", "", 0, 0, 0, false
+	}
+	m := vmediaShareRE.FindStringSubmatch(detail[i:])
+	if m == nil {
+		return "", "", 0, 0, 0, false
+	}
+	var errs [3]error
+	insert, errs[0] = time.ParseDuration(m[3])
+	boot, errs[1] = time.ParseDuration(m[4])
+	power, errs[2] = time.ParseDuration(m[6])
+	return m[1], m[2], insert, boot, power, errs[0] == nil && errs[1] == nil && errs[2] == nil
+}
+
+// virtualMediaState reads the BMC's virtual media (every member of the System's VirtualMedia
+// collection, where sushy-tools serves them) and the system's boot override, as a lab client would.
+func virtualMediaState(m sushy.Machine) (inserted []string, target, enabled string, err error) {
+	sysPath := "/redfish/v1/Systems/" + m.SystemID
+	var coll struct {
+		Members []struct {
+			ID string `json:"@odata.id"`
+		}
+	}
+	b, err := m.Get(sysPath + "/VirtualMedia")
+	if err == nil {
+		err = json.Unmarshal(b, &coll)
+	}
+	if err != nil {
+		return nil, "", "", fmt.Errorf("%s/VirtualMedia: %w", sysPath, err)
+	}
+	for _, vm := range coll.Members {
+		var s struct {
+			Inserted bool
+			Image    string
+		}
+		b, err := m.Get(vm.ID)
+		if err == nil {
+			err = json.Unmarshal(b, &s)
+		}
+		if err != nil {
+			return nil, "", "", fmt.Errorf("%s: %w", vm.ID, err)
+		}
+		if s.Inserted {
+			inserted = append(inserted, vm.ID+" "+s.Image)
+		}
+	}
+	var sys struct {
+		Boot struct {
+			BootSourceOverrideTarget  string
+			BootSourceOverrideEnabled string
+		}
+	}
+	b, err = m.Get(sysPath)
+	if err == nil {
+		err = json.Unmarshal(b, &sys)
+	}
+	if err != nil {
+		return nil, "", "", fmt.Errorf("%s: %w", sysPath, err)
+	}
+	if len(coll.Members) == 0 {
+		return nil, "", "", fmt.Errorf("%s/VirtualMedia lists no media", sysPath)
+	}
+	return inserted, sys.Boot.BootSourceOverrideTarget, sys.Boot.BootSourceOverrideEnabled, nil
+}
+
+// caPin is agentapi.PinOf the CA certificate in the PEM file p (what the node image's kernel
+// command line carries as appliance.ca_pin).
+func caPin(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("no PEM block in %s", p)
+	}
+	ca, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return agentapi.PinOf(ca)
+}
+
+// milestone is a line a machine's console shows, and when it first did (since the machine's power-on).
+type milestone struct {
+	name string
+	re   *regexp.Regexp
+	at   time.Duration
+	line string
+}
+
+// consoleTrack follows a machine's console for its milestones, in order, timed from its power-on
+// (poweredOn: zero while unknown).
+type consoleTrack struct {
+	console   string
+	poweredOn func() time.Time
+	ms        []milestone
+	next      int
+}
+
+// poll notes the milestones the console shows now.
+func (c *consoleTrack) poll() {
+	on := c.poweredOn()
+	if on.IsZero() {
+		return
+	}
+	b, _ := os.ReadFile(c.console)
+	for c.next < len(c.ms) {
+		m := c.ms[c.next].re.FindString(string(b))
+		if m == "" {
+			return
+		}
+		c.ms[c.next].at = time.Since(on).Round(100 * time.Millisecond)
+		c.ms[c.next].line = m
+		c.next++
+	}
+}
+
+// bmcRequest is one request sushy-emulator's access log holds (werkzeug's: local time, 1 s resolution).
+type bmcRequest struct {
+	at           time.Time
+	method, path string
+	status       int
+}
+
+var bmcRequestRE = regexp.MustCompile(`\[(\d\d/\w{3}/\d{4} \d\d:\d\d:\d\d)\] "(\w+) (\S+) HTTP/[\d.]+" (\d{3})`)
+
+// bmcRequests reads the BMC's access log.
+func bmcRequests(t *testing.T, log string) []bmcRequest {
+	t.Helper()
+	var out []bmcRequest
+	for _, m := range bmcRequestRE.FindAllStringSubmatch(string(mustRead(t, log)), -1) {
+		at, err := time.ParseInLocation("02/Jan/2006 15:04:05", m[1], time.Local)
+		status, _ := strconv.Atoi(m[4])
+		if err == nil {
+			out = append(out, bmcRequest{at, m[2], m[3], status})
+		}
+	}
+	return out
+}
+
+// firstRequest is the first successful (2xx) request with method whose path ends with suffix, at or
+// after from; ok false if none.
+func firstRequest(reqs []bmcRequest, method, suffix string, from time.Time) (bmcRequest, bool) {
+	for _, r := range reqs {
+		if r.method == method && strings.HasSuffix(r.path, suffix) && r.status/100 == 2 && !r.at.Before(from) {
+			return r, true
+		}
+	}
+	return bmcRequest{}, false
+}
+
+// rootLinks lists the root network namespace's interface names (the lab never adds one there).
+func rootLinks(t *testing.T) []string {
+	t.Helper()
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	slices.Sort(names)
+	return names
+}
