@@ -210,37 +210,10 @@ func logShares(t *testing.T, rep power.VirtualMediaReport, milestones []mileston
 	t.Logf("virtual media boot, %.1fs in all: %s", prev.Seconds(), strings.Join(shares, ", "))
 }
 
-// TestVirtualMediaBootsNodeImage boots the node image ISO itself (iso/build-node-image.sh:
-// node-amd64.iso, issue 12 item 1) the same way, in a 1 GiB VM: its GRUB entry, its initramfs
-// finding the medium (the virtual CD on the VM's IDE bus), switching to the live root's systemd, and
-// systemd reaching multi-user.target.
-// The image is $NODE_IMAGE_ISO, else this test builds it with this tree's hostagent from the node
-// image's system, which `make fixtures` caches (iso/build-node-image.sh, seconds from the cache).
-func TestVirtualMediaBootsNodeImage(t *testing.T) {
-	labns.RequireRoot(t)
-	iso := os.Getenv("NODE_IMAGE_ISO")
-	if iso == "" {
-		iso = buildNodeImageISO(t)
-	}
-	before := rootLinks(t)
-	m := sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 1024})
-	vb, rep, start := bootFromVirtualMedia(t, m, iso)
-	milestones := []milestone{
-		{"GRUB boots the node image", "Node image: enrol and install"},
-		{"node init started", "NODE-INIT: start"},
-		{"medium mounted", "NODE-INIT: medium"},
-		{"live root, systemd", "NODE-INIT: live root ready"},
-		{"systemd reaches multi-user.target", "multi-user.target"},
-	}
-	seen := waitConsole(t, m, start, milestones, "NODE-INIT: FAILED", 6*time.Minute)
-	logShares(t, rep, milestones, seen)
-	if err := vb.EjectVirtualMedia(t.Context()); err != nil {
-		t.Errorf("EjectVirtualMedia: %v", err)
-	}
-	if after := rootLinks(t); !slices.Equal(before, after) {
-		t.Errorf("the root namespace's links changed: before %v, after %v", before, after)
-	}
-}
+// The node image ISO itself, booted by the same driver, is TestBareMetalWorkerJoinsCluster's
+// (test/nodeimage): its n2 boots it from virtual media inserted by `appliance bootstrap` all the way
+// to an installed, Ready Kubernetes node (it replaced TestVirtualMediaBootsNodeImage, which booted the
+// ISO to multi-user.target only).
 
 // rootLinks lists the root network namespace's interface names.
 func rootLinks(t *testing.T) []string {
@@ -310,31 +283,4 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
-}
-
-// buildNodeImageISO builds hostagent from this tree and the node image ISO with it
-// (iso/build-node-image.sh, its system from the fixture cache), in a directory of this test.
-func buildNodeImageISO(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "hostagent"), "./cmd/hostagent")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/hostagent: %v\n%s", err, out)
-	}
-	out := filepath.Join(dir, "node-image")
-	start := time.Now()
-	cmd := exec.Command("bash", filepath.Join(root, "iso", "build-node-image.sh"), "--hostagent", filepath.Join(dir, "hostagent"),
-		"--bundle", filepath.Join(labns.FixtureCache(), "bundle"), "--out", out)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if _, err := cmd.Output(); err != nil {
-		t.Fatalf("iso/build-node-image.sh (make fixtures builds its system): %v\n%s", err, stderr.String())
-	}
-	t.Logf("node image built in %.1fs", time.Since(start).Seconds())
-	return filepath.Join(out, "node-amd64.iso")
 }
