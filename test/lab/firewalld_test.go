@@ -400,9 +400,17 @@ exec systemd-nspawn --quiet --directory="$ROOT" --machine="$MACHINE" --register=
 			t.Fatalf("systemd-nspawn exited:\n%s", log)
 		case <-time.After(100 * time.Millisecond):
 		}
+		// nspawn's first child is at first its own outer child, which sets the container up and exits once
+		// the inner child runs; only the child that has exec'd the container's systemd is its init. Taking
+		// the first child at any moment caught the outer one under load (CI: "stat of /proc/PID/ns/user
+		// failed" for 90 s).
 		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
-		if f := strings.Fields(string(kids)); len(f) > 0 {
-			c.init, _ = strconv.Atoi(f[0])
+		for _, f := range strings.Fields(string(kids)) {
+			comm, _ := os.ReadFile("/proc/" + f + "/comm")
+			if strings.TrimSpace(string(comm)) == "systemd" {
+				c.init, _ = strconv.Atoi(f)
+				break
+			}
 		}
 	}
 	c.bus = fmt.Sprintf("unix:path=/proc/%d/root/run/dbus/system_bus_socket", c.init)
