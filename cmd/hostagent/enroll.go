@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,8 +21,8 @@ const enrollKeyPath = "/run/hostagent/enroll.key"
 
 func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 	var (
-		url, pin, root, keyPath, configOut, caOut, ignitionOut, ignitionVersion string
-		retryFor                                                                time.Duration
+		url, pin, root, keyPath, configOut, caOut, ignitionOut, ignitionVersion, installArgsOut string
+		retryFor                                                                                time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "enroll",
@@ -60,6 +61,12 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 			if _, err := atomicfile.Write(filepath.Join(root, configOut), []byte(res.Response.HostagentConfig), 0o600); err != nil {
 				return fmt.Errorf("write %s: %w", configOut, err)
 			}
+			if installArgsOut != "" {
+				// Public data (root-device hints, static addresses): readable, one line.
+				if _, err := atomicfile.Write(filepath.Join(root, installArgsOut), []byte(strings.Join(res.Response.InstallArgs, " ")+"\n"), 0o644); err != nil {
+					return fmt.Errorf("write %s: %w", installArgsOut, err)
+				}
+			}
 			if ignitionOut != "" {
 				ign, err := hostagent.FetchIgnition(ctx, url, ca, res.Config.Node, res.Config.Token, ignitionVersion)
 				if err != nil {
@@ -82,6 +89,7 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 	f.StringVarP(&configOut, "config", "c", agentapi.ConfigPath, "where to write the hostagent configuration (0600)")
 	f.StringVar(&caOut, "ca-out", hostagent.CACertPath, "where to write the pinned CA certificate (0644)")
 	f.StringVar(&ignitionOut, "ignition-out", "", "also fetch the node's Ignition config and write it here (0600)")
+	f.StringVar(&installArgsOut, "install-args-out", "", "also write the node's install parameters from the answer here (root-device hints, static addresses: kernel-argument words, one line, 0644)")
 	f.StringVar(&ignitionVersion, "ignition-version", "3.3.0", "Ignition spec version to ask for (the node's ignition must parse it)")
 	f.DurationVar(&retryFor, "retry-for", 5*time.Minute, "how long to retry network errors and 5xx answers")
 	_ = cmd.MarkFlagRequired("url")

@@ -69,17 +69,18 @@ func newInstallCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 				return err
 			}
 			const cfgPath, caPath, ignPath = "/etc/hostagent/config.yaml", hostagent.CACertPath, "/run/ignition/config.ign"
+			const argsPath = "/run/hostagent/install-args"
 			res, err := hostagent.RunInstall(ctx, hostagent.InstallOptions{
 				Boot: boot,
 				Enroll: func(ctx context.Context) error {
 					// The same enrolment the lab kit's init runs.
 					c := exec.CommandContext(ctx, self, "enroll", "--url", boot.ApplianceURL, "--pin", boot.CAPin,
-						"--ca-out", caPath, "--key", enrollKeyPath, "--config", cfgPath,
+						"--ca-out", caPath, "--key", enrollKeyPath, "--config", cfgPath, "--install-args-out", argsPath,
 						"--ignition-out", ignPath, "--ignition-version", "3.3.0")
 					c.Stdout, c.Stderr = cmd.ErrOrStderr(), cmd.ErrOrStderr()
 					return c.Run()
 				},
-				ConfigPath: cfgPath, CAPath: caPath, IgnitionPath: ignPath,
+				ConfigPath: cfgPath, CAPath: caPath, IgnitionPath: ignPath, InstallArgsPath: argsPath,
 				Image: image, MediumInitrd: liveMediumInitrd, BootMAC: mac,
 				SysBlock: "/sys/block", DevDisk: "/dev/disk", WorkDir: workDir, Log: log,
 			})

@@ -90,18 +90,24 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 			return netboot.Config{}, false, fmt.Errorf("node %s: mac %q: %w", n.Name, n.MAC, err)
 		}
 		if n.NetworkBootable() {
-			m := netboot.Machine{Name: n.Name, MAC: mac}
-			if n.RootDevice != nil {
-				m.KernelArgs = install.KernelArgs(*n.RootDevice)
-			}
-			// The installed system keeps the node's static addresses (public data).
-			m.KernelArgs = append(m.KernelArgs, install.NetworkKernelArgs(install.BootNetwork(cfg, n))...)
-			nc.Machines = append(nc.Machines, m)
+			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac, KernelArgs: installArgs(cfg, n)})
 		} else {
 			nc.Others = append(nc.Others, netboot.Machine{Name: n.Name, MAC: mac})
 		}
 	}
 	return nc, true, nil
+}
+
+// installArgs are node n's install parameters as kernel-argument words (public data only): its
+// root-device hints and the static addresses its installed system keeps. The iPXE script of a
+// network boot carries them; the enrolment answer carries them to every BMC-booted node, which is
+// how a virtual-media node (its ISO the same for every node) gets them.
+func installArgs(cfg *config.BootstrapConfiguration, n config.Node) []string {
+	var args []string
+	if n.RootDevice != nil {
+		args = install.KernelArgs(*n.RootDevice)
+	}
+	return append(args, install.NetworkKernelArgs(install.BootNetwork(cfg, n))...)
 }
 
 // nodeImageRootFS is the node image's rootfs.squashfs in initrd's directory, or "" when there is

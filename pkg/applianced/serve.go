@@ -262,12 +262,23 @@ func serveDNS(cfg *config.BootstrapConfiguration, configPath string, addr netip.
 	return srv, nil
 }
 
+// enrollInstallArgs is what the enrolment answer gives node n to install with: installArgs and, when
+// n has one, appliance.mac= with nodes[].mac (the NIC the enrolment matched, which the installed
+// system's static addresses go on when the boot named no NIC, as a virtual-media boot does not).
+func enrollInstallArgs(cfg *config.BootstrapConfiguration, n config.Node) []string {
+	args := installArgs(cfg, n)
+	if n.MAC != "" {
+		args = append(args, "appliance.mac="+n.MAC)
+	}
+	return args
+}
+
 // enrollNodes is the inventory as the enrolment endpoint sees it (pkg/server.Enrollment).
 func enrollNodes(cfg *config.BootstrapConfiguration) []server.EnrollNode {
 	out := make([]server.EnrollNode, 0, len(cfg.Nodes))
 	for _, n := range cfg.Nodes {
 		out = append(out, server.EnrollNode{Name: n.Name, MAC: n.MAC, SystemUUID: n.SystemUUID,
-			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish})
+			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish, InstallArgs: enrollInstallArgs(cfg, n)})
 	}
 	return out
 }

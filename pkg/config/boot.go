@@ -92,6 +92,13 @@ func (n Node) NetworkBootable() bool {
 	return n.MAC != "" && (n.Power.Kind == PowerIPMI || n.Power.Kind == PowerRedfish) && n.Power.BootDevice == BootPXE
 }
 
+// InstallsItself reports whether n boots the node image and installs itself to a disk: a
+// network-bootable node, or a redfish node booted from virtual media (mac, power.bootDevice cdrom,
+// power.virtualMediaImage), which gets its root-device hints in its enrolment answer.
+func (n Node) InstallsItself() bool {
+	return n.NetworkBootable() || (n.MAC != "" && n.Power.Kind == PowerRedfish && n.Power.BootDevice == BootCDROM && n.Power.VirtualMediaImage != "")
+}
+
 // BootSummary says, for people, what network boot the appliance serves for c (`appliance config
 // validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
 // the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and

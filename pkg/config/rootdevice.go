@@ -52,15 +52,15 @@ var (
 	partitionRE = regexp.MustCompile(`^/dev/(sd[a-z]+|vd[a-z]+|hd[a-z]+|xvd[a-z]+)[0-9]+$|^/dev/(nvme[0-9]+n[0-9]+|mmcblk[0-9]+)p[0-9]+$|-part[0-9]+$`)
 )
 
-// rootDevice checks nodes[i].rootDevice (path is "nodes[i].rootDevice"): only network-bootable
-// nodes install themselves to a disk, and each hint must be one a disk can match.
+// rootDevice checks nodes[i].rootDevice (path is "nodes[i].rootDevice"): only nodes that boot the
+// node image (network boot or virtual media) install themselves to a disk, and each hint must be one a disk can match.
 func (v *validator) rootDevice(p string, n Node) {
 	h := n.RootDevice
 	if h == nil {
 		return
 	}
-	if !n.NetworkBootable() {
-		v.errorf(p, "is set but node %s does not install from the network (it needs mac, power.kind ipmi or redfish and power.bootDevice pxe): remove rootDevice, or make the node network-bootable", n.Name)
+	if !n.InstallsItself() {
+		v.errorf(p, "is set but node %s does not install from the network or virtual media (it needs mac and either power.kind ipmi or redfish with power.bootDevice pxe, or power.kind redfish with power.bootDevice cdrom and power.virtualMediaImage): remove rootDevice, or make the node boot the node image", n.Name)
 		return
 	}
 	if h.IsZero() {

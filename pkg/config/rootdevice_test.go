@@ -32,7 +32,21 @@ func TestValidateRootDevice(t *testing.T) {
 		{"plain device name", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{DeviceName: "/dev/vda"} }, nil, ""},
 		{"on a node that does not network-boot", func(c *BootstrapConfiguration) {
 			c.Nodes[0].RootDevice = &RootDeviceHints{SerialNumber: "X"}
-		}, []string{"nodes[0].rootDevice"}, "does not install from the network"},
+		}, []string{"nodes[0].rootDevice"}, "does not install from the network or virtual media"},
+		{"on a virtual-media node (hints come in its enrolment answer)", func(c *BootstrapConfiguration) {
+			n := &c.Nodes[3]
+			n.MAC = "52:54:00:00:00:21"
+			n.Power.Kind, n.Power.Address, n.Power.BootDevice, n.Power.VirtualMediaImage = PowerRedfish, "https://10.100.0.121", BootCDROM, "http://10.100.0.5/node.iso"
+			n.Power.Username, n.Power.InsecureSkipVerify = "admin", true
+			n.RootDevice = &RootDeviceHints{SerialNumber: "LAB-DISK-n2"}
+		}, nil, ""},
+		{"on a redfish node booting a CD it was not given", func(c *BootstrapConfiguration) {
+			n := &c.Nodes[3]
+			n.MAC = "52:54:00:00:00:21"
+			n.Power.Kind, n.Power.Address, n.Power.BootDevice = PowerRedfish, "https://10.100.0.121", BootCDROM
+			n.Power.Username, n.Power.InsecureSkipVerify = "admin", true
+			n.RootDevice = &RootDeviceHints{SerialNumber: "LAB-DISK-n2"}
+		}, []string{"nodes[3].rootDevice"}, "power.virtualMediaImage"},
 		{"empty", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{} },
 			[]string{"nodes[3].rootDevice"}, "is empty: give at least one hint"},
 		{"device name not a path", func(c *BootstrapConfiguration) { netboot(c).RootDevice = &RootDeviceHints{DeviceName: "sda"} },

@@ -100,6 +100,12 @@ type InstallOptions struct {
 	// ConfigPath, CAPath and IgnitionPath are where Enroll writes the hostagent configuration, the
 	// pinned CA and the node's Ignition config.
 	ConfigPath, CAPath, IgnitionPath string
+	// InstallArgsPath is where Enroll writes the enrolment answer's install parameters
+	// (agentapi.EnrollResponse.InstallArgs: kernel-argument words); "" or a missing file: none.
+	// Words it holds replace the kernel command line's root-device hints and static addresses (the
+	// answer comes over the pinned TLS; a virtual-media boot's command line has neither), and its
+	// appliance.mac= names the NIC the installed system configures when the boot named none.
+	InstallArgsPath string
 	// Image is the node image's root filesystem; MediumInitrd the initramfs on an ISO boot (used
 	// when Boot.InitrdURL is empty).
 	Image, MediumInitrd string
@@ -111,6 +117,9 @@ type InstallOptions struct {
 	// WorkDir holds the downloaded initramfs and the mount point.
 	WorkDir string
 	Log     *slog.Logger
+
+	// nodeMAC is the enrolment answer's appliance.mac= (nodes[].mac), set by applyInstallArgs.
+	nodeMAC string
 }
 
 // InstallResult is what RunInstall did.
@@ -147,6 +156,9 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 		return res, fmt.Errorf("%s: %w", o.ConfigPath, err)
 	}
 	res.Node = cfg.Node
+	if err := applyInstallArgs(&o, log); err != nil {
+		return res, err
+	}
 	ca, err := os.ReadFile(o.CAPath)
 	if err != nil {
 		return res, err
@@ -175,10 +187,14 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	// node's static addresses when the appliance gave them (nodes[].addresses), else DHCP; after a
 	// virtual-media boot (no boot NIC known) DHCP on every Ethernet NIC.
 	nw := installedNetwork(o.Boot)
-	if o.BootMAC != "" && len(nw.Addresses) > 0 {
-		log.Info("install: the installed system keeps the node's static addresses on its boot NIC", "node", cfg.Node, "mac", o.BootMAC, "addresses", fmt.Sprint(nw.Addresses), "gateway", nw.Gateway.String())
+	nic := o.BootMAC
+	if nic == "" {
+		nic = o.nodeMAC
 	}
-	files := []install.File{{Path: install.NetworkdPath, Mode: 0o644, Data: install.NetworkdFile(o.BootMAC, nw)}}
+	if nic != "" && len(nw.Addresses) > 0 {
+		log.Info("install: the installed system keeps the node's static addresses on its boot NIC", "node", cfg.Node, "mac", nic, "addresses", fmt.Sprint(nw.Addresses), "gateway", nw.Gateway.String())
+	}
+	files := []install.File{{Path: install.NetworkdPath, Mode: 0o644, Data: install.NetworkdFile(nic, nw)}}
 	files = append(files, install.File{Path: CACertPath, Data: ca, Mode: 0o644})
 	t2 := time.Now()
 	ir, err := install.Install(ctx, install.Options{
@@ -215,6 +231,43 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	}
 	res.Notified = time.Since(t3)
 	return res, nil
+}
+
+// applyInstallArgs reads o.InstallArgsPath (a missing file or "" is no words) and puts its root-device
+// hints and static addresses in o.Boot, in place of the kernel command line's, when it holds any,
+// and its appliance.mac= in o.nodeMAC. Words that do not parse are an error naming them.
+func applyInstallArgs(o *InstallOptions, log *slog.Logger) error {
+	if o.InstallArgsPath == "" {
+		return nil
+	}
+	b, err := os.ReadFile(o.InstallArgsPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	words := strings.Fields(string(b))
+	h, err := install.HintsFromKernelArgs(words)
+	if err != nil {
+		return fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
+	}
+	nw, err := install.NetworkFromKernelArgs(words)
+	if err != nil {
+		return fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
+	}
+	if !h.IsZero() {
+		o.Boot.Hints = h
+	}
+	if !nw.IsZero() {
+		o.Boot.Network = nw
+	}
+	for _, w := range words {
+		if v, ok := strings.CutPrefix(w, "appliance.mac="); ok {
+			o.nodeMAC = v
+		}
+	}
+	log.Info("install: parameters from the enrolment answer", "hints", install.DescribeHints(o.Boot.Hints), "addresses", fmt.Sprint(o.Boot.Network.Addresses), "mac", o.nodeMAC)
+	return nil
 }
 
 // errNoticeNotServed is wrapped by sendInstallNotice for a 404: the appliance has nothing to do for

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -77,7 +78,9 @@ func TestParseBootArgs(t *testing.T) {
 // TestRunInstallNoMatchingDiskFailsNode: on this machine's real disks (/sys/block, /dev/disk), hints
 // no disk matches end the install before anything is written, and the node is failed at the real
 // appliance front (pkg/server's enrolment and agent API, in-process over TLS with a pkg/pki CA) with
-// a reason that names the hints and the disks seen.
+// a reason that names the hints and the disks seen. The hints are the enrolment answer's
+// (server.EnrollNode.InstallArgs, as `hostagent enroll --install-args-out` writes them), which
+// replace the kernel command line's: the reason names the answer's serial, not the command line's.
 func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 	ca, cert := testPKI(t)
 	pin := agentapi.PinOf(ca.Cert)
@@ -86,7 +89,8 @@ func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 	store := nodestate.Open(filepath.Join(dir, "nodes"))
 	tokens := map[string]string{"w1": "tok-w1"}
 	s, err := server.New(server.Options{Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM,
-		Enroll:   server.NewEnrollment(rendered, filepath.Join(dir, "enrolment"), []server.EnrollNode{{Name: "w1", BMC: true, MAC: enrollMAC}}, store, nil),
+		Enroll: server.NewEnrollment(rendered, filepath.Join(dir, "enrolment"), []server.EnrollNode{{Name: "w1", BMC: true, MAC: enrollMAC,
+			InstallArgs: []string{"appliance.rootdevice.serialNumber=FROM-THE-ENROLMENT", "appliance.address=10.9.0.21/24", "appliance.mac=" + enrollMAC}}}, store, nil),
 		Ignition: server.NewIgnitionStore(rendered, tokens),
 		Agent:    server.NewAgentAPI(rendered, tokens, store, nil)})
 	if err != nil {
@@ -117,7 +121,7 @@ func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 		}
 	}
 	work := t.TempDir()
-	cfgPath, caPath := filepath.Join(work, "config.yaml"), filepath.Join(work, "ca.crt")
+	cfgPath, caPath, argsPath := filepath.Join(work, "config.yaml"), filepath.Join(work, "ca.crt"), filepath.Join(work, "install-args")
 	hints := config.RootDeviceHints{SerialNumber: "NO-SUCH-DISK"}
 	_, err = RunInstall(t.Context(), InstallOptions{
 		Boot: BootArgs{ApplianceURL: ts.URL, CAPin: pin, Hints: hints},
@@ -134,9 +138,12 @@ func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			if err := os.WriteFile(argsPath, []byte(strings.Join(res.Response.InstallArgs, " ")+"\n"), 0o644); err != nil {
+				return err
+			}
 			return os.WriteFile(cfgPath, []byte(res.Response.HostagentConfig), 0o600)
 		},
-		ConfigPath: cfgPath, CAPath: caPath, Image: filepath.Join(work, "never-read.squashfs"),
+		ConfigPath: cfgPath, CAPath: caPath, InstallArgsPath: argsPath, Image: filepath.Join(work, "never-read.squashfs"),
 		SysBlock: "/sys/block", DevDisk: "/dev/disk", WorkDir: work,
 	})
 	if !errors.Is(err, install.ErrNoDisk) {
@@ -149,7 +156,7 @@ func TestRunInstallNoMatchingDiskFailsNode(t *testing.T) {
 	if st.State != agentapi.StateFailed {
 		t.Fatalf("w1 is %q (%s), want failed", st.State, st.Reason)
 	}
-	for _, want := range []string{`nodes[].rootDevice {serialNumber: "NO-SUCH-DISK"}`, "disks seen: "} {
+	for _, want := range []string{`nodes[].rootDevice {serialNumber: "FROM-THE-ENROLMENT"}`, "disks seen: "} {
 		if !strings.Contains(st.Reason, want) {
 			t.Errorf("w1's reason %q lacks %q", st.Reason, want)
 		}
@@ -274,5 +281,39 @@ func TestInstallNoticeOverAgentAPI(t *testing.T) {
 	}
 	if _, ok, _ := netboot.InstalledMark(filepath.Join(dir, "netboot"), "w2"); ok {
 		t.Error("w2 marked by w1's notice")
+	}
+}
+
+// TestApplyInstallArgs: the enrolment answer's words replace the command line's hints and addresses,
+// give the node's MAC, leave the command line's alone when they hold none of them, and a word that
+// does not parse is an error naming it.
+func TestApplyInstallArgs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) string {
+		p := filepath.Join(dir, "install-args")
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cmdline := BootArgs{Hints: config.RootDeviceHints{SerialNumber: "CMDLINE"}, Network: install.Network{Addresses: []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")}}}
+	o := InstallOptions{Boot: cmdline, InstallArgsPath: write("appliance.rootdevice.serialNumber=LAB-DISK-n2 appliance.address=10.100.0.22/24 appliance.mac=52:54:00:01:64:02\n")}
+	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if o.Boot.Hints.SerialNumber != "LAB-DISK-n2" || fmt.Sprint(o.Boot.Network.Addresses) != "[10.100.0.22/24]" || o.nodeMAC != "52:54:00:01:64:02" {
+		t.Errorf("after the answer's words: hints %+v, network %+v, mac %q", o.Boot.Hints, o.Boot.Network, o.nodeMAC)
+	}
+	o = InstallOptions{Boot: cmdline, InstallArgsPath: write("\n")}
+	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" || len(o.Boot.Network.Addresses) != 1 || o.nodeMAC != "" {
+		t.Errorf("no words: %v, boot %+v, mac %q; want the command line's kept", err, o.Boot, o.nodeMAC)
+	}
+	o = InstallOptions{Boot: cmdline, InstallArgsPath: filepath.Join(dir, "missing")}
+	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" {
+		t.Errorf("no file: %v, hints %+v; want the command line's kept", err, o.Boot.Hints)
+	}
+	o = InstallOptions{Boot: cmdline, InstallArgsPath: write("appliance.rootdevice.size=8\n")}
+	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "unknown root-device hint") {
+		t.Errorf("a bad word: %v, want an error naming it", err)
 	}
 }

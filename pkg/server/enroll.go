@@ -34,6 +34,8 @@ type EnrollNode struct {
 	MAC string
 	// SystemUUID is nodes[].systemUUID, lowercase; empty: not checked.
 	SystemUUID string
+	// InstallArgs are the node's install parameters (agentapi.EnrollResponse.InstallArgs).
+	InstallArgs []string
 }
 
 // EnrollRecord is the binding of a node to the key it enrolled with for one power-on, kept in
@@ -298,7 +300,7 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	if err := e.Nodes.Note(n.Name, what+" with key "+fp+" from "+remote); err != nil {
 		e.log().Error("record the enrolment", "node", n.Name, "error", err)
 	}
-	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp}, nil
+	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp, InstallArgs: n.InstallArgs}, nil
 }
 
 // HTTPStatus is the status ServeHTTP answers err from Enroll with: the refusal's 4xx, else 500.

@@ -11,6 +11,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +55,7 @@ func newEnrollFixture(t testing.TB) *enrollFixture {
 	f.store = nodestate.Open(filepath.Join(dir, "nodes"))
 	f.store.Now = func() time.Time { return f.now }
 	f.e = NewEnrollment(rendered, filepath.Join(dir, "enrolment"), []EnrollNode{
-		{Name: "w1", BMC: true, MAC: w1MAC, SystemUUID: w1UUID},
+		{Name: "w1", BMC: true, MAC: w1MAC, SystemUUID: w1UUID, InstallArgs: w1InstallArgs},
 		{Name: "w2", BMC: true, MAC: "52:54:00:02:64:00"},
 		{Name: "cp1", BMC: false, MAC: "52:54:00:00:00:11"},
 	}, f.store, nil)
@@ -130,6 +132,10 @@ func (f *enrollFixture) lastEvent(node string) nodestate.Event {
 // among several NICs', its SMBIOS UUID in another case); the answer is w1's rendered hostagent
 // configuration; the binding is recorded 0600 with the key; a retry with the same key (new nonce)
 // gets the same answer; another key is then refused 409 and the refusal is in w1's events.
+// w1InstallArgs are w1's install parameters in the enrolment answer (public words, as
+// applianced.enrollInstallArgs makes them).
+var w1InstallArgs = []string{"appliance.rootdevice.serialNumber=LAB-DISK-w1", "appliance.address=10.100.0.21/24", "appliance.mac=" + w1MAC}
+
 func TestEnrollAcceptsRetriesAndRecords(t *testing.T) {
 	f := newEnrollFixture(t)
 	f.powerOn("w1")
@@ -144,8 +150,8 @@ func TestEnrollAcceptsRetriesAndRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	fp := keyFingerprint(key.Public().(ed25519.PublicKey))
-	if resp.Node != "w1" || resp.HostagentConfig != w1Config || resp.KeyFingerprint != fp {
-		t.Errorf("answer %+v, want w1's hostagent.yaml and key %s", resp, fp)
+	if resp.Node != "w1" || resp.HostagentConfig != w1Config || resp.KeyFingerprint != fp || !slices.Equal(resp.InstallArgs, w1InstallArgs) {
+		t.Errorf("answer %+v, want w1's hostagent.yaml, key %s and install args %q", resp, fp, w1InstallArgs)
 	}
 	recPath := filepath.Join(f.dir, "enrolment", "w1.json")
 	st, err := os.Stat(recPath)
@@ -169,7 +175,7 @@ func TestEnrollAcceptsRetriesAndRecords(t *testing.T) {
 	code, body2 := f.send(f.request(key, w1UUID, w1MAC))
 	var resp2 agentapi.EnrollResponse
 	_ = json.Unmarshal([]byte(body2), &resp2)
-	if code != http.StatusOK || resp2 != resp {
+	if code != http.StatusOK || !reflect.DeepEqual(resp2, resp) {
 		t.Fatalf("retry with the same key: %d %s, want the same answer", code, body2)
 	}
 	if rec, _, _ := f.e.ReadRecord("w1"); len(rec.Nonces) != 2 || !rec.Enrolled.Equal(f.now.Add(-time.Minute)) || !rec.Answered.Equal(f.now) {
