@@ -340,8 +340,9 @@ type Node struct {
 	Ignition []string `yaml:"ignition,omitempty"`
 	// Power says how the appliance turns the node on. Required.
 	Power Power `yaml:"power"`
-	// RootDevice chooses the disk a network-booted node installs itself to (Metal3's rootDeviceHints:
-	// rootdevice.go). Optional, for network-bootable nodes only; unset: the smallest disk of at least 4 GiB.
+	// RootDevice chooses the disk a node booting the node image installs itself to (Metal3's
+	// rootDeviceHints: rootdevice.go). Optional, for nodes that install themselves only (network boot
+	// or virtual media: Node.InstallsItself); unset: the smallest disk of at least 4 GiB.
 	RootDevice *RootDeviceHints `yaml:"rootDevice,omitempty"`
 }
 
