@@ -25,13 +25,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -223,34 +221,10 @@ func (s *APIServer) WriteKubeconfig(t testing.TB, path, user string, groups ...s
 func (s *APIServer) ServeIn(t testing.TB, ns *labns.NS) {
 	t.Helper()
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
-	lc := make(chan net.Listener, 1)
-	errc := make(chan error, 1)
-	go func() {
-		// This goroutine's thread enters ns and is never handed back to the runtime (it ends
-		// locked), so no other code runs in ns by accident; the listener stays in ns.
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			errc <- err
-			return
-		}
-		lc <- l
-	}()
+	// labns.InNamespace: the listener is made on a thread that entered ns and is never handed back.
 	var ln net.Listener
-	select {
-	case err := <-errc:
+	if err := labns.InNamespace(ns.Path(), func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
-	case ln = <-lc:
 	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {

@@ -60,21 +60,23 @@ var bmPrefix = func() string {
 // and the installed hostagent joins n1 to the cluster with kubeadm.
 //
 // A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
-// (TCG, 2 GiB, one blank disk with a serial, powered off) whose NIC and BMC are on the lab's
+// (TCG, 2 GiB, two blank disks with serials, the first a smaller decoy, powered off) whose NIC and BMC are on the lab's
 // control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image ISO is
 // built once the appliance has its CA (a first `appliance bootstrap` up to serve), with the appliance
 // URL and CA pin on its kernel command line, and served by the datacenter's image server beside a
 // DHCP server that holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert
 // the ISO (it fetches it), boot once from the CD and power n2 on; the live system enrols, installs to
-// its disk (without hints: root-device hints reach a machine only on the network boot's kernel
-// command line, and the configuration refuses nodes[].rootDevice for any other), its install notice has the appliance replace the CD boot override with the disk,
+// the disk its nodes[].rootDevice names (the hints, and its static address on the NIC of its
+// nodes[].mac, come in its enrolment answer: its ISO is the same for every node), its install notice
+// has the appliance replace the CD boot override with the disk,
 // it reboots (the domain restarts from its definition, as firmware reads the BMC's override at a
 // reset: sushy.LibvirtOptions.ColdReboot) into its disk, joins with kubeadm and is Ready; once the
 // installed system reports, the appliance ejects the CD (read back through Redfish).
 //
 // The test checks n1 and n2 Ready through the API VIP with their nodes[].addresses as InternalIP,
 // a pod pinned to each (the bundle's busybox, pulled through the appliance's registry) Running, n1's
-// install on the hinted disk (its decoy stays blank), n2's on its disk, n1's install mark, and n2's boots: the ISO
+// and n2's installs on their hinted disks (the decoys stay blank), n2's static address kept, n1's
+// install mark, and n2's boots: the ISO
 // once, the disk after the reset, no second install, the CD ejected. Then a power cycle of n1 through
 // the BMC (`appliance power cycle n1`): the machine boots its disk (no network image, no second
 // install, the mark unchanged), its hostagent reports ready from the new boot with its kubeadm join
@@ -144,7 +146,7 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 			t.Errorf("%s left behind", dir)
 		}
 	})
-	rootBefore := rootLinks(t)
+	rootBefore := labns.RootLinks(t)
 	script("lab.sh", "up", "1", "1")
 	t0 := time.Now()
 	script("nodes.sh", "up", "cp1", "w1")
@@ -186,8 +188,9 @@ kubernetes:
   # cp1 is a systemd-nspawn host: kubeadm cannot read the host kernel's config (SystemVerification).
   ignorePreflightErrors: [SystemVerification]
 # One network for both planes: n1 network-boots on its control-plane NIC, and the install
-# configures that NIC only (with n1's static address, pkg/install BootNetwork); n2 has one NIC,
-# which takes its address from the datacenter's DHCP reservation.
+# configures that NIC only (with n1's static address, pkg/install BootNetwork); n2's live system
+# takes its address from the datacenter's DHCP reservation, its installed system keeps it static on
+# the NIC of its mac (both from its enrolment answer).
 networks:
   controlPlane: {cidrs: [10.100.0.0/24]}
   workloadPlane: {cidrs: [10.100.0.0/24]}
@@ -222,6 +225,7 @@ nodes:
   systemUUID: ` + vmUUID + `
   power: {kind: redfish, address: "https://` + n2.Addr + `", username: ` + n2.User + `, passwordFile: ` + n2Password + `, caFile: ` + n2CA + `,
     bootDevice: cdrom, virtualMediaImage: "` + dc.imageURL() + `"}
+  rootDevice: {serialNumber: ` + vmSerial + `}
 `
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -449,15 +453,23 @@ spec:
 	// installed system reported, the appliance ejected the CD.
 	n2Install := n2Track.ms[2].line
 	if !strings.Contains(n2Install, `serial="`+vmSerial+`"`) {
-		t.Errorf("n2 installed to the wrong disk (want its only disk, serial %s): %q", vmSerial, n2Install)
+		t.Errorf("n2 installed to the wrong disk (want the hinted one, serial %s): %q", vmSerial, n2Install)
 	}
-	if b := readHead(t, n2.Disks[0], 1<<20); bytes.Count(b, []byte{0}) == len(b) {
-		t.Errorf("n2's disk (%s) is blank after the install", n2.Disks[0])
+	if b := readHead(t, n2.Disks[1], 1<<20); bytes.Count(b, []byte{0}) == len(b) {
+		t.Errorf("n2's hinted disk (%s) is blank after the install", n2.Disks[1])
+	}
+	if b := readHead(t, n2.Disks[0], 1<<20); bytes.Count(b, []byte{0}) != len(b) {
+		t.Errorf("n2's decoy disk (serial %s, smaller: an install without hints would take it) was written: the hints of its enrolment answer were not used", vmDecoySerial)
 	}
 	if dc.isoGets.Load() == 0 {
 		t.Errorf("n2's BMC never fetched %s", dc.imageURL())
 	}
 	n2Console := string(mustRead(t, n2.Console))
+	// Its installed system keeps its nodes[].addresses, static, on the NIC of its nodes[].mac: both
+	// came in its enrolment answer (a virtual-media boot names no NIC and carries no addresses).
+	if !regexp.MustCompile(`keeps the node's static addresses on its boot NIC.* mac=` + vmMAC + ` addresses="?\[` + regexp.QuoteMeta(vmAddr) + `/24\]`).MatchString(n2Console) {
+		t.Errorf("n2's install did not keep its static address %s/24 on its NIC %s (no such line on its console)", vmAddr, vmMAC)
+	}
 	isoBoots := regexp.MustCompile(`Command line: [^\n]*appliance\.medium=`).FindAllStringIndex(n2Console, -1)
 	installs := regexp.MustCompile(`NODE-INSTALL: node n2 installed to `).FindAllStringIndex(n2Console, -1)
 	diskBoots := regexp.MustCompile(`Command line: [^\n]*root=UUID=`).FindAllStringIndex(n2Console, -1)
@@ -645,7 +657,7 @@ spec:
 	t.Log(b.String())
 
 	// Everything above lived in namespaces: the root namespace has the links it had.
-	if after := rootLinks(t); !slices.Equal(rootBefore, after) {
+	if after := labns.RootLinks(t); !slices.Equal(rootBefore, after) {
 		t.Errorf("the root namespace's links changed: before %v, after %v", rootBefore, after)
 	}
 }

@@ -13,15 +13,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -35,19 +31,23 @@ const (
 	vmMAC    = "52:54:00:02:64:00"
 	vmUUID   = "52540002-6400-4000-8000-525400026400"
 	vmSerial = "LAB-DISK-n2"
-	vmAddr   = "10.100.0.22"
-	vmBMC    = "10.100.0.122/24"
+	// vmDecoySerial is n2's first, smaller disk, which an install without hints would choose: its
+	// nodes[].rootDevice (which only its enrolment answer carries to it) must pass over it.
+	vmDecoySerial = "DECOY-n2"
+	vmAddr        = "10.100.0.22"
+	vmBMC         = "10.100.0.122/24"
 	// dcAddr is the datacenter services' address (DHCP with n2's reservation, the image server).
 	dcAddr = "10.100.0.3"
 )
 
-// startVMWorker defines n2 (2 GiB, one blank 8 GiB disk with serial vmSerial, powered off) in a libvirt
+// startVMWorker defines n2 (2 GiB, a blank 5 GiB decoy disk and the blank 8 GiB disk with serial
+// vmSerial, powered off) in a libvirt
 // daemon of the test's own whose NIC and BMC sit on the lab's control-plane bridge (fabric's br-cp).
 // A reboot of the machine starts it again from its definition (sushy.LibvirtOptions.ColdReboot).
 func startVMWorker(t *testing.T, fabric string) sushy.Machine {
 	t.Helper()
 	return sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
-		Disks: []sushy.Disk{{SizeGiB: 8, Serial: vmSerial}}, ColdReboot: true,
+		Disks: []sushy.Disk{{SizeGiB: 5, Serial: vmDecoySerial}, {SizeGiB: 8, Serial: vmSerial}}, ColdReboot: true,
 		Lab: &sushy.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
 }
 
@@ -130,31 +130,11 @@ func (dc *datacenter) serveISO(iso string) { dc.iso.Store(iso) }
 // back to the runtime (it ends locked), so nothing else runs in ns by accident.
 func listenIn(t *testing.T, ns *labns.NS, addr string) net.Listener {
 	t.Helper()
-	type result struct {
-		l   net.Listener
-		err error
+	var l net.Listener
+	if err := labns.InNamespace(ns.Path(), func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, r.err)
-	}
-	return r.l
+	return l
 }
 
 // domainEvents reads the watcher's log (sushy.Machine.Events): each event's name and time.
@@ -350,19 +330,4 @@ func firstRequest(reqs []bmcRequest, method, suffix string, from time.Time) (bmc
 		}
 	}
 	return bmcRequest{}, false
-}
-
-// rootLinks lists the root network namespace's interface names (the lab never adds one there).
-func rootLinks(t *testing.T) []string {
-	t.Helper()
-	ifs, err := net.Interfaces()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, i := range ifs {
-		names = append(names, i.Name)
-	}
-	slices.Sort(names)
-	return names
 }

@@ -14,14 +14,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -404,29 +401,12 @@ func (m Machine) Get(path string) ([]byte, error) {
 // dialIn returns a dialer whose connections are made inside the network namespace at nsPath: each
 // dial runs on a thread that enters it and is never handed back to the runtime (it ends locked).
 func dialIn(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread()
-			h, err := netns.GetFromPath(nsPath)
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			defer h.Close()
-			if err := netns.Set(h); err != nil {
-				ch <- result{nil, err}
-				return
-			}
+	return func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		err = labns.InNamespace(nsPath, func() (err error) {
 			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			ch <- result{c, err}
-		}()
-		r := <-ch
-		return r.c, r.err
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
 	}
 }

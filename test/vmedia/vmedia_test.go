@@ -81,7 +81,7 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "grub-mkrescue")
 	labns.RequireTool(t, "xorriso")
-	before := rootLinks(t)
+	before := labns.RootLinks(t)
 	kernel, initrd := vmKit(t)
 	m := sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 256})
 
@@ -123,7 +123,7 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 		t.Errorf("EjectVirtualMedia through the libvirt driver: %v", err)
 	}
 
-	if after := rootLinks(t); !slices.Equal(before, after) {
+	if after := labns.RootLinks(t); !slices.Equal(before, after) {
 		t.Errorf("the root namespace's links changed: before %v, after %v", before, after)
 	}
 }
@@ -214,21 +214,6 @@ func logShares(t *testing.T, rep power.VirtualMediaReport, milestones []mileston
 // (test/nodeimage): its n2 boots it from virtual media inserted by `appliance bootstrap` all the way
 // to an installed, Ready Kubernetes node (it replaced TestVirtualMediaBootsNodeImage, which booted the
 // ISO to multi-user.target only).
-
-// rootLinks lists the root network namespace's interface names.
-func rootLinks(t *testing.T) []string {
-	t.Helper()
-	ifs, err := net.Interfaces()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, i := range ifs {
-		names = append(names, i.Name)
-	}
-	slices.Sort(names)
-	return names
-}
 
 // vmKit returns the lab VM kit (test/fixtures/build-vmkit.sh: Debian cloud kernel + busybox
 // initramfs) as the lab's chassis finds it (--check); a missing kit fails with the build command.
