@@ -60,7 +60,7 @@ var bmPrefix = func() string {
 // and the installed hostagent joins n1 to the cluster with kubeadm.
 //
 // A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
-// (TCG, 2 GiB, two blank disks with serials, the first a smaller decoy, powered off) whose NIC and BMC are on the lab's
+// (TCG, 2 GiB, two blank disks with serials, the second a smaller decoy, powered off) whose NIC and BMC are on the lab's
 // control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image ISO is
 // built once the appliance has its CA (a first `appliance bootstrap` up to serve), with the appliance
 // URL and CA pin on its kernel command line, and served by the datacenter's image server beside a
@@ -455,10 +455,10 @@ spec:
 	if !strings.Contains(n2Install, `serial="`+vmSerial+`"`) {
 		t.Errorf("n2 installed to the wrong disk (want the hinted one, serial %s): %q", vmSerial, n2Install)
 	}
-	if b := readHead(t, n2.Disks[1], 1<<20); bytes.Count(b, []byte{0}) == len(b) {
-		t.Errorf("n2's hinted disk (%s) is blank after the install", n2.Disks[1])
+	if b := readHead(t, n2.Disks[0], 1<<20); bytes.Count(b, []byte{0}) == len(b) {
+		t.Errorf("n2's hinted disk (%s) is blank after the install", n2.Disks[0])
 	}
-	if b := readHead(t, n2.Disks[0], 1<<20); bytes.Count(b, []byte{0}) != len(b) {
+	if b := readHead(t, n2.Disks[1], 1<<20); bytes.Count(b, []byte{0}) != len(b) {
 		t.Errorf("n2's decoy disk (serial %s, smaller: an install without hints would take it) was written: the hints of its enrolment answer were not used", vmDecoySerial)
 	}
 	if dc.isoGets.Load() == 0 {

@@ -31,8 +31,11 @@ const (
 	vmMAC    = "52:54:00:02:64:00"
 	vmUUID   = "52540002-6400-4000-8000-525400026400"
 	vmSerial = "LAB-DISK-n2"
-	// vmDecoySerial is n2's first, smaller disk, which an install without hints would choose: its
-	// nodes[].rootDevice (which only its enrolment answer carries to it) must pass over it.
+	// vmDecoySerial is n2's second, smaller disk, which an install without hints would choose (the
+	// smallest of at least 4 GiB): its nodes[].rootDevice (which only its enrolment answer carries to
+	// it) must pass over it. It is the second because a BIOS "boot from Hdd" (the BMC's override
+	// after the install) boots the firmware's first disk: with a blank first disk SeaBIOS fell
+	// through to the CD, which was still inserted, and the machine booted the ISO again.
 	vmDecoySerial = "DECOY-n2"
 	vmAddr        = "10.100.0.22"
 	vmBMC         = "10.100.0.122/24"
@@ -40,14 +43,14 @@ const (
 	dcAddr = "10.100.0.3"
 )
 
-// startVMWorker defines n2 (2 GiB, a blank 5 GiB decoy disk and the blank 8 GiB disk with serial
-// vmSerial, powered off) in a libvirt
+// startVMWorker defines n2 (2 GiB, the blank 8 GiB disk with serial vmSerial and a blank 5 GiB decoy,
+// powered off) in a libvirt
 // daemon of the test's own whose NIC and BMC sit on the lab's control-plane bridge (fabric's br-cp).
 // A reboot of the machine starts it again from its definition (sushy.LibvirtOptions.ColdReboot).
 func startVMWorker(t *testing.T, fabric string) sushy.Machine {
 	t.Helper()
 	return sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
-		Disks: []sushy.Disk{{SizeGiB: 5, Serial: vmDecoySerial}, {SizeGiB: 8, Serial: vmSerial}}, ColdReboot: true,
+		Disks: []sushy.Disk{{SizeGiB: 8, Serial: vmSerial}, {SizeGiB: 5, Serial: vmDecoySerial}}, ColdReboot: true,
 		Lab: &sushy.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
 }
 
