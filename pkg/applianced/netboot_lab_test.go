@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,7 +26,6 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/mdlayher/packet"
 	"github.com/pin/tftp/v3"
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -156,27 +154,6 @@ func startServe(t *testing.T, ns *labns.NS, configPath string) *serveProc {
 	return p
 }
 
-// runInNS runs fn on a thread inside ns; sockets fn opens stay in ns. The thread is never returned
-// to the runtime's pool (it ends with the goroutine), so no other code runs in ns by accident.
-func runInNS(ns *labns.NS, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // dhcpReplyFilter is a BPF program for a datagram packet socket that accepts only DHCP replies
 // (UDP port 68) whose chaddr (RFC 2131 §2, offset 28 of the BOOTP message) is mac, as that
 // machine's NIC would see them.
@@ -208,7 +185,7 @@ func dhcpReplyFilter(mac net.HardwareAddr) []bpf.RawInstruction {
 func pxeDHCPClient(t *testing.T, ns *labns.NS, iface string, mac net.HardwareAddr, opts ...nclient4.ClientOpt) *nclient4.Client {
 	t.Helper()
 	var c *nclient4.Client
-	err := runInNS(ns, func() error {
+	err := labns.InNamespace(ns.Path(), func() error {
 		ifi, err := net.InterfaceByName(iface)
 		if err != nil {
 			return err
@@ -310,7 +287,7 @@ boot:
 	}
 	tc.SetTimeout(5 * time.Second)
 	var got bytes.Buffer
-	err = runInNS(cliNS, func() error {
+	err = labns.InNamespace(cliNS.Path(), func() error {
 		wt, err := tc.Receive(netboot.BootFileBIOS, "octet")
 		if err != nil {
 			return err
@@ -336,7 +313,7 @@ boot:
 	// 4. The script and the kernel over the boot port.
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := runInNS(cliNS, func() (err error) {
+		err := labns.InNamespace(cliNS.Path(), func() (err error) {
 			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 			return err
 		})

@@ -15,12 +15,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,34 +80,13 @@ func backendsProbe(args []string) int {
 	return 0
 }
 
-// inNS runs fn on a thread inside ns; sockets fn opens stay in ns. The thread is never returned to
-// the runtime's pool (it ends with the goroutine), so no other code runs in ns by accident.
-func inNS(ns *labns.NS, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // nsClient is an HTTP client whose connections are made inside ns; tlsConfig is its TLS
 // configuration for https URLs (nil: the default).
 func nsClient(ns *labns.NS, tlsConfig *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsConfig,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var c net.Conn
-			err := inNS(ns, func() (err error) {
+			err := labns.InNamespace(ns.Path(), func() (err error) {
 				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 				return err
 			})
@@ -122,7 +99,7 @@ func nsClient(ns *labns.NS, tlsConfig *tls.Config) *http.Client {
 func forwardAPIServer(t *testing.T, ns *labns.NS, port int) {
 	t.Helper()
 	var ln net.Listener
-	if err := inNS(ns, func() (err error) { ln, err = net.Listen("tcp", nsAPIServer); return err }); err != nil {
+	if err := labns.InNamespace(ns.Path(), func() (err error) { ln, err = net.Listen("tcp", nsAPIServer); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,7 +27,6 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 	"github.com/mdlayher/packet"
 	"github.com/pin/tftp/v3"
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -162,27 +160,6 @@ func startHelper(t *testing.T, ns *labns.NS, hc helperConfig) *helper {
 	return h
 }
 
-// inNS runs fn on a thread inside ns; sockets fn opens stay in ns. The thread is never returned to
-// the runtime's pool (it ends with the goroutine), so no other code runs in ns by accident.
-func inNS(ns *labns.NS, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := netns.Set(h); err != nil {
-			errc <- err
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
 // lab is a server namespace and a client namespace joined by a veth pair: server 10.77.0.1/24 on
 // srvIf, clients 10.77.0.2/24 on cliIf.
 type lab struct {
@@ -248,7 +225,7 @@ func dhcpFilter(mac net.HardwareAddr) []bpf.RawInstruction {
 func (l *lab) dhcpClient(t *testing.T, mac net.HardwareAddr, opts ...nclient4.ClientOpt) *nclient4.Client {
 	t.Helper()
 	var c *nclient4.Client
-	err := inNS(l.cli, func() error {
+	err := labns.InNamespace(l.cli.Path(), func() error {
 		ifi, err := net.InterfaceByName(l.cliIf)
 		if err != nil {
 			return err
@@ -272,7 +249,7 @@ func (l *lab) dhcpClient(t *testing.T, mac net.HardwareAddr, opts ...nclient4.Cl
 func (l *lab) httpClient() *http.Client {
 	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := inNS(l.cli, func() (err error) {
+		err := labns.InNamespace(l.cli.Path(), func() (err error) {
 			c, err = (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, network, addr)
 			return err
 		})
@@ -289,7 +266,7 @@ func (l *lab) tftpGet(name string) ([]byte, error) {
 	}
 	cl.SetTimeout(5 * time.Second)
 	var wt io.WriterTo
-	if err := inNS(l.cli, func() (err error) { wt, err = cl.Receive(name, "octet"); return err }); err != nil {
+	if err := labns.InNamespace(l.cli.Path(), func() (err error) { wt, err = cl.Receive(name, "octet"); return err }); err != nil {
 		return nil, err
 	}
 	var buf bytes.Buffer
@@ -335,7 +312,7 @@ func TestLabProxyDHCP(t *testing.T) {
 	req.UpdateOption(dhcpv4.OptMessageType(dhcpv4.MessageTypeRequest))
 	req.ClientIPAddr = net.ParseIP("10.77.0.2")
 	var reply *dhcpv4.DHCPv4
-	err = inNS(l.cli, func() error {
+	err = labns.InNamespace(l.cli.Path(), func() error {
 		conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP("10.77.0.2")})
 		if err != nil {
 			return err
