@@ -22,6 +22,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/csrapprove"
 	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
+	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
@@ -268,7 +269,7 @@ func serveDNS(cfg *config.BootstrapConfiguration, configPath string, addr netip.
 func enrollInstallArgs(cfg *config.BootstrapConfiguration, n config.Node) []string {
 	args := installArgs(cfg, n)
 	if n.MAC != "" {
-		args = append(args, "appliance.mac="+n.MAC)
+		args = append(args, install.MACArg+"="+n.MAC)
 	}
 	return args
 }

@@ -104,7 +104,7 @@ type InstallOptions struct {
 	// (agentapi.EnrollResponse.InstallArgs: kernel-argument words); "" or a missing file: none.
 	// Words it holds replace the kernel command line's root-device hints and static addresses (the
 	// answer comes over the pinned TLS; a virtual-media boot's command line has neither), and its
-	// appliance.mac= names the NIC the installed system configures when the boot named none.
+	// install.MACArg names the NIC the installed system configures when the boot named none.
 	InstallArgsPath string
 	// Image is the node image's root filesystem; MediumInitrd the initramfs on an ISO boot (used
 	// when Boot.InitrdURL is empty).
@@ -117,9 +117,6 @@ type InstallOptions struct {
 	// WorkDir holds the downloaded initramfs and the mount point.
 	WorkDir string
 	Log     *slog.Logger
-
-	// nodeMAC is the enrolment answer's appliance.mac= (nodes[].mac), set by applyInstallArgs.
-	nodeMAC string
 }
 
 // InstallResult is what RunInstall did.
@@ -156,7 +153,8 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 		return res, fmt.Errorf("%s: %w", o.ConfigPath, err)
 	}
 	res.Node = cfg.Node
-	if err := applyInstallArgs(&o, log); err != nil {
+	nodeMAC, err := applyInstallArgs(&o, log)
+	if err != nil {
 		return res, err
 	}
 	ca, err := os.ReadFile(o.CAPath)
@@ -189,7 +187,7 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	nw := installedNetwork(o.Boot)
 	nic := o.BootMAC
 	if nic == "" {
-		nic = o.nodeMAC
+		nic = nodeMAC
 	}
 	if nic != "" && len(nw.Addresses) > 0 {
 		log.Info("install: the installed system keeps the node's static addresses on its boot NIC", "node", cfg.Node, "mac", nic, "addresses", fmt.Sprint(nw.Addresses), "gateway", nw.Gateway.String())
@@ -235,25 +233,26 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 
 // applyInstallArgs reads o.InstallArgsPath (a missing file or "" is no words) and puts its root-device
 // hints and static addresses in o.Boot, in place of the kernel command line's, when it holds any,
-// and its appliance.mac= in o.nodeMAC. Words that do not parse are an error naming them.
-func applyInstallArgs(o *InstallOptions, log *slog.Logger) error {
+// and returns its install.MACArg (nodes[].mac; "" when none). Words that do not parse are an error
+// naming them.
+func applyInstallArgs(o *InstallOptions, log *slog.Logger) (mac string, err error) {
 	if o.InstallArgsPath == "" {
-		return nil
+		return "", nil
 	}
 	b, err := os.ReadFile(o.InstallArgsPath)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return "", nil
 	} else if err != nil {
-		return err
+		return "", err
 	}
 	words := strings.Fields(string(b))
 	h, err := install.HintsFromKernelArgs(words)
 	if err != nil {
-		return fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
+		return "", fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
 	}
 	nw, err := install.NetworkFromKernelArgs(words)
 	if err != nil {
-		return fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
+		return "", fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
 	}
 	if !h.IsZero() {
 		o.Boot.Hints = h
@@ -262,12 +261,12 @@ func applyInstallArgs(o *InstallOptions, log *slog.Logger) error {
 		o.Boot.Network = nw
 	}
 	for _, w := range words {
-		if v, ok := strings.CutPrefix(w, "appliance.mac="); ok {
-			o.nodeMAC = v
+		if v, ok := strings.CutPrefix(w, install.MACArg+"="); ok {
+			mac = v
 		}
 	}
-	log.Info("install: parameters from the enrolment answer", "hints", install.DescribeHints(o.Boot.Hints), "addresses", fmt.Sprint(o.Boot.Network.Addresses), "mac", o.nodeMAC)
-	return nil
+	log.Info("install: parameters from the enrolment answer", "hints", install.DescribeHints(o.Boot.Hints), "addresses", fmt.Sprint(o.Boot.Network.Addresses), "mac", mac)
+	return mac, nil
 }
 
 // errNoticeNotServed is wrapped by sendInstallNotice for a 404: the appliance has nothing to do for

@@ -298,22 +298,23 @@ func TestApplyInstallArgs(t *testing.T) {
 	}
 	cmdline := BootArgs{Hints: config.RootDeviceHints{SerialNumber: "CMDLINE"}, Network: install.Network{Addresses: []netip.Prefix{netip.MustParsePrefix("10.1.0.5/24")}}}
 	o := InstallOptions{Boot: cmdline, InstallArgsPath: write("appliance.rootdevice.serialNumber=LAB-DISK-n2 appliance.address=10.100.0.22/24 appliance.mac=52:54:00:01:64:02\n")}
-	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil {
+	mac, err := applyInstallArgs(&o, slog.New(slog.DiscardHandler))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Boot.Hints.SerialNumber != "LAB-DISK-n2" || fmt.Sprint(o.Boot.Network.Addresses) != "[10.100.0.22/24]" || o.nodeMAC != "52:54:00:01:64:02" {
-		t.Errorf("after the answer's words: hints %+v, network %+v, mac %q", o.Boot.Hints, o.Boot.Network, o.nodeMAC)
+	if o.Boot.Hints.SerialNumber != "LAB-DISK-n2" || fmt.Sprint(o.Boot.Network.Addresses) != "[10.100.0.22/24]" || mac != "52:54:00:01:64:02" {
+		t.Errorf("after the answer's words: hints %+v, network %+v, mac %q", o.Boot.Hints, o.Boot.Network, mac)
 	}
 	o = InstallOptions{Boot: cmdline, InstallArgsPath: write("\n")}
-	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" || len(o.Boot.Network.Addresses) != 1 || o.nodeMAC != "" {
-		t.Errorf("no words: %v, boot %+v, mac %q; want the command line's kept", err, o.Boot, o.nodeMAC)
+	if mac, err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" || len(o.Boot.Network.Addresses) != 1 || mac != "" {
+		t.Errorf("no words: %v, boot %+v, mac %q; want the command line's kept", err, o.Boot, mac)
 	}
 	o = InstallOptions{Boot: cmdline, InstallArgsPath: filepath.Join(dir, "missing")}
-	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" {
+	if _, err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err != nil || o.Boot.Hints.SerialNumber != "CMDLINE" {
 		t.Errorf("no file: %v, hints %+v; want the command line's kept", err, o.Boot.Hints)
 	}
 	o = InstallOptions{Boot: cmdline, InstallArgsPath: write("appliance.rootdevice.size=8\n")}
-	if err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "unknown root-device hint") {
+	if _, err := applyInstallArgs(&o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "unknown root-device hint") {
 		t.Errorf("a bad word: %v, want an error naming it", err)
 	}
 }

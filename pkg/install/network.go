@@ -60,6 +60,9 @@ const (
 	AddressArg = "appliance.address"
 	// GatewayArg is Network.Gateway: appliance.gateway=10.83.0.1.
 	GatewayArg = "appliance.gateway"
+	// MACArg names the NIC the installed system's addresses go on when the boot named none (a
+	// virtual-media boot): appliance.mac=52:54:00:02:64:00, nodes[].mac, in the enrolment answer.
+	MACArg = "appliance.mac"
 )
 
 // NetworkKernelArgs turns nw into kernel arguments (AddressArg, GatewayArg) for the machine's iPXE
