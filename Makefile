@@ -56,7 +56,8 @@ fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit, bun
 	@$(STAGE) fixture-node-image -- iso/build-node-image.sh --system-only
 
 .PHONY: check
-check: test e2e ## everything CI runs: `make test`, then `make e2e`
+check: ## everything CI runs: the suites of `make test` and `make e2e`, arranged for 2 cores (test/check.sh)
+	@GO=$(GO) MAKE=$(MAKE) test/check.sh
 
 .PHONY: test
 test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes cluster; ~5 min warm)

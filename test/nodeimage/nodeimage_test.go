@@ -86,16 +86,17 @@ func buildImage(t *testing.T, hostagent string, extra ...string) string {
 // TestBareMetalWorkerJoinsCluster's (metal_test.go), with a real BMC and kubeadm join after it: it
 // replaced TestNodeImagePXEInstall, which proved the same without a BMC and without Kubernetes.
 
-// TestNodeImageISOInstall: the node image's ISO form (what pkg/power's Redfish virtual media
-// inserts) installs a machine too. The ISO is built with the appliance URL and CA pin on its kernel
-// command line (--iso-args, public data only); the VM (TCG, one blank disk, no hint: the smallest disk
-// of at least 4 GiB) boots it from its CD (disk first in the boot order, so a blank disk falls
-// through to the CD as a one-time virtual-media boot does), takes DHCP on its NIC, enrols as n2 (its
-// MAC), installs, reboots from its disk, and its hostagent reports its config step done.
-func TestNodeImageISOInstall(t *testing.T) { testISOInstall(t, false) }
-
-// TestNodeImageISOInstallUEFI: the same with UEFI firmware (OVMF): the ISO's UEFI GRUB boots the
-// image, and the installed disk boots through its EFI system partition (EFI/BOOT/BOOTX64.EFI).
+// TestNodeImageISOInstallUEFI: the node image's ISO form (what pkg/power's Redfish virtual media
+// inserts) installs a machine with UEFI firmware (OVMF). The ISO is built with the appliance URL and
+// CA pin on its kernel command line (--iso-args, public data only); the VM (TCG, one blank disk, no
+// hint: the smallest disk of at least 4 GiB) boots it from its CD through the ISO's UEFI GRUB (disk
+// first in the boot order, so a blank disk falls through to the CD as a one-time virtual-media boot
+// does), takes DHCP on its NIC, enrols as n2 (its MAC), installs, reboots from its disk through its
+// EFI system partition (EFI/BOOT/BOOTX64.EFI), and its hostagent reports its config step done.
+//
+// The same with BIOS firmware is TestBareMetalWorkerJoinsCluster's n2 (metal_test.go), booted by a
+// real Redfish BMC's virtual media and joined to Kubernetes: it replaced TestNodeImageISOInstall,
+// which proved the BIOS install without a BMC and without Kubernetes.
 func TestNodeImageISOInstallUEFI(t *testing.T) { testISOInstall(t, true) }
 
 func testISOInstall(t *testing.T, uefi bool) {

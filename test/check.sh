@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# check.sh — `make check`: every suite `make test` and `make e2e` run, arranged for a 2-core machine.
+#
+# `make test` then `make e2e` run everything one thing at a time; most of that time one core idles
+# (the lab tests wait on VRRP timers, kubelet, a booting kernel), and the TCG VMs are the only suites
+# that keep both cores busy. So this runs, in three phases:
+#
+#   1. the fixtures (make fixtures: Kubernetes, rootfs, VM kit, bundle, ISO and node image systems)
+#      beside compile-tests (every test binary, -race): mmdebstrap and mksquashfs wait on I/O while
+#      the Go compiler works;
+#   2. two lanes side by side:
+#        vm lane   (nice 10)  suite-nodeimage (test/nodeimage: blank TCG machines to Kubernetes
+#                             nodes), then suite-iso (test/iso: the appliance ISO booted in QEMU)
+#        test lane            suite-test: every other package, one at a time (-p 1: the lab tests
+#                             share host-wide resources)
+#      The vm lane is niced: the VMs soak up what the test lane leaves, the test lane's timers keep
+#      their CPU. Namespaces are per test (test/labns) and lab prefixes per package, so the lanes
+#      never share a name;
+#   3. alone, as the e2e timeline and the ISO journey's ratio need a quiet machine:
+#      suite-kubernetes-fixture, then suite-e2e (TestKubernetesE2E, TestISOJourney).
+#
+# Every stage goes through test/stage.sh (timed, a row in $STAGE_TIMES). A failed stage does not stop
+# the others: one run shows every failure. Exit status: 0 when every stage passed, else 1.
+#
+# Environment: GO (default go), MAKE (default make), APPLIANCE_CACHE (the fixture cache).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+MAKE=${MAKE:-make}
+STAGE=test/stage.sh
+export PATH
+failed=()
+
+# run NAME CMD...: a stage run in the foreground; records a failure instead of stopping.
+run() {
+	local name=$1
+	shift
+	"$@" || failed+=("$name")
+}
+
+# verbose GO-TEST-ARGS...: a -tags e2e suite with -v, without the RUN/PAUSE/CONT noise; go test's status.
+verbose() {
+	set -o pipefail
+	"$GO" test -tags e2e -count=1 -p 1 "$@" -v 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
+}
+export -f verbose
+export GO
+
+run deps "$MAKE" --no-print-directory deps
+run build "$MAKE" --no-print-directory build
+
+# Phase 1: the fixtures beside compile-tests.
+"$STAGE" compile-tests -- "$GO" test -race -count=1 -run '^$' ./... &
+compile=$!
+run fixtures "$MAKE" --no-print-directory fixtures
+wait "$compile" || failed+=(compile-tests)
+if ((${#failed[@]})); then
+	echo "check: ${failed[*]} failed; the suites need them: stopping" >&2
+	exit 1
+fi
+
+# Phase 2: the vm lane beside the test lane.
+(
+	rc=0
+	nice -n 10 "$STAGE" suite-nodeimage --show -- "$GO" test -race -count=1 -p 1 -timeout 30m ./test/nodeimage/ || rc=1
+	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m ./test/iso/ || rc=1
+	exit $rc
+) &
+vmlane=$!
+mapfile -t pkgs < <("$GO" list ./... | grep -vx 'github.com/airgap-appliance/appliance/test/nodeimage')
+run suite-test "$STAGE" suite-test --show -- "$GO" test -race -count=1 -p 1 -timeout 40m "${pkgs[@]}"
+wait "$vmlane" || failed+=("vm lane")
+
+# Phase 3: the Kubernetes e2e alone.
+run suite-kubernetes-fixture "$STAGE" suite-kubernetes-fixture --show -- "$GO" test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+run suite-e2e "$STAGE" suite-e2e --show -- bash -c 'verbose "$@"' verbose -timeout 60m -run 'TestKubernetesE2E|TestISOJourney' ./test/integration/
+
+if ((${#failed[@]})); then
+	echo "check: failed: ${failed[*]}" >&2
+	exit 1
+fi
+echo "check: every stage passed" >&2
