@@ -23,6 +23,8 @@
 #        DIR/node-amd64.iso     hybrid BIOS/UEFI ISO (grub-mkrescue, label APPLNODE) with the three above
 #                               under /live; --iso-args go on its kernel command line (e.g.
 #                               "appliance.url=https://10.0.0.2:8443 appliance.ca_pin=sha256:…": public data only)
+#                               through its embed area /boot/grub/appliance-args.cfg, which `appliance serve`
+#                               rewrites with its own URL and pin when it serves the ISO (pkg/nodeiso)
 # Neither hostagent nor iso/node/init is in the system (a new build of either would rebuild it): they go
 # into the initramfs here (hostagent in a second cpio appended to it: the kernel unpacks concatenated
 # archives), and init copies hostagent into the live root. --system-only builds (or reuses) stage 1 and prints its directory. Prints DIR on stdout and
@@ -232,7 +234,23 @@ mv "$stage/initrd.img" "$out/initrd.img.new"
 for f in vmlinuz initrd.img rootfs.squashfs; do
 	ln -f "$out/$f.new" "$stage/iso/live/$f" 2>/dev/null || cp "$out/$f.new" "$stage/iso/live/$f"
 done
-sed "s|@ISO_ARGS@|$iso_args|" "$here/node/grub.cfg" >"$stage/iso/boot/grub/grub.cfg"
+cp "$here/node/grub.cfg" "$stage/iso/boot/grub/grub.cfg"
+# The embed area (pkg/nodeiso): 4096 bytes the menu sources, its first line the magic `appliance
+# serve` finds the file by, the second the kernel arguments; `appliance serve` rewrites it at
+# /boot/node.iso with its own URL and CA pin, so one ISO serves every appliance.
+embed_area() {
+	local f=$1 size n
+	printf '# appliance node ISO kernel arguments, v1 (appliance serve rewrites this file)\nset appliance_args="%s"\n' "$2" >"$f"
+	size=$(stat -c %s "$f")
+	((size < 4096)) || die "--iso-args too long for the 4096-byte embed area"
+	while ((size < 4096)); do
+		n=$((4096 - size < 64 ? 4096 - size : 64))
+		printf '%*s\n' $((n - 1)) '' | tr ' ' '#' >>"$f"
+		size=$((size + n))
+	done
+}
+[[ $iso_args != *[\"\\\$\`]* ]] || die "--iso-args must not hold quotes, backslashes, \$ or \`: $iso_args"
+embed_area "$stage/iso/boot/grub/appliance-args.cfg" "$iso_args"
 grub-mkrescue -o "$out/node-amd64.iso.new" "$stage/iso" -- -volid APPLNODE >"$stage/grub.log" 2>&1 || { cat "$stage/grub.log" >&2; die "grub-mkrescue failed"; }
 for f in vmlinuz initrd.img rootfs.squashfs node-amd64.iso; do mv -f "$out/$f.new" "$out/$f"; done
 (cd "$out" && sha256sum vmlinuz initrd.img rootfs.squashfs node-amd64.iso >SHA256SUMS)

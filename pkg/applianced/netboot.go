@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +15,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
-	"github.com/airgap-appliance/appliance/pkg/netresolve"
 )
 
 // netbootConfig turns the configuration's boot section into the network-boot service's
@@ -32,16 +30,7 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 	if !b.Enabled() {
 		return netboot.Config{}, false, nil
 	}
-	r, err := netresolve.New("")
-	if err != nil {
-		return netboot.Config{}, false, err
-	}
-	defer r.Close()
-	var exclude []netip.Addr
-	if vip := cfg.APIServer.VIP; vip.IsValid() {
-		exclude = append(exclude, vip)
-	}
-	cp, err := r.Resolve(cfg.Networks.ControlPlane.CIDRs, exclude...)
+	cp, err := controlPlaneAddress(cfg)
 	if err != nil {
 		return netboot.Config{}, false, fmt.Errorf("boot.dhcp %s serves on the control-plane network: networks.controlPlane.cidrs: %w", b.DHCP, err)
 	}

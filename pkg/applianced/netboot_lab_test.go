@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -34,6 +36,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
+	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/plan"
@@ -348,6 +351,28 @@ boot:
 		t.Errorf("GET %s: %d, %d bytes; want the bundle's netboot/vmlinuz (%d bytes)", netboot.KernelPath, code, len(b), len(kernel))
 	}
 
+	// 4b. The node image ISO (the bundle's netboot/node-amd64.iso, the default boot.nodeISO) over
+	// HTTPS, verified with the appliance CA, through the firewall: the served image carries this
+	// appliance's URL and CA pin in its embed area, read back by xorriso; the file is unchanged.
+	hcTLS := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: hc.Transport.(*http.Transport).DialContext,
+		TLSClientConfig: &tls.Config{RootCAs: certPool(t, caPEM)}}}
+	resp, err := hcTLS.Get("https://" + serverIP + ":8443" + nodeiso.Path)
+	if err != nil {
+		t.Fatalf("GET %s: %v\n%s", nodeiso.Path, err, serve.Log())
+	}
+	servedISO, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", nodeiso.Path, resp.Status)
+	}
+	wantArea, _ := nodeiso.Area("appliance.url=https://" + serverIP + ":8443 appliance.ca_pin=" + agentapi.PinOf(ca))
+	if got := isoFile(t, servedISO, "/boot/grub/appliance-args.cfg"); !bytes.Equal(got, wantArea) {
+		t.Errorf("the served node ISO's appliance-args.cfg begins %q, want this appliance's URL and pin", got[:min(len(got), 200)])
+	}
+	if onDisk, _ := os.ReadFile(sl.nodeISO); !bytes.Equal(isoFile(t, onDisk, "/boot/grub/appliance-args.cfg"), sl.nodeISOArea) {
+		t.Error("the node ISO on disk changed")
+	}
+
 	// 5. Nothing for a MAC outside the inventory, nor for a node that boots from its disk.
 	short := []nclient4.ClientOpt{nclient4.WithTimeout(time.Second), nclient4.WithRetry(2)}
 	for _, mac := range []string{"52:54:00:99:99:99", macCP1} {
@@ -380,6 +405,8 @@ type serveLab struct {
 	dir, state, bundleDir string
 	password              string // a BMC password file
 	caPEM                 []byte
+	nodeISO               string // the bundle's netboot/node-amd64.iso
+	nodeISOArea           []byte // its embed area as built
 }
 
 func newServeLab(t *testing.T, kernel []byte) *serveLab {
@@ -387,7 +414,9 @@ func newServeLab(t *testing.T, kernel []byte) *serveLab {
 	dir := t.TempDir()
 	sl := &serveLab{dir: dir, state: filepath.Join(dir, "state"), bundleDir: filepath.Join(dir, "bundle"), password: filepath.Join(dir, "bmc.password")}
 	pkiDir := statedir.PKI(sl.state)
-	caPEM, leaf := pkitest.Issue(t)
+	// For the HTTPS front as the nodes reach it: the appliance's address on the control-plane
+	// networks the tests use (config's NET.0.1).
+	caPEM, leaf := pkitest.Issue(t, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.79.0.1"), netip.MustParseAddr("10.81.0.1"))
 	sl.caPEM = caPEM
 	certFile, keyFile := pkitest.WritePEM(t, dir, leaf)
 	for src, dst := range map[string]string{certFile: "serving.crt", keyFile: "serving.key"} {
@@ -406,8 +435,47 @@ func newServeLab(t *testing.T, kernel []byte) *serveLab {
 	writeFile(t, filepath.Join(sl.bundleDir, bundle.MetadataFile), meta)
 	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "vmlinuz"), kernel)
 	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "initrd.img"), []byte("node image initramfs"))
+	sl.nodeISO = filepath.Join(sl.bundleDir, "netboot", "node-amd64.iso")
+	sl.nodeISOArea = makeNodeISO(t, sl.nodeISO)
 	writeFile(t, sl.password, []byte("secret\n"))
 	return sl
+}
+
+// makeNodeISO writes at path an ISO 9660 image (Debian's xorriso) in the node image's layout as far
+// as pkg/nodeiso cares: /boot/grub/appliance-args.cfg, the embed area with no arguments (what
+// iso/build-node-image.sh writes without --iso-args), beside a kernel. It returns the area.
+func makeNodeISO(t *testing.T, path string) []byte {
+	t.Helper()
+	root := t.TempDir()
+	area, err := nodeiso.Area("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(root, "boot", "grub", "appliance-args.cfg"), area)
+	writeFile(t, filepath.Join(root, "live", "vmlinuz"), []byte("node image kernel"))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "APPLNODE", "-o", path, root).CombinedOutput(); err != nil {
+		t.Fatalf("xorriso (Debian package xorriso, make deps): %v\n%s", err, out)
+	}
+	return area
+}
+
+// isoFile reads the file at path inside the ISO image iso with xorriso.
+func isoFile(t *testing.T, iso []byte, path string) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	img, out := filepath.Join(dir, "image.iso"), filepath.Join(dir, "extracted")
+	writeFile(t, img, iso)
+	if b, err := exec.Command("xorriso", "-osirrox", "on", "-indev", img, "-extract", path, out).CombinedOutput(); err != nil {
+		t.Fatalf("xorriso -extract %s: %v\n%s", path, err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // config writes bootstrap.yaml with the control-plane network NET.0.0/24 (VIP NET.0.100), the
@@ -460,4 +528,14 @@ func writeFile(t *testing.T, path string, data []byte) {
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// certPool is a pool holding only the certificates in caPEM.
+func certPool(t *testing.T, caPEM []byte) *x509.CertPool {
+	t.Helper()
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no certificate in the CA PEM")
+	}
+	return p
 }

@@ -105,6 +105,13 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		kubeadm(node, nc)
 		upgrade(node, nc)
 	}
+	nodeISO, err := openNodeISO(cfg, caPEM, log.With("component", "nodeiso"))
+	if err != nil {
+		return err
+	}
+	if nodeISO != nil {
+		defer nodeISO.Close()
+	}
 	srv, err := server.New(server.Options{
 		Listen:      net.JoinHostPort(cfg.Server.ListenAddress.String(), strconv.Itoa(int(cfg.Server.Port))),
 		Certificate: cert,
@@ -114,6 +121,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		Agent:       agent,
 		Enroll:      server.NewEnrollment(statedir.Rendered(stateDir), filepath.Join(stateDir, "enrolment"), enrollNodes(cfg), store, log.With("component", "enroll")),
 		CAPEM:       caPEM,
+		NodeISO:     nodeISO,
 		Artifacts:   artifacts,
 		Generation:  o.Generation,
 		Logger:      log,

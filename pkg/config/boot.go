@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 )
 
 // BootDHCP is how the appliance takes part in DHCP for network boot (pkg/netboot).
@@ -29,11 +33,18 @@ const (
 // DefaultBootHTTPPort is boot.httpPort when unset: the plain-HTTP port of the boot artefacts.
 const DefaultBootHTTPPort uint16 = 8080
 
-// Default paths of the node image's kernel and initramfs inside the bundle (boot.kernel, boot.initrd).
+// Default paths of the node image's kernel, initramfs and ISO inside the bundle (boot.kernel,
+// boot.initrd, boot.nodeISO).
 const (
-	DefaultBootKernel = "netboot/vmlinuz"
-	DefaultBootInitrd = "netboot/initrd.img"
+	DefaultBootKernel  = "netboot/vmlinuz"
+	DefaultBootInitrd  = "netboot/initrd.img"
+	DefaultBootNodeISO = "netboot/node-amd64.iso"
 )
+
+// NodeISOPath is the URL path where `appliance serve` serves boot.nodeISO over HTTPS (pkg/nodeiso),
+// with its own URL and CA pin written into the ISO's embed area: what power.virtualMediaImage names
+// for a BMC to boot the node image, https://APPLIANCE:server.port/boot/node.iso.
+const NodeISOPath = nodeiso.Path
 
 // Boot configures network boot served by the appliance (pkg/netboot): DHCP (proxy or server), TFTP
 // for Debian's iPXE binaries and, over plain HTTP on HTTPPort, each machine's iPXE script, kernel and
@@ -67,6 +78,13 @@ type Boot struct {
 	// Initrd is the file served as the machines' initramfs (/boot/initrd). Default with dhcp proxy or
 	// server: bundle.path/DefaultBootInitrd.
 	Initrd string `yaml:"initrd,omitempty"`
+	// NodeISO is the node image's ISO (iso/build-node-image.sh: node-amd64.iso), an absolute path on
+	// the appliance, served over HTTPS at NodeISOPath with the appliance's URL and CA pin written into
+	// its embed area (pkg/nodeiso), whatever boot.dhcp is: the image a Redfish BMC inserts as virtual
+	// media (power.virtualMediaImage: https://APPLIANCE:server.port/boot/node.iso). Default:
+	// bundle.path/DefaultBootNodeISO. Required to exist only when a node's virtualMediaImage is that
+	// URL path on server.port; otherwise an absent file leaves the path answering 404.
+	NodeISO string `yaml:"nodeISO,omitempty"`
 	// KernelArgs are extra kernel command-line arguments, one per element (e.g. console=ttyS0). The
 	// appliance adds appliance.url, appliance.ca_pin and appliance.node itself. The boot path is
 	// plain HTTP, so it carries public data only: an argument whose key reads like a secret (token,
@@ -154,6 +172,9 @@ func setBootDefaults(c *BootstrapConfiguration) {
 	if b.HTTPPort == 0 && b.DHCP != BootDHCPOff {
 		b.HTTPPort = DefaultBootHTTPPort
 	}
+	if b.NodeISO == "" && c.Bundle.Path != "" {
+		b.NodeISO = filepath.Join(c.Bundle.Path, DefaultBootNodeISO)
+	}
 	if b.Enabled() && c.Bundle.Path != "" {
 		if b.Kernel == "" {
 			b.Kernel = filepath.Join(c.Bundle.Path, DefaultBootKernel)
@@ -220,6 +241,7 @@ func (v *validator) boot() {
 			v.bootFiles()
 		}
 	}
+	v.nodeISO()
 	if b.DHCP == BootDHCPServer {
 		v.bootRange()
 		return
@@ -321,5 +343,39 @@ func (v *validator) bootRange() {
 	}
 	if rt := v.c.Boot.Router; rt.IsValid() && !net.Contains(rt) {
 		v.errorf("boot.router", "%s is outside %s, the network of boot.range: give a gateway on that network", rt, net)
+	}
+}
+
+// ServesNodeISO reports whether p's virtualMediaImage is the appliance's own node ISO: an https URL
+// whose path is NodeISOPath on port (server.port). The host is not compared: the configuration names
+// the appliance by CIDR, its address is resolved at bootstrap.
+func (p Power) ServesNodeISO(port uint16) bool {
+	u, err := url.Parse(p.VirtualMediaImage)
+	return err == nil && u.Scheme == "https" && u.Path == NodeISOPath && u.Port() == strconv.Itoa(int(port))
+}
+
+// nodeISO checks boot.nodeISO: an absolute path; with CheckFiles, a readable regular file when a node
+// boots it (power.virtualMediaImage on the appliance's NodeISOPath).
+func (v *validator) nodeISO() {
+	b := v.c.Boot
+	var users []string
+	for _, n := range v.c.Nodes {
+		if n.Power.VirtualMediaImage != "" && n.Power.ServesNodeISO(v.c.Server.Port) {
+			users = append(users, n.Name)
+		}
+	}
+	switch {
+	case b.NodeISO == "" && len(users) > 0:
+		v.errorf("boot.nodeISO", "is required: node(s) %s boot the appliance's %s (power.virtualMediaImage); give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or set bundle.path to a bundle that has %s", strings.Join(users, ", "), NodeISOPath, DefaultBootNodeISO)
+	case b.NodeISO == "":
+	case !filepath.IsAbs(b.NodeISO):
+		v.errorf("boot.nodeISO", "%q is not an absolute path: give the node image ISO's full path on the appliance", b.NodeISO)
+	case !v.opts.CheckFiles || len(users) == 0:
+	default:
+		if _, err := os.Stat(b.NodeISO); errors.Is(err, fs.ErrNotExist) {
+			v.errorf("boot.nodeISO", "%s does not exist, and node(s) %s boot the appliance's %s (power.virtualMediaImage): give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or point their virtualMediaImage at another server", b.NodeISO, strings.Join(users, ", "), NodeISOPath)
+			return
+		}
+		v.file("boot.nodeISO", b.NodeISO, false)
 	}
 }

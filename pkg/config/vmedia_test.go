@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -58,4 +60,62 @@ func TestVirtualMediaImageInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNodeISO: boot.nodeISO defaults to the bundle's netboot/node-amd64.iso whatever boot.dhcp is;
+// with CheckFiles it must exist only when a node's virtualMediaImage is the appliance's own
+// /boot/node.iso on server.port (the error names the nodes and the field); a relative path is refused.
+func TestNodeISO(t *testing.T) {
+	own := redfishW1("https://10.100.0.2:8443/boot/node.iso", "cdrom")
+	c, _, errs := labWith(t, "", own...)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if c.Boot.NodeISO != "/var/cache/appliance/bundle/netboot/node-amd64.iso" {
+		t.Errorf("boot.nodeISO defaulted to %q, want the bundle's netboot/node-amd64.iso", c.Boot.NodeISO)
+	}
+	if !c.Nodes[3].Power.ServesNodeISO(c.Server.Port) {
+		t.Errorf("ServesNodeISO(%d) false for %s", c.Server.Port, c.Nodes[3].Power.VirtualMediaImage)
+	}
+	for _, other := range []string{"https://10.100.0.2:9443/boot/node.iso", "http://10.100.0.2:8443/boot/node.iso", "https://10.100.0.3:8443/images/node.iso"} {
+		if p := (Power{VirtualMediaImage: other}); p.ServesNodeISO(c.Server.Port) {
+			t.Errorf("ServesNodeISO(%d) true for %s", c.Server.Port, other)
+		}
+	}
+
+	check := func(c *BootstrapConfiguration) ErrorList {
+		v := validator{c: c, opts: ValidateOptions{CheckFiles: true}}
+		v.nodeISO()
+		return v.errs
+	}
+	c.Boot.NodeISO = filepath.Join(t.TempDir(), "node-amd64.iso")
+	errs = check(c)
+	requireErr(t, errs, "boot.nodeISO", c.Boot.NodeISO+" does not exist, and node(s) w1 boot the appliance's /boot/node.iso (power.virtualMediaImage)", 0)
+	if len(errs) != 1 {
+		t.Errorf("errors %v, want only boot.nodeISO", errs)
+	}
+	if err := os.WriteFile(c.Boot.NodeISO, []byte("iso"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if errs := check(c); len(errs) > 0 {
+		t.Errorf("an existing ISO refused: %v", errs)
+	}
+	c.Boot.NodeISO = "node-amd64.iso"
+	requireErr(t, check(c), "boot.nodeISO", `"node-amd64.iso" is not an absolute path`, 0)
+
+	// Another server's image: an absent boot.nodeISO is nobody's business.
+	other, _, errs := labWith(t, "", redfishW1("https://images.example.com/node.iso", "cdrom")...)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	other.Boot.NodeISO = filepath.Join(t.TempDir(), "absent.iso")
+	if errs := check(other); len(errs) > 0 {
+		t.Errorf("absent ISO refused although no node boots it: %v", errs)
+	}
+	other.Boot.NodeISO = ""
+	if errs := check(other); len(errs) > 0 {
+		t.Errorf("no ISO refused although no node boots it: %v", errs)
+	}
+	c.Boot.NodeISO = ""
+	requireErr(t, check(c), "boot.nodeISO", "is required: node(s) w1 boot the appliance's /boot/node.iso", 0)
 }

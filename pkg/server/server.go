@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 )
 
 // Options configures a Server. Listen, Certificate and at least one of the content sources are
@@ -55,6 +56,9 @@ type Options struct {
 	Enroll *Enrollment
 	// CAPEM is served at /ca.crt when not empty.
 	CAPEM []byte
+	// NodeISO, when not nil, serves the node image ISO at nodeiso.Path (no token: public data, the
+	// image a BMC inserts as virtual media).
+	NodeISO *nodeiso.Image
 	// Artifacts maps a name under /artifacts/ to a file path.
 	Artifacts map[string]string
 	// Generation identifies the configuration this process serves; /healthz reports it so that
@@ -105,6 +109,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if len(opts.CAPEM) > 0 {
 		mux.Handle("/ca.crt", s.instrument("ca", caHandler(opts.CAPEM)))
+	}
+	if opts.NodeISO != nil {
+		mux.Handle(nodeiso.Path, s.instrument("nodeiso", opts.NodeISO))
 	}
 	for name, path := range opts.Artifacts {
 		mux.Handle("/artifacts/"+name, s.instrument("artifacts", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

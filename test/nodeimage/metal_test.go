@@ -26,7 +26,7 @@ import (
 // Bare-metal lab (test/lab/lab.sh, prefix bmPrefix): the appliance in bm-boot (10.100.0.2), cp1 an
 // nspawn host (10.100.0.11), and w1's namespace bridged to a QEMU VM behind an ipmi_sim BMC at
 // 10.100.0.121 (test/lab/nodes.sh, LAB_VM_BOOT=pxe: a blank machine, test/lab/vm/chassis.sh); n2, a
-// libvirt domain behind sushy-tools at 10.100.0.122, and the datacenter's DHCP and image servers at
+// libvirt domain behind sushy-tools at 10.100.0.122, and the datacenter's DHCP server at
 // 10.100.0.3 join the same control-plane bridge from namespaces of the test's own (vmworker_test.go).
 const (
 	bmMAC     = "52:54:00:01:64:00"                    // chassis.sh: MAC_PREFIX 52:54:00:01, boot NIC :64:00
@@ -62,10 +62,13 @@ var bmPrefix = func() string {
 // A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
 // (TCG, 2 GiB, two blank disks with serials, the second a smaller decoy, powered off) whose NIC and BMC are on the lab's
 // control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image ISO is
-// built once the appliance has its CA (a first `appliance bootstrap` up to serve), with the appliance
-// URL and CA pin on its kernel command line, and served by the datacenter's image server beside a
-// DHCP server that holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert
-// the ISO (it fetches it), boot once from the CD and power n2 on; the live system enrols, installs to
+// n1's image's, built with nothing on its kernel command line: the appliance serves it
+// (boot.nodeISO) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
+// the ISO's embed area (pkg/nodeiso), and n2's power.virtualMediaImage names that URL; a datacenter
+// DHCP server holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert the
+// ISO (it fetches it from the appliance, verifying it with the appliance CA), boot once from the CD
+// and power n2 on; the ISO's GRUB boots the kernel with the appliance's URL and pin (checked on n2's
+// console); the live system enrols, installs to
 // the disk its nodes[].rootDevice names (the hints, and its static address on the NIC of its
 // nodes[].mac, come in its enrolment answer: its ISO is the same for every node), its install notice
 // has the appliance replace the CD boot override with the disk,
@@ -151,9 +154,9 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	t0 := time.Now()
 	script("nodes.sh", "up", "cp1", "w1")
 	fabric := bmPrefix + "-fabric"
-	dc := startDatacenter(t, fabric)
+	startDatacenter(t, fabric)
 	n2 := startVMWorker(t, fabric)
-	t.Logf("lab up: cp1 (nspawn), w1's BMC, n2's BMC (sushy-tools, libvirt) and the datacenter's DHCP and image servers in %.1fs", time.Since(t0).Seconds())
+	t.Logf("lab up: cp1 (nspawn), w1's BMC, n2's BMC (sushy-tools, libvirt) and the datacenter's DHCP server in %.1fs", time.Since(t0).Seconds())
 	n2Password, n2CA := filepath.Join(dir, "n2-bmc.password"), filepath.Join(dir, "n2-bmc-ca.pem")
 	for p, b := range map[string][]byte{n2Password: []byte(n2.Password), n2CA: n2.CAPEM} {
 		if err := os.WriteFile(p, b, 0o600); err != nil {
@@ -206,6 +209,8 @@ boot:
   kernel: ` + filepath.Join(img, "vmlinuz") + `
   initrd: ` + filepath.Join(img, "initrd.img") + `
   kernelArgs: ["console=ttyS0,115200n8"]
+  # Served at https://10.100.0.2:8443/boot/node.iso with the appliance's URL and CA pin written in.
+  nodeISO: ` + filepath.Join(img, "node-amd64.iso") + `
 nodes:
 - name: cp1
   roles: [control-plane]
@@ -224,7 +229,7 @@ nodes:
   mac: "` + vmMAC + `"
   systemUUID: ` + vmUUID + `
   power: {kind: redfish, address: "https://` + n2.Addr + `", username: ` + n2.User + `, passwordFile: ` + n2Password + `, caFile: ` + n2CA + `,
-    bootDevice: cdrom, virtualMediaImage: "` + dc.imageURL() + `"}
+    bootDevice: cdrom, virtualMediaImage: "` + n2ImageURL + `"}
   rootDevice: {serialNumber: ` + vmSerial + `}
 `
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
@@ -236,18 +241,6 @@ nodes:
 			t.Logf("appliance stop: %v\n%s", err, out)
 		}
 	})
-
-	// The appliance up to serve (its CA exists from here on), then the node image ISO with its URL
-	// and CA pin on the kernel command line (public data), served by the datacenter's image server.
-	t0 = time.Now()
-	if out, err := exec.Command("ip", "netns", "exec", bmPrefix+"-boot", appliance, "bootstrap", "--config", cfgPath,
-		"--skip-phases", "power,converge,upgrade,handoff").CombinedOutput(); err != nil {
-		t.Fatalf("appliance bootstrap (to serve): %v\n%s", err, out)
-	}
-	t.Logf("appliance bootstrap up to serve in %.1fs", time.Since(t0).Seconds())
-	isoArgs := "appliance.url=https://10.100.0.2:8443 appliance.ca_pin=" + caPin(t, filepath.Join(statedir.PKI(state), "ca.crt"))
-	isoImg := buildImage(t, filepath.Join(bin, "hostagent"), "--iso-args", isoArgs)
-	dc.serveISO(filepath.Join(isoImg, "node-amd64.iso"))
 
 	// Bootstrap in the background; the consoles are watched meanwhile for the boots' milestones.
 	start := time.Now()
@@ -461,10 +454,13 @@ spec:
 	if b := readHead(t, n2.Disks[1], 1<<20); bytes.Count(b, []byte{0}) != len(b) {
 		t.Errorf("n2's decoy disk (serial %s, smaller: an install without hints would take it) was written: the hints of its enrolment answer were not used", vmDecoySerial)
 	}
-	if dc.isoGets.Load() == 0 {
-		t.Errorf("n2's BMC never fetched %s", dc.imageURL())
-	}
 	n2Console := string(mustRead(t, n2.Console))
+	// The ISO was built with nothing on its kernel command line: the appliance wrote its URL and CA
+	// pin into the image it served at /boot/node.iso, and the ISO's GRUB passed them to the kernel.
+	wantArgs := "appliance.url=https://10.100.0.2:8443 appliance.ca_pin=" + caPin(t, filepath.Join(statedir.PKI(state), "ca.crt"))
+	if !regexp.MustCompile(`Command line: [^\n]*appliance\.medium=APPLNODE ` + regexp.QuoteMeta(wantArgs)).MatchString(n2Console) {
+		t.Errorf("n2's ISO kernel did not get the appliance's URL and CA pin from the served image (%q not on a Command line: of its console)", wantArgs)
+	}
 	// Its installed system keeps its nodes[].addresses, static, on the NIC of its nodes[].mac: both
 	// came in its enrolment answer (a virtual-media boot names no NIC and carries no addresses).
 	if !regexp.MustCompile(`keeps the node's static addresses on its boot NIC.* mac=` + vmMAC + ` addresses="?\[` + regexp.QuoteMeta(vmAddr) + `/24\]`).MatchString(n2Console) {
@@ -632,7 +628,7 @@ spec:
 	fmt.Fprintf(&b, "FIGURES: virtual-media worker n2 under TCG, from the BMC's power-on (Redfish through sushy-tools' libvirt driver, by the power phase, %s after bootstrap started):\n",
 		n2On.Sub(start).Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  before it, the BMC: insert %s (fetching the %s ISO included), boot override %s, power on %s; slot %s (%s)\n",
-		tInsert, sizeOf(filepath.Join(isoImg, "node-amd64.iso")), tBoot, tPower, slot, how)
+		tInsert, sizeOf(filepath.Join(img, "node-amd64.iso")), tBoot, tPower, slot, how)
 	prev = 0
 	row := func(name string, at time.Duration) {
 		fmt.Fprintf(&b, "  %-52s at %8s  share %8s\n", name, at, at-prev)

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,7 +13,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,8 +36,10 @@ const (
 	vmDecoySerial = "DECOY-n2"
 	vmAddr        = "10.100.0.22"
 	vmBMC         = "10.100.0.122/24"
-	// dcAddr is the datacenter services' address (DHCP with n2's reservation, the image server).
+	// dcAddr is the datacenter DHCP server's address (with n2's reservation).
 	dcAddr = "10.100.0.3"
+	// n2ImageURL is n2's power.virtualMediaImage: the appliance's own node ISO (boot.nodeISO).
+	n2ImageURL = "https://10.100.0.2:8443/boot/node.iso"
 )
 
 // startVMWorker defines n2 (2 GiB, the blank 8 GiB disk with serial vmSerial and a blank 5 GiB decoy,
@@ -57,15 +56,12 @@ func startVMWorker(t *testing.T, fabric string) sushy.Machine {
 // datacenter is what a datacenter gives a virtual-media machine, in a namespace of the test's own on
 // the lab's control-plane bridge at dcAddr: busybox udhcpd with one reservation (n2's MAC → vmAddr)
 // and no other address to lease, so it is silent for every other machine (n1's PXE ROM takes the
-// appliance's offer); and an HTTP server of the node image ISO, the URL n2's BMC fetches.
+// appliance's offer).
 type datacenter struct {
-	ns      *labns.NS
-	isoGets atomic.Int32
-	iso     atomic.Value // string: the ISO's path, once built
+	ns *labns.NS
 }
 
-// startDatacenter starts the datacenter's DHCP and image servers (stopped by PID and by closing the
-// listener when the test ends). The image server answers 404 until serveISO names the file.
+// startDatacenter starts the datacenter's DHCP server (stopped by PID when the test ends).
 func startDatacenter(t *testing.T, fabric string) *datacenter {
 	t.Helper()
 	busybox := labns.RequireTool(t, "busybox")
@@ -108,36 +104,7 @@ func startDatacenter(t *testing.T, fabric string) *datacenter {
 		}
 	})
 
-	l := listenIn(t, dc.ns, net.JoinHostPort(dcAddr, "8081"))
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, _ := dc.iso.Load().(string)
-		if r.URL.Path != "/node-amd64.iso" || p == "" {
-			http.NotFound(w, r)
-			return
-		}
-		dc.isoGets.Add(1)
-		http.ServeFile(w, r, p)
-	}), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
 	return dc
-}
-
-// imageURL is the ISO's URL on the datacenter's image server.
-func (dc *datacenter) imageURL() string { return "http://" + dcAddr + ":8081/node-amd64.iso" }
-
-// serveISO makes the image server answer with iso.
-func (dc *datacenter) serveISO(iso string) { dc.iso.Store(iso) }
-
-// listenIn returns a TCP listener on addr inside ns: made on a thread that enters ns and is never handed
-// back to the runtime (it ends locked), so nothing else runs in ns by accident.
-func listenIn(t *testing.T, ns *labns.NS, addr string) net.Listener {
-	t.Helper()
-	var l net.Listener
-	if err := labns.InNamespace(ns.Path(), func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatalf("listen on %s in %s: %v", addr, ns.Name, err)
-	}
-	return l
 }
 
 // domainEvents reads the watcher's log (sushy.Machine.Events): each event's name and time.
