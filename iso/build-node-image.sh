@@ -93,7 +93,10 @@ for p in "${BUNDLE_PACKAGES[@]}"; do
 done
 
 # --- 1. the system -----------------------------------------------------------------------------------
-system_key=$( (echo "$NODE_SYSTEM_VERSION $SUITE $PACKAGES ${pins[*]} ${MODULES[*]}"; sha256sum "$index"
+# The index without X-Appliance-Origin (the upstream a package came from: a fixture's upstream listens
+# on a new port every build): every package's version and SHA-256 are in the key, where it was fetched
+# from is not.
+system_key=$( (echo "$NODE_SYSTEM_VERSION $SUITE $PACKAGES ${pins[*]} ${MODULES[*]}"; grep -v '^X-Appliance-Origin:' "$index" | sha256sum
 	cd "$here/node/rootfs" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-12)
 sys=$cache/node-system-$system_key
 exec 9>"$sys.lock"

@@ -23,6 +23,7 @@ import (
 func newBundleCreateCommand(g *globalFlags) *cobra.Command {
 	var specPath, out, name, since, partSize string
 	var imagesOnly bool
+	var hostagent string
 	cmd := &cobra.Command{
 		Use:   "create --spec FILE --out DIR",
 		Short: "Make a signed air-gap bundle from a BundleSpecification: images, packages, then finalize and sign",
@@ -30,7 +31,8 @@ func newBundleCreateCommand(g *globalFlags) *cobra.Command {
 images.extra) from its registry or mirrors into DIR/images, pinned by digest and verified as it arrives;
 has apt resolve packages and extraPackages to their full dependency closure from the spec's signed apt
 sources (each Release checked against its signedBy keyring) and lays them into DIR/repo/debian, signed
-with signing.repoKeyFile; then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig,
+with signing.repoKeyFile; with nodeImage.build, builds the node image from that repository into
+DIR/netboot (the recipe carried by this binary: needs root, debootstrap and the Debian mirror); then writes bundle.yaml and SHA256SUMS and signs them (SHA256SUMS.sig,
 Ed25519, signing.bundleKeyFile). Keys are created on first use. apt's state and the downloaded .debs
 stay in DIR.work. Killed at any moment, the same command finishes the job without fetching again what
 is there; until it has finished, DIR does not verify as a bundle.
@@ -59,7 +61,7 @@ with ` + "`appliance bundle join DIR.parts --out DIR`" + `.`,
 			defer stop()
 			p := newCreateProgress(cmd.ErrOrStderr(), cmd.OutOrStdout(), g.output == "json")
 			res, err := bundlecreate.Create(ctx, bundlecreate.Options{Spec: spec, Out: out, Name: name, Since: since,
-				Packages: packagesStep(imagesOnly, out), VerifiedStamp: filepath.Join(filepath.Clean(out)+".work", "verified-blobs.json"),
+				Packages: packagesStep(imagesOnly, out), NodeImage: bundlecreate.NodeImageStep(defaultHostagent(hostagent)), VerifiedStamp: filepath.Join(filepath.Clean(out)+".work", "verified-blobs.json"),
 				PartSize: int64(parts), Progress: p.event, Log: g.logger(cmd.ErrOrStderr())})
 			p.finish()
 			if err != nil {
@@ -91,6 +93,7 @@ with ` + "`appliance bundle join DIR.parts --out DIR`" + `.`,
 	cmd.Flags().BoolVar(&imagesOnly, "images-only", false, "carry images only, no Debian repository (nodes must then get their packages elsewhere; for registry-only use and the benchmarks)")
 	cmd.Flags().StringVar(&partSize, "part-size", "", "also cut the finished bundle into DIR.parts of at most this size for removable media, e.g. 4GiB (overrides output.partSize)")
 	cmd.Flags().StringVar(&since, "since", "", "make a differential bundle: only what the finished bundle in this directory lacks")
+	cmd.Flags().StringVar(&hostagent, "hostagent", "", "the hostagent binary the node image carries (nodeImage.build; default: hostagent beside the appliance executable)")
 	_ = cmd.MarkFlagRequired("spec")
 	_ = cmd.MarkFlagRequired("out")
 	return cmd
@@ -138,6 +141,11 @@ func (p *createProgress) event(ev bundlecreate.Event) {
 			p.bytes = &byteProgress{w: p.w, tty: p.tty}
 		}
 		p.bytes.update(ev.Step, ev.Done, ev.Total)
+		return
+	}
+	if ev.Status == "log" {
+		p.clear()
+		fmt.Fprintf(p.w, "  %s\n", ev.Detail)
 		return
 	}
 	if ev.Image == nil {

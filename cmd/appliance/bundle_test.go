@@ -34,6 +34,9 @@ func writeSpec(t *testing.T, up *upstream.Registry, dir string, spec *bundlespec
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	spec.Signing = bundlespec.Signing{}
 	spec.Output = bundlespec.Output{}
+	// The node image (a Debian system built with debootstrap) is test/nodeimage's and the fixture
+	// bundle's (test/fixtures/build-bundle.sh), not these tests'.
+	spec.NodeImage = bundlespec.NodeImage{}
 	bundlespec.SetDefaults(spec)
 	refs, err := bundlecreate.Images(spec)
 	if err != nil {

@@ -68,6 +68,10 @@ type Options struct {
 	VerifiedStamp string
 	// WrapTransport is passed to registry.Mirror (tests count requests with it).
 	WrapTransport func(http.RoundTripper) http.RoundTripper
+	// NodeImage builds the node image into the bundle when the spec's nodeImage.build is set (the
+	// "node-image" step, after "packages": the image installs the bundle's own packages). NodeImageStep
+	// is the real one. Nil with nodeImage.build set fails Create before anything is fetched.
+	NodeImage func(ctx context.Context, bundleDir string, emit func(Event)) (NodeImageResult, error)
 }
 
 // PackagesResult is what the Packages step put into the bundle.
@@ -79,9 +83,11 @@ type PackagesResult struct {
 }
 
 // Event reports progress: the images' events as registry.Mirror gives them (Image set), or a step
-// of the bundle (Step: "base" with Options.Since, "images", "packages", "finalize", "prune" with
-// Options.Since, "parts" with a part size; Status: "started", "done", "failed", and "progress" for
-// "parts", with Done and Total in bytes, Done never decreasing).
+// of the bundle (Step: "base" with Options.Since, "images", "packages", "node-image" with the spec's
+// nodeImage.build, "finalize", "prune" with
+// Options.Since, "parts" with a part size; Status: "started", "done", "failed", "progress" for
+// "parts", with Done and Total in bytes, Done never decreasing, and "log" for "node-image": a line of
+// the recipe's log in Detail).
 type Event struct {
 	Step   string          `json:"step"`
 	Status string          `json:"status,omitempty"`
@@ -95,8 +101,9 @@ type Event struct {
 type Result struct {
 	Dir string
 	// Images is registry.Mirror's result; Packages the Packages step's.
-	Images   registry.MirrorResult
-	Packages PackagesResult
+	Images    registry.MirrorResult
+	Packages  PackagesResult
+	NodeImage NodeImageResult
 	// Signature names the key that signed the bundle; KeyCreated says the key was made by this run
 	// (its file is the spec's signing.bundleKeyFile or the default in bundlespec.DefaultSigningDir).
 	Signature  bundle.Signature
@@ -157,6 +164,9 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	refs, err := Images(spec)
 	if err != nil {
 		return res, err
+	}
+	if spec.NodeImage.Build && o.NodeImage == nil {
+		return res, errors.New("nodeImage.build is set but this bundle create has no node-image step (nodeImage.build needs the appliance command)")
 	}
 	var baseDir string
 	if o.Since != "" {
@@ -221,6 +231,16 @@ func Create(ctx context.Context, o Options) (Result, error) {
 		}
 		emit(Event{Step: "packages", Status: "done", Detail: fmt.Sprintf("%d packages (%d fetched), %.1f MiB",
 			res.Packages.Packages, res.Packages.Fetched, float64(res.Packages.Bytes)/(1<<20))})
+	}
+
+	if spec.NodeImage.Build {
+		emit(Event{Step: "node-image", Status: "started"})
+		res.NodeImage, err = o.NodeImage(ctx, o.Out, emit)
+		if err != nil {
+			emit(Event{Step: "node-image", Status: "failed", Detail: err.Error()})
+			return res, fmt.Errorf("nodeImage: %w", err)
+		}
+		emit(Event{Step: "node-image", Status: "done", Detail: res.NodeImage.String()})
 	}
 
 	emit(Event{Step: "finalize", Status: "started"})

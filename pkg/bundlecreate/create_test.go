@@ -32,6 +32,9 @@ func labSpec(t *testing.T, up *upstream.Registry) *bundlespec.BundleSpecificatio
 	}}
 	spec.Signing.BundleKeyFile = filepath.Join(t.TempDir(), "keys", "bundle.pem")
 	spec.Output = bundlespec.Output{} // no parts (TestCreateParts splits)
+	// No node image: a Debian system built with debootstrap, the fixture bundle's (and test/nodeimage's);
+	// TestNodeImageNeedsStep checks the refusal without a step.
+	spec.NodeImage = bundlespec.NodeImage{}
 	bundlespec.SetDefaults(spec)
 	return spec
 }
@@ -285,4 +288,18 @@ func openSigned(t *testing.T, dir string, spec *bundlespec.BundleSpecification) 
 		t.Errorf("signature of %s: %v", dir, err)
 	}
 	return b
+}
+
+// TestNodeImageNeedsStep: nodeImage.build without a node-image step (Options.NodeImage) is refused
+// before anything is fetched or the output directory is made.
+func TestNodeImageNeedsStep(t *testing.T) {
+	spec := bundlespec.Example()
+	out := filepath.Join(t.TempDir(), "b")
+	_, err := Create(context.Background(), Options{Spec: spec, Out: out})
+	if err == nil || !strings.Contains(err.Error(), "nodeImage.build is set") {
+		t.Fatalf("Create = %v, want the nodeImage.build refusal", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("%s was made (%v)", out, err)
+	}
 }

@@ -71,6 +71,8 @@ type BundleSpecification struct {
 	ExtraPackages []string `yaml:"extraPackages,omitempty"`
 	// Signing names the keys that sign the bundle.
 	Signing Signing `yaml:"signing,omitempty"`
+	// NodeImage says whether the bundle carries the node image that BMC-booted machines boot.
+	NodeImage NodeImage `yaml:"nodeImage,omitempty"`
 	// Output shapes the bundle written to --out.
 	Output Output `yaml:"output,omitempty"`
 
@@ -188,6 +190,22 @@ type Signing struct {
 	// `openssl genpkey -algorithm ed25519` writes), that signs the bundle manifest. Default, created on
 	// first use: DefaultSigningDir()/DefaultBundleKeyFileName.
 	BundleKeyFile string `yaml:"bundleKeyFile,omitempty"`
+}
+
+// NodeImage is the node image a blank machine boots (network boot, or a Redfish BMC's virtual media)
+// to enrol with the appliance and install itself: iso/build-node-image.sh, carried inside the
+// appliance binary (package iso), run by `appliance bundle create` after the packages step against
+// the bundle's own repository, so kubelet, kubeadm, containerd and the rest in the image are the
+// versions the bundle serves, with the hostagent beside the appliance executable. Its outputs go to
+// the bundle's netboot/ (vmlinuz, initrd.img, rootfs.squashfs, node-amd64.iso: config's boot.kernel,
+// boot.initrd and boot.nodeISO defaults) under the bundle's checksums and signature.
+type NodeImage struct {
+	// Build makes bundle create build the node image into the bundle. The build needs root,
+	// debootstrap, squashfs-tools, GRUB for BIOS and EFI, xorriso, mtools, busybox-static, kmod and
+	// cpio, and Debian's mirror (the machine's apt sources); its Debian system is cached by content
+	// under $APPLIANCE_CACHE (default /var/cache/appliance). Default false: a bundle for
+	// pre-installed hosts only needs none.
+	Build bool `yaml:"build,omitempty"`
 }
 
 // Output shapes the written bundle.

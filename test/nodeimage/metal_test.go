@@ -61,9 +61,10 @@ var bmPrefix = func() string {
 //
 // A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
 // (TCG, 2 GiB, two blank disks with serials, the second a smaller decoy, powered off) whose NIC and BMC are on the lab's
-// control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image ISO is
-// n1's image's, built with nothing on its kernel command line: the appliance serves it
-// (boot.nodeISO) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
+// control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image is the
+// bundle's (netboot/, made by bundle create's nodeImage.build), n1's kernel, initramfs and root
+// filesystem served by the defaults of boot.kernel and boot.initrd; its ISO form, built with
+// nothing on its kernel command line, the appliance serves (boot.nodeISO's default) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
 // the ISO's embed area (pkg/nodeiso), and n2's power.virtualMediaImage names that URL; a datacenter
 // DHCP server holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert the
 // ISO (it fetches it from the appliance, verifying it with the appliance CA), boot once from the CD
@@ -90,7 +91,7 @@ var bmPrefix = func() string {
 // assertions.
 func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	labns.RequireRoot(t)
-	for _, tool := range []string{"qemu-system-x86_64", "go", "debootstrap", "mksquashfs", "nft", "ipmi_sim", "ipmitool", "systemd-nspawn"} {
+	for _, tool := range []string{"qemu-system-x86_64", "go", "nft", "ipmi_sim", "ipmitool", "systemd-nspawn"} {
 		labns.RequireTool(t, tool)
 	}
 	if _, err := os.Stat(pxeROM); err != nil {
@@ -101,8 +102,16 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(bundleDir, "SHA256SUMS.sig")); err != nil {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
+	// The node image is the bundle's (netboot/: test/fixtures/build-bundle.sh builds it with
+	// nodeImage.build, keyed by this tree's hostagent and the recipe), served by the defaults of
+	// boot.kernel, boot.initrd and boot.nodeISO.
+	img := filepath.Join(bundleDir, "netboot")
+	for _, f := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "node-amd64.iso"} {
+		if _, err := os.Stat(filepath.Join(img, f)); err != nil {
+			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
+		}
+	}
 	bin := buildBinaries(t)
-	img := buildImage(t, filepath.Join(bin, "hostagent"))
 	appliance := filepath.Join(bin, "appliance")
 
 	// A fixed directory (purge.sh only removes appliance-lab*): a killed earlier run is purged first.
@@ -206,11 +215,9 @@ stateDir: ` + state + `
 boot:
   dhcp: server
   range: {start: 10.100.0.150, end: 10.100.0.159}
-  kernel: ` + filepath.Join(img, "vmlinuz") + `
-  initrd: ` + filepath.Join(img, "initrd.img") + `
+  # kernel, initrd and nodeISO: the bundle's netboot/ (the defaults); the ISO is served at
+  # https://10.100.0.2:8443/boot/node.iso with the appliance's URL and CA pin written in.
   kernelArgs: ["console=ttyS0,115200n8"]
-  # Served at https://10.100.0.2:8443/boot/node.iso with the appliance's URL and CA pin written in.
-  nodeISO: ` + filepath.Join(img, "node-amd64.iso") + `
 nodes:
 - name: cp1
   roles: [control-plane]

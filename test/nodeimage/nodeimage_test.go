@@ -7,8 +7,13 @@ package nodeimage
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +23,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -63,23 +69,6 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-// buildImage builds (or reuses: its system is cached by content, `make fixtures` builds it) the node
-// image with this tree's hostagent, into a directory of this test.
-func buildImage(t *testing.T, hostagent string, extra ...string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "node-image")
-	start := time.Now()
-	cmd := exec.Command("bash", append([]string{filepath.Join(repoRoot(t), "iso", "build-node-image.sh"), "--hostagent", hostagent,
-		"--bundle", filepath.Join(cacheDir(), "bundle"), "--out", out}, extra...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if _, err := cmd.Output(); err != nil {
-		t.Fatalf("iso/build-node-image.sh: %v\n%s", err, stderr.String())
-	}
-	t.Logf("node image in %s (%.1fs): %s", out, time.Since(start).Seconds(), strings.TrimSpace(lastLines(stderr.String(), 2)))
-	return out
-}
-
 // The network boot of a blank machine (DHCP, TFTP, iPXE, kernel, initramfs and root filesystem over
 // HTTP; the install to the disk root-device hints name, a decoy disk left blank; the installed system
 // at its static address; a power cycle that boots the disk and installs nothing again) is
@@ -113,9 +102,38 @@ func testISOInstall(t *testing.T, uefi bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The ISO as a BMC fetches it: from the appliance's /boot/node.iso over HTTPS, verified with the
+	// appliance CA, inside the lab namespace; the bundle's ISO was built with no arguments, so the
+	// appliance's URL and pin are on its kernel command line only if the appliance wrote them.
 	args := "appliance.url=https://" + serverIP + ":8443 appliance.ca_pin=" + agentapi.PinOf(ca)
-	isoDir := buildImage(t, filepath.Join(l.bin, "hostagent"), "--iso-args", args)
-	iso := filepath.Join(isoDir, "node-amd64.iso")
+	iso := filepath.Join(l.dir, "node-amd64.iso")
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := labns.InNamespace(l.ns.Path(), func() (err error) {
+				c, err = (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
+	resp, err := hc.Get("https://" + serverIP + ":8443" + nodeiso.Path)
+	if err != nil {
+		t.Fatalf("GET %s from the appliance: %v", nodeiso.Path, err)
+	}
+	isoFile, err := os.Create(iso)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(isoFile, resp.Body)
+	resp.Body.Close()
+	if cerr := isoFile.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s from the appliance: %s, %d bytes, %v", nodeiso.Path, resp.Status, n, err)
+	}
 	disk := filepath.Join(l.dir, "iso-disk.img")
 	f, err := os.Create(disk)
 	if err != nil {
@@ -151,6 +169,8 @@ func testISOInstall(t *testing.T, uefi bool) {
 		"-device", "ide-cd,drive=cd,bootindex=2",
 	}...))
 	c := &consoleWatch{t: t, path: console, start: vm.start, vm: vm}
+	// The ISO's GRUB gave the kernel the arguments the appliance wrote into the image it served.
+	c.wait(regexp.MustCompile(`Command line: [^\n]*appliance\.medium=APPLNODE `+regexp.QuoteMeta(args)), 0, 5*time.Minute)
 	tMedium := c.wait(regexp.MustCompile(`NODE-INIT: medium `), 0, 5*time.Minute)
 	line := c.waitLine(regexp.MustCompile(`NODE-INSTALL: node n2 installed to [^\n]*`), 12*time.Minute)
 	tInstalled := c.since()
@@ -167,21 +187,21 @@ func testISOInstall(t *testing.T, uefi bool) {
 		fw, tMedium, tInstalled, strings.TrimPrefix(line, "NODE-INSTALL: "), tDisk, c.since(), st.State, steps(st))
 }
 
-// nodeLab is the appliance side shared by the tests: the binaries and the node image of this tree,
+// nodeLab is the appliance side of the ISO test: the binaries of this tree, the bundle's node image,
 // a lab namespace with the boot network (bridge nibr0, the appliance at 10.83.0.1, tap nitap0 for the
 // VM), and `appliance bootstrap` run up to serve there (boot.dhcp: server) for cp1 (never booted),
 // n1 (network boot, hinted disk) and n2 (the ISO).
 type nodeLab struct {
-	qemu, bin, img, dir, state, cfgPath string
-	ns                                  *labns.NS
-	store                               *nodestate.Store
+	qemu, bin, dir, state, cfgPath string
+	ns                             *labns.NS
+	store                          *nodestate.Store
 }
 
 func newNodeLab(t *testing.T) *nodeLab {
 	t.Helper()
 	labns.RequireRoot(t)
 	qemu := labns.RequireTool(t, "qemu-system-x86_64")
-	for _, tool := range []string{"go", "debootstrap", "mksquashfs", "grub-mkrescue", "nft"} {
+	for _, tool := range []string{"go", "nft"} {
 		labns.RequireTool(t, tool)
 	}
 	if _, err := os.Stat(pxeROM); err != nil {
@@ -191,8 +211,12 @@ func newNodeLab(t *testing.T) *nodeLab {
 	if _, err := os.Stat(filepath.Join(bundleDir, "SHA256SUMS.sig")); err != nil {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
+	for _, f := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "node-amd64.iso"} {
+		if _, err := os.Stat(filepath.Join(bundleDir, "netboot", f)); err != nil {
+			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
+		}
+	}
 	bin := buildBinaries(t)
-	img := buildImage(t, filepath.Join(bin, "hostagent"))
 
 	ns := labns.New(t, "ni")
 	for _, c := range [][]string{
@@ -229,8 +253,7 @@ stateDir: ` + state + `
 boot:
   dhcp: server
   range: {start: 10.83.0.150, end: 10.83.0.170}
-  kernel: ` + filepath.Join(img, "vmlinuz") + `
-  initrd: ` + filepath.Join(img, "initrd.img") + `
+  # kernel, initrd and nodeISO: the bundle's netboot/ (the defaults)
   kernelArgs: ["console=ttyS0,115200n8"]
 nodes:
 - name: cp1
@@ -270,7 +293,7 @@ nodes:
 	t.Logf("appliance bootstrap (to serve) in %.1fs:\n%s", time.Since(t0).Seconds(), lastLines(string(out), 15))
 
 	// Power-ons are recorded by the tests, as the power phase records them before it asks the BMC.
-	return &nodeLab{qemu: qemu, bin: bin, img: img, ns: ns, dir: dir, state: state, cfgPath: cfgPath,
+	return &nodeLab{qemu: qemu, bin: bin, ns: ns, dir: dir, state: state, cfgPath: cfgPath,
 		store: nodestate.Open(statedir.Nodes(state))}
 }
 
