@@ -314,8 +314,16 @@ while True:
         d = c.lookupByUUIDString(pending.pop(0))
         if d.isActive():
             d.destroy()
-        d.create()
-        note("restarted from its definition")
+        # Under load the destroyed QEMU can still hold its tap and files for a moment, and the new one
+        # exits at once (libvirt: "qemu unexpectedly closed the monitor"): retry, logging each failure.
+        for attempt in range(1, 11):
+            try:
+                d.create()
+                note("restarted from its definition")
+                break
+            except libvirt.libvirtError as e:
+                note("restart %d failed: %s" % (attempt, str(e).replace("\n", " ")))
+                time.sleep(min(attempt, 5))
 `
 
 // watchDomain runs watchScript as nobody in ns until the test ends and returns its log's path once it
