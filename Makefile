@@ -46,14 +46,21 @@ build-bin:
 
 # Every fixture is built here, in the root namespace (it downloads from the Go module proxy and Debian's
 # mirror), before any test or lab needs it: nothing inside a lab namespace ever downloads (issue 8).
-.PHONY: fixtures
-fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit, bundle, ISO and node image systems under $(APPLIANCE_CACHE)
+# Two chains at once: the Kubernetes binaries (the Go compiler: CPU) and what needs them, beside the
+# Debian systems that need nothing else (debootstrap: mostly the mirror and dpkg).
+.PHONY: fixtures fixtures-kubernetes-chain fixtures-systems
+fixtures: deps ## build (or reuse) Kubernetes binaries, node rootfs, VM kit, bundle (with the node image), ISO and node image systems under $(APPLIANCE_CACHE)
+	@$(MAKE) --no-print-directory -j2 fixtures-kubernetes-chain fixtures-systems
+
+fixtures-kubernetes-chain:
 	@$(STAGE) fixture-kubernetes -- test/fixtures/build-kubernetes.sh $(KUBERNETES_VERSION)
+	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
+	@$(STAGE) fixture-node-image -- iso/build-node-image.sh --system-only
+
+fixtures-systems:
 	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
 	@$(STAGE) fixture-vmkit -- test/fixtures/build-vmkit.sh
-	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
 	@$(STAGE) fixture-iso-system -- iso/build-iso.sh --system-only
-	@$(STAGE) fixture-node-image -- iso/build-node-image.sh --system-only
 
 .PHONY: check
 check: ## everything CI runs: the suites of `make test` and `make e2e`, arranged for 2 cores (test/check.sh)

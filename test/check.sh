@@ -5,9 +5,10 @@
 # (the lab tests wait on VRRP timers, kubelet, a booting kernel), and the TCG VMs are the only suites
 # that keep both cores busy. So this runs, in three phases:
 #
-#   1. the fixtures (make fixtures: Kubernetes, rootfs, VM kit, bundle, ISO and node image systems)
-#      beside compile-tests (every test binary, -race): mmdebstrap and mksquashfs wait on I/O while
-#      the Go compiler works;
+#   1. the fixtures (make fixtures: the Kubernetes chain, Kubernetes then the bundle with its node
+#      image, beside the Debian systems: rootfs, VM kit, ISO system) beside compile-tests (every test
+#      binary, -race): debootstrap and mksquashfs wait on the mirror and dpkg while the Go compiler
+#      works;
 #   2. two lanes side by side:
 #        vm lane   (nice 10)  suite-nodeimage (test/nodeimage: blank TCG machines to Kubernetes
 #                             nodes), then suite-iso (test/iso: the appliance ISO booted in QEMU)
