@@ -38,12 +38,7 @@ func controlPlaneAddress(cfg *config.BootstrapConfiguration) (netresolve.Address
 // power.virtualMediaImage is the appliance's own /boot/node.iso, an absent or unusable ISO is an
 // error naming boot.nodeISO, so serve stops before a BMC fetches nothing.
 func openNodeISO(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Logger) (*nodeiso.Image, error) {
-	var users []string
-	for _, n := range cfg.Nodes {
-		if n.Power.VirtualMediaImage != "" && n.Power.ServesNodeISO(cfg.Server.Port) {
-			users = append(users, n.Name)
-		}
-	}
+	users := cfg.NodeISOUsers()
 	path := cfg.Boot.NodeISO
 	if path == "" {
 		return nil, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/iso"
-	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 )
 
 // NetbootDir is the bundle directory that holds the node image (config's boot.kernel, boot.initrd
@@ -92,8 +92,8 @@ func NodeImageStep(hostagent string) func(ctx context.Context, bundleDir string,
 	}
 }
 
-// placeFile puts src at dst by a hard link (or a copy across file systems) to a temporary name in
-// dst's directory, then an atomic rename; it returns the size.
+// placeFile puts src at dst by a hard link (or a streamed copy across file systems) to a temporary
+// name in dst's directory, then an atomic rename; it returns the size.
 func placeFile(src, dst string) (int64, error) {
 	st, err := os.Stat(src)
 	if err != nil {
@@ -102,20 +102,39 @@ func placeFile(src, dst string) (int64, error) {
 	tmp := dst + ".tmp"
 	_ = os.Remove(tmp)
 	if err := os.Link(src, tmp); err != nil {
-		b, rerr := os.ReadFile(src)
-		if rerr != nil {
-			return 0, rerr
-		}
-		if _, err := atomicfile.Write(dst, b, 0o644); err != nil {
+		// Another file system: stream a copy (the ISO and root filesystem are hundreds of MB).
+		if err := copyFile(src, tmp); err != nil {
+			_ = os.Remove(tmp)
 			return 0, err
 		}
-		return st.Size(), nil
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		_ = os.Remove(tmp)
 		return 0, err
 	}
 	return st.Size(), nil
+}
+
+// copyFile copies src to dst (created 0644, synced).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // lineWriter keeps everything written to it and calls line for each complete line.

@@ -354,16 +354,23 @@ func (p Power) ServesNodeISO(port uint16) bool {
 	return err == nil && u.Scheme == "https" && u.Path == NodeISOPath && u.Port() == strconv.Itoa(int(port))
 }
 
+// NodeISOUsers are the names of the nodes whose power.virtualMediaImage is the appliance's own node
+// ISO (Power.ServesNodeISO on server.port), in nodes[] order: they need boot.nodeISO.
+func (c *BootstrapConfiguration) NodeISOUsers() []string {
+	var users []string
+	for _, n := range c.Nodes {
+		if n.Power.VirtualMediaImage != "" && n.Power.ServesNodeISO(c.Server.Port) {
+			users = append(users, n.Name)
+		}
+	}
+	return users
+}
+
 // nodeISO checks boot.nodeISO: an absolute path; with CheckFiles, a readable regular file when a node
 // boots it (power.virtualMediaImage on the appliance's NodeISOPath).
 func (v *validator) nodeISO() {
 	b := v.c.Boot
-	var users []string
-	for _, n := range v.c.Nodes {
-		if n.Power.VirtualMediaImage != "" && n.Power.ServesNodeISO(v.c.Server.Port) {
-			users = append(users, n.Name)
-		}
-	}
+	users := v.c.NodeISOUsers()
 	switch {
 	case b.NodeISO == "" && len(users) > 0:
 		v.errorf("boot.nodeISO", "is required: node(s) %s boot the appliance's %s (power.virtualMediaImage); give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or set bundle.path to a bundle that has %s", strings.Join(users, ", "), NodeISOPath, DefaultBootNodeISO)

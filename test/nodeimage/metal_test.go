@@ -17,6 +17,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -105,8 +106,8 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	// The node image is the bundle's (netboot/: test/fixtures/build-bundle.sh builds it with
 	// nodeImage.build, keyed by this tree's hostagent and the recipe), served by the defaults of
 	// boot.kernel, boot.initrd and boot.nodeISO.
-	img := filepath.Join(bundleDir, "netboot")
-	for _, f := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "node-amd64.iso"} {
+	img := filepath.Join(bundleDir, bundlecreate.NetbootDir)
+	for _, f := range bundlecreate.NodeImageFiles {
 		if _, err := os.Stat(filepath.Join(img, f)); err != nil {
 			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
 		}

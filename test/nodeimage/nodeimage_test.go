@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -211,8 +212,8 @@ func newNodeLab(t *testing.T) *nodeLab {
 	if _, err := os.Stat(filepath.Join(bundleDir, "SHA256SUMS.sig")); err != nil {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
-	for _, f := range []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "node-amd64.iso"} {
-		if _, err := os.Stat(filepath.Join(bundleDir, "netboot", f)); err != nil {
+	for _, f := range bundlecreate.NodeImageFiles {
+		if _, err := os.Stat(filepath.Join(bundleDir, bundlecreate.NetbootDir, f)); err != nil {
 			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
 		}
 	}
