@@ -379,7 +379,7 @@ func (a *Agent) converge(ctx context.Context) error {
 }
 
 // report runs one step and queues its reports: running (the first time in this process) then done
-// or failed. A re-check is reported only when its status differs from the last report, or its
+// or failed; a step cut by ctx's end (the agent stopping) reports nothing more. A re-check is reported only when its status differs from the last report, or its
 // detail differs and says it changed something or failed (details of no-op re-checks start with
 // "unchanged"); the appliance ignores exact repeats anyway.
 func (a *Agent) report(ctx context.Context, step string, run func(context.Context) (string, error)) error {
@@ -398,6 +398,12 @@ func (a *Agent) report(ctx context.Context, step string, run func(context.Contex
 		}
 		a.log.Info("step waiting", "step", step, "detail", r.Detail)
 		a.send(r)
+		return err
+	case err != nil && ctx.Err() != nil:
+		// Stopped mid-step (SIGTERM: a restart, an upgrade, a shutdown): the step did not fail, it
+		// was cut, and the next agent runs it again. Reporting it failed would make the node (and,
+		// after an upgrade, the new build) look failed for a step nobody saw fail.
+		a.log.Info("step interrupted by the agent's stop", "step", step, "error", err)
 		return err
 	case err != nil:
 		r.Status, r.Detail = agentapi.StatusFailed, err.Error()

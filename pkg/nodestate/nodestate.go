@@ -199,7 +199,9 @@ func (s *Store) Set(node, state, reason string) (agentapi.NodeStatus, error) {
 // Record applies one hostagent report for node, whose step plan is plan (Plan of its NodeConfig;
 // nil means the steps every node runs: config, firewall, containerd, ready). It returns the new
 // status and whether anything was written: a report equal to the step's last one (same BootID,
-// status and detail; the time is ignored) is a no-op, so agents may resend freely.
+// status and detail; the time is ignored) is a no-op, so agents may resend freely. A report of a new
+// boot, or of another hostagent build in the same boot (an upgraded agent), forgets the steps
+// reported before it: the node is booting until its new agent reports them again.
 //
 // Errors: unknown step or status, empty BootID, an agentVersion over 128 characters or with spaces
 // or control characters, an agentSHA256 that is not 64 lowercase hex digits (ErrInvalidReport); file
@@ -231,6 +233,12 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		st.BootID, st.Steps = r.BootID, nil
 	}
 	newBuild := (r.AgentVersion != "" || r.AgentSHA256 != "") && (r.AgentVersion != st.AgentVersion || r.AgentSHA256 != st.AgentSHA256)
+	if newBuild && r.BootID == st.BootID && (st.AgentVersion != "" || st.AgentSHA256 != "") && len(st.Steps) > 0 {
+		// Another build in the same boot: the agent was replaced (an upgrade) and runs every step
+		// anew, so nothing the previous build reported holds for it, a failure least of all (a
+		// report the old agent sent as it was stopped must not become the new build's failure).
+		st.State, st.Reason, st.Steps = agentapi.StateBooting, "", nil
+	}
 	if last, ok := st.Steps[r.Step]; ok && last.Status == r.Status && last.Detail == r.Detail && !newBuild {
 		return st, false, nil
 	}

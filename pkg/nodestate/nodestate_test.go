@@ -181,6 +181,56 @@ func TestRecordIdempotentAndBootReset(t *testing.T) {
 	}
 }
 
+// TestRecordNewBuildForgetsOldSteps: an upgrade replaces the agent within one boot. The old agent,
+// stopped mid-step, may report that step failed as it goes (CI saw "api: … kubectl … signal: killed"
+// become the new build's failure); the new build's first report must start the node over.
+func TestRecordNewBuildForgetsOldSteps(t *testing.T) {
+	s := Open(t.TempDir())
+	old, nu := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	send := func(sum, step, status, detail string) agentapi.NodeStatus {
+		t.Helper()
+		r := rep("b1", step, status, detail)
+		r.AgentSHA256 = sum
+		st, _, err := s.Record("cp2", cpPlan, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for _, step := range cpPlan {
+		send(old, step, "done", "")
+	}
+	if st, _ := s.Get("cp2"); st.State != agentapi.StateReady {
+		t.Fatalf("before the upgrade: %s, want ready", st.State)
+	}
+	if _, err := s.Set("cp2", agentapi.StateBooting, "upgrading hostagent"); err != nil {
+		t.Fatal(err)
+	}
+	st := send(old, "api", "failed", "apply the ingress router manifest: signal: killed")
+	if st.State != agentapi.StateFailed || st.AgentSHA256 != old {
+		t.Fatalf("the old agent's last report: state %s build %.8s, want failed with the old build", st.State, st.AgentSHA256)
+	}
+	st = send(nu, "config", "running", "")
+	if st.State != agentapi.StateBooting || st.Reason != "" || len(st.Steps) != 1 || st.AgentSHA256 != nu {
+		t.Fatalf("the new build's first report: state %s (%q), %d steps, build %.8s; want booting with only its own step", st.State, st.Reason, len(st.Steps), st.AgentSHA256)
+	}
+	// Reports of the new build in the same boot keep each other's steps.
+	st = send(nu, "config", "done", "")
+	if st.State != agentapi.StateAgentConnected || len(st.Steps) != 1 {
+		t.Errorf("the new build's config done: state %s, %d steps; want agent-connected", st.State, len(st.Steps))
+	}
+	// A record that never had a build (agents that predate build reports) keeps its steps.
+	r := rep("b1", "config", "done", "")
+	if _, _, err := s.Record("w1", nil, r); err != nil {
+		t.Fatal(err)
+	}
+	r = rep("b1", "firewall", "done", "")
+	r.AgentVersion = "v1"
+	if st, _, err := s.Record("w1", nil, r); err != nil || len(st.Steps) != 2 {
+		t.Errorf("w1 after its first build report: %d steps, %v; want 2", len(st.Steps), err)
+	}
+}
+
 func TestRecordRejects(t *testing.T) {
 	s := Open(t.TempDir())
 	for _, tc := range []struct {
