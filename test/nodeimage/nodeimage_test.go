@@ -1,3 +1,5 @@
+//go:build e2e
+
 // Package nodeimage proves the node image (iso/build-node-image.sh) end to end on real VMs: a QEMU
 // (TCG) machine with two blank virtio disks network-boots it from the appliance, enrols, installs
 // itself to the disk its root-device hints name, reboots from that disk, and its hostagent reports to
