@@ -8,23 +8,18 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/airgap-appliance/appliance/iso"
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 )
-
-// NetbootDir is the bundle directory that holds the node image (config's boot.kernel, boot.initrd
-// and boot.nodeISO default to its files).
-const NetbootDir = "netboot"
-
-// NodeImageFiles are the node image's files in NetbootDir, as iso/build-node-image.sh names them.
-var NodeImageFiles = []string{"vmlinuz", "initrd.img", "rootfs.squashfs", "node-amd64.iso"}
 
 // NodeImageResult is what the node-image step put into the bundle.
 type NodeImageResult struct {
-	// Bytes maps each of NodeImageFiles to its size.
+	// Bytes maps each of bundle.NodeImageFiles (paths relative to the bundle) to its size.
 	Bytes map[string]int64
 	// Took is the step's wall time (the Debian system is cached by content: a rebuild with the same
 	// packages takes seconds).
@@ -34,8 +29,8 @@ type NodeImageResult struct {
 // String is a progress line: "vmlinuz 8.1 MiB, initrd.img …, in 41s".
 func (r NodeImageResult) String() string {
 	var parts []string
-	for _, f := range NodeImageFiles {
-		parts = append(parts, fmt.Sprintf("%s %.1f MiB", f, float64(r.Bytes[f])/(1<<20)))
+	for _, f := range bundle.NodeImageFiles {
+		parts = append(parts, fmt.Sprintf("%s %.1f MiB", path.Base(f), float64(r.Bytes[f])/(1<<20)))
 	}
 	return strings.Join(parts, ", ") + fmt.Sprintf(" in %s", r.Took.Round(time.Second))
 }
@@ -43,7 +38,7 @@ func (r NodeImageResult) String() string {
 // NodeImageStep is the node-image step (Options.NodeImage): it writes the recipe carried by this
 // binary (package iso) to a scratch directory beside the bundle (bundleDir + ".work/node-image"), runs
 // it with bash against the bundle's repository and with hostagent (the agent binary to put in the
-// image), and places its files in bundleDir/NetbootDir, each by an atomic rename, so that a kill
+// image), and places its files in bundleDir/bundle.NetbootDir, each by an atomic rename, so that a kill
 // leaves either the old file or the new one. The recipe's product is cached there by content, so a
 // rerun after a kill reuses it. Errors carry the recipe's last log lines (it needs root, debootstrap
 // and the Debian mirror; it says which tool is missing).
@@ -76,12 +71,11 @@ func NodeImageStep(hostagent string) func(ctx context.Context, bundleDir string,
 		if err := cmd.Run(); err != nil {
 			return res, fmt.Errorf("%s: %v\n%s", script, err, lastLines(stderr.String(), 15))
 		}
-		dst := filepath.Join(bundleDir, NetbootDir)
-		if err := os.MkdirAll(dst, 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(bundleDir, bundle.NetbootDir), 0o755); err != nil {
 			return res, err
 		}
-		for _, f := range NodeImageFiles {
-			n, err := placeFile(filepath.Join(out, f), filepath.Join(dst, f))
+		for _, f := range bundle.NodeImageFiles {
+			n, err := placeFile(filepath.Join(out, path.Base(f)), filepath.Join(bundleDir, filepath.FromSlash(f)))
 			if err != nil {
 				return res, err
 			}

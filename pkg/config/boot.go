@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 )
 
@@ -36,9 +37,9 @@ const DefaultBootHTTPPort uint16 = 8080
 // Default paths of the node image's kernel, initramfs and ISO inside the bundle (boot.kernel,
 // boot.initrd, boot.nodeISO).
 const (
-	DefaultBootKernel  = "netboot/vmlinuz"
-	DefaultBootInitrd  = "netboot/initrd.img"
-	DefaultBootNodeISO = "netboot/node-amd64.iso"
+	DefaultBootKernel  = bundle.NetbootKernel
+	DefaultBootInitrd  = bundle.NetbootInitrd
+	DefaultBootNodeISO = bundle.NetbootNodeISO
 )
 
 // NodeISOPath is the URL path where `appliance serve` serves boot.nodeISO over HTTPS (pkg/nodeiso),

@@ -19,7 +19,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
-	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -108,9 +108,8 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	// The node image is the bundle's (netboot/: test/fixtures/build-bundle.sh builds it with
 	// nodeImage.build, keyed by this tree's hostagent and the recipe), served by the defaults of
 	// boot.kernel, boot.initrd and boot.nodeISO.
-	img := filepath.Join(bundleDir, bundlecreate.NetbootDir)
-	for _, f := range bundlecreate.NodeImageFiles {
-		if _, err := os.Stat(filepath.Join(img, f)); err != nil {
+	for _, f := range bundle.NodeImageFiles {
+		if _, err := os.Stat(filepath.Join(bundleDir, f)); err != nil {
 			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
 		}
 	}
@@ -638,7 +637,7 @@ spec:
 	fmt.Fprintf(&b, "FIGURES: virtual-media worker n2 under TCG, from the BMC's power-on (Redfish through sushy-tools' libvirt driver, by the power phase, %s after bootstrap started):\n",
 		n2On.Sub(start).Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  before it, the BMC: insert %s (fetching the %s ISO included), boot override %s, power on %s; slot %s (%s)\n",
-		tInsert, sizeOf(filepath.Join(img, "node-amd64.iso")), tBoot, tPower, slot, how)
+		tInsert, sizeOf(filepath.Join(bundleDir, bundle.NetbootNodeISO)), tBoot, tPower, slot, how)
 	prev = 0
 	row := func(name string, at time.Duration) {
 		fmt.Fprintf(&b, "  %-52s at %8s  share %8s\n", name, at, at-prev)

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/pkg/bundlecreate"
+	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
@@ -214,8 +214,8 @@ func newNodeLab(t *testing.T) *nodeLab {
 	if _, err := os.Stat(filepath.Join(bundleDir, "SHA256SUMS.sig")); err != nil {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
-	for _, f := range bundlecreate.NodeImageFiles {
-		if _, err := os.Stat(filepath.Join(bundleDir, bundlecreate.NetbootDir, f)); err != nil {
+	for _, f := range bundle.NodeImageFiles {
+		if _, err := os.Stat(filepath.Join(bundleDir, f)); err != nil {
 			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
 		}
 	}
