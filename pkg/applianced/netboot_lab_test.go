@@ -37,6 +37,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
+	"github.com/airgap-appliance/appliance/pkg/nodeiso/nodeisotest"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/plan"
@@ -446,36 +447,23 @@ func newServeLab(t *testing.T, kernel []byte) *serveLab {
 // iso/build-node-image.sh writes without --iso-args), beside a kernel. It returns the area.
 func makeNodeISO(t *testing.T, path string) []byte {
 	t.Helper()
-	root := t.TempDir()
 	area, err := nodeiso.Area("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(root, "boot", "grub", "appliance-args.cfg"), area)
-	writeFile(t, filepath.Join(root, "live", "vmlinuz"), []byte("node image kernel"))
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "APPLNODE", "-o", path, root).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso (Debian package xorriso, make deps): %v\n%s", err, out)
-	}
+	nodeisotest.Make(t, path, map[string][]byte{
+		"boot/grub/appliance-args.cfg": area,
+		"live/vmlinuz":                 []byte("node image kernel"),
+	})
 	return area
 }
 
 // isoFile reads the file at path inside the ISO image iso with xorriso.
 func isoFile(t *testing.T, iso []byte, path string) []byte {
 	t.Helper()
-	dir := t.TempDir()
-	img, out := filepath.Join(dir, "image.iso"), filepath.Join(dir, "extracted")
+	img := filepath.Join(t.TempDir(), "image.iso")
 	writeFile(t, img, iso)
-	if b, err := exec.Command("xorriso", "-osirrox", "on", "-indev", img, "-extract", path, out).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso -extract %s: %v\n%s", path, err, b)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return nodeisotest.Extract(t, img, path)
 }
 
 // config writes bootstrap.yaml with the control-plane network NET.0.0/24 (VIP NET.0.100), the

@@ -13,6 +13,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/airgap-appliance/appliance/pkg/nodeiso/nodeisotest"
 )
 
 const (
@@ -73,49 +75,19 @@ func TestAreaRefusals(t *testing.T) {
 // start and Find crosses its 1 MiB chunks).
 func makeISO(t *testing.T, args string) string {
 	t.Helper()
-	if _, err := exec.LookPath("xorriso"); err != nil {
-		t.Fatalf("xorriso (Debian package xorriso, make deps): %v", err)
-	}
-	dir := t.TempDir()
 	area, err := Area(args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string][]byte{
+	iso := filepath.Join(t.TempDir(), "node.iso")
+	nodeisotest.Make(t, iso, map[string][]byte{
 		"boot/grub/grub.cfg":           []byte("source ${prefix}/appliance-args.cfg\n"),
 		"boot/grub/appliance-args.cfg": area,
 		"live/aaa-rootfs.squashfs":     bytes.Repeat([]byte("squashfs"), 3<<20/8),
 		"live/vmlinuz":                 []byte("kernel"),
 		"notes/mentions-the-magic.txt": []byte("x" + Magic), // not at a sector start: ignored
-	}
-	for name, b := range files {
-		p := filepath.Join(dir, "root", name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	iso := filepath.Join(dir, "node.iso")
-	if out, err := exec.Command("xorriso", "-as", "mkisofs", "-quiet", "-R", "-V", "APPLNODE", "-o", iso, filepath.Join(dir, "root")).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso: %v\n%s", err, out)
-	}
+	})
 	return iso
-}
-
-// extract reads path out of the ISO image at iso with xorriso, a reader that is not ours.
-func extract(t *testing.T, iso, path string) []byte {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "extracted")
-	if b, err := exec.Command("xorriso", "-osirrox", "on", "-indev", iso, "-extract", path, out).CombinedOutput(); err != nil {
-		t.Fatalf("xorriso -extract %s: %v\n%s", path, err, b)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // TestServeRewritesArea: the image served over HTTP (GET, HEAD, ranges) is the file's bytes with the
@@ -163,10 +135,10 @@ func TestServeRewritesArea(t *testing.T) {
 	if err := os.WriteFile(servedISO, served, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := extract(t, servedISO, "/boot/grub/appliance-args.cfg"); !bytes.Equal(got, area) {
+	if got := nodeisotest.Extract(t, servedISO, "/boot/grub/appliance-args.cfg"); !bytes.Equal(got, area) {
 		t.Errorf("xorriso reads appliance-args.cfg from the served image as %q…, want the new area", got[:120])
 	}
-	if got := extract(t, servedISO, "/live/vmlinuz"); string(got) != "kernel" {
+	if got := nodeisotest.Extract(t, servedISO, "/live/vmlinuz"); string(got) != "kernel" {
 		t.Errorf("live/vmlinuz from the served image: %q", got)
 	}
 	if now, _ := os.ReadFile(iso); !bytes.Equal(now, orig) {
