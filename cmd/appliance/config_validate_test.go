@@ -95,7 +95,7 @@ func TestNetworkBootSaid(t *testing.T) {
 	cfg := config.Example()
 	cfg.StateDir = t.TempDir()
 	path := writeConfig(t, cfg)
-	const want = "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 2 machines: w1 52:54:00:00:00:21, w2 52:54:00:00:00:22"
+	const want = "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 2 machines: w1 52:54:00:00:00:21, w2 52:54:00:00:00:22"
 	out, errOut, err := runCLI("config", "validate", "--offline", path)
 	if err != nil || !strings.Contains(out, "  network boot: "+want+"\n") {
 		t.Errorf("config validate: %v\nstdout %q\nstderr %q\nwant the line %q", err, out, errOut, want)

@@ -47,16 +47,20 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		Interface: b.Interface,
 		ServerIP:  ip,
 		HTTPPort:  b.HTTPPort,
-		Kernel:    b.Kernel,
-		Initrd:    b.Initrd,
-		// The node image's root filesystem beside its initrd (iso/build-node-image.sh), and the
-		// machines' install marks (pkg/netboot install.go; `appliance node reinstall` clears one).
-		RootFS:   nodeImageRootFS(b.Initrd),
+		// The machines' install marks (pkg/netboot install.go; `appliance node reinstall` clears one).
 		StateDir: filepath.Join(cfg.StateDir, "netboot"),
 		KernelArgs: append(append([]string{}, b.KernelArgs...),
 			"appliance.url=https://"+net.JoinHostPort(ip.String(), strconv.Itoa(int(cfg.Server.Port))),
 			"appliance.ca_pin="+pin),
 		Logger: log,
+	}
+	if b.Kernel == "" && b.Initrd == "" {
+		// The node image's kernel, initramfs and root filesystem from inside its ISO (config's default).
+		nc.ISO = b.NodeISO
+	} else {
+		// Files, with the node image's root filesystem when one lies beside the initrd
+		// (iso/build-node-image.sh's output directory).
+		nc.Kernel, nc.Initrd, nc.RootFS = b.Kernel, b.Initrd, nodeImageRootFS(b.Initrd)
 	}
 	if nc.Interface == "" {
 		nc.Interface = cp.Interface

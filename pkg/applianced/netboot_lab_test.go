@@ -349,7 +349,10 @@ boot:
 		t.Errorf("the script carries a token:\n%s", script)
 	}
 	if code, b := get("http://" + serverIP + ":8080" + netboot.KernelPath); code != http.StatusOK || !bytes.Equal(b, kernel) {
-		t.Errorf("GET %s: %d, %d bytes; want the bundle's netboot/vmlinuz (%d bytes)", netboot.KernelPath, code, len(b), len(kernel))
+		t.Errorf("GET %s: %d, %d bytes; want the kernel inside the bundle's node ISO (%d bytes)", netboot.KernelPath, code, len(b), len(kernel))
+	}
+	if code, b := get("http://" + serverIP + ":8080" + netboot.RootFSPath); code != http.StatusOK || string(b) != "node image root filesystem" {
+		t.Errorf("GET %s: %d %q; want the root filesystem inside the bundle's node ISO", netboot.RootFSPath, code, b)
 	}
 
 	// 4b. The node image ISO (the bundle's netboot/node-amd64.iso, the default boot.nodeISO) over
@@ -401,7 +404,7 @@ boot:
 
 // serveLab is the state directory the bootstrap phases would have left for `appliance serve`: CA,
 // serving certificate, a token per node (of the configuration written by config), and a bundle
-// whose node image (netboot/vmlinuz, netboot/initrd.img) is kernel and a small initramfs.
+// whose node image ISO (netboot/node-amd64.iso) holds kernel, a small initramfs and root filesystem.
 type serveLab struct {
 	dir, state, bundleDir string
 	password              string // a BMC password file
@@ -434,18 +437,16 @@ func newServeLab(t *testing.T, kernel []byte) *serveLab {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(sl.bundleDir, bundle.MetadataFile), meta)
-	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "vmlinuz"), kernel)
-	writeFile(t, filepath.Join(sl.bundleDir, "netboot", "initrd.img"), []byte("node image initramfs"))
-	sl.nodeISO = filepath.Join(sl.bundleDir, "netboot", "node-amd64.iso")
-	sl.nodeISOArea = makeNodeISO(t, sl.nodeISO)
+	sl.nodeISO = filepath.Join(sl.bundleDir, bundle.NetbootNodeISO)
+	sl.nodeISOArea = makeNodeISO(t, sl.nodeISO, kernel)
 	writeFile(t, sl.password, []byte("secret\n"))
 	return sl
 }
 
 // makeNodeISO writes at path an ISO 9660 image (Debian's xorriso) in the node image's layout as far
 // as pkg/nodeiso cares: /boot/grub/appliance-args.cfg, the embed area with no arguments (what
-// iso/build-node-image.sh writes without --iso-args), beside a kernel. It returns the area.
-func makeNodeISO(t *testing.T, path string) []byte {
+// iso/build-node-image.sh writes without --iso-args), beside /live/vmlinuz (kernel), initrd.img and rootfs.squashfs. It returns the area.
+func makeNodeISO(t *testing.T, path string, kernel []byte) []byte {
 	t.Helper()
 	area, err := nodeiso.Area("")
 	if err != nil {
@@ -453,7 +454,9 @@ func makeNodeISO(t *testing.T, path string) []byte {
 	}
 	nodeisotest.Make(t, path, map[string][]byte{
 		"boot/grub/appliance-args.cfg": area,
-		"live/vmlinuz":                 []byte("node image kernel"),
+		"live/vmlinuz":                 kernel,
+		"live/initrd.img":              []byte("node image initramfs"),
+		"live/rootfs.squashfs":         []byte("node image root filesystem"),
 	})
 	return area
 }

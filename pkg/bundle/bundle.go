@@ -48,21 +48,19 @@ const (
 	RepoKeyringPath = RepoPath + "/appliance-repo.gpg"
 )
 
-// The node image inside a bundle (iso/build-node-image.sh's outputs, `appliance bundle create` with
-// nodeImage.build): NetbootDir holds them, under SHA256SUMS and the signature like every file. config's
-// boot.kernel, boot.initrd and boot.nodeISO default to NetbootKernel, NetbootInitrd and NetbootNodeISO;
-// serve takes the root filesystem from beside the initramfs.
+// The node image inside a bundle (`appliance bundle create` with nodeImage.build): its ISO
+// (iso/build-node-image.sh's node-amd64.iso), under SHA256SUMS and the signature like every file. It is
+// the one form a bundle carries: network boot serves the kernel, initramfs and root filesystem from
+// inside it (pkg/nodeiso), and a BMC inserts it whole as virtual media. config's boot.nodeISO defaults
+// to NetbootNodeISO.
 const (
 	NetbootDir     = "netboot"
-	NetbootKernel  = NetbootDir + "/vmlinuz"
-	NetbootInitrd  = NetbootDir + "/initrd.img"
-	NetbootRootFS  = NetbootDir + "/rootfs.squashfs"
 	NetbootNodeISO = NetbootDir + "/node-amd64.iso"
 )
 
 // NodeImageFiles are the node image's files, relative to the bundle's root, as
 // iso/build-node-image.sh names them in its output directory (path.Base).
-var NodeImageFiles = []string{NetbootKernel, NetbootInitrd, NetbootRootFS, NetbootNodeISO}
+var NodeImageFiles = []string{NetbootNodeISO}
 
 // RefNameAnnotation is the OCI annotation (image-spec annotations.md) that names each image in
 // images/index.json. The bundle stores the full reference (registry/repository:tag), not only the tag.

@@ -64,8 +64,9 @@ var fieldComments = map[string]string{
 	"signing": "Private keys that sign the bundle: repoKeyFile an OpenPGP key (repository metadata), bundleKeyFile an\n" +
 		"ed25519 PKCS#8 PEM key (bundle manifest). Empty: created on first use in $XDG_CONFIG_HOME/appliance/signing\n" +
 		"(~/.config/appliance/signing) and reused from there.",
-	"nodeImage": "build: build the node image BMC-booted machines boot (kernel, initramfs, root filesystem, ISO) into\n" +
-		"netboot/, from this bundle's own packages (needs root, debootstrap and the Debian mirror).",
+	"nodeImage": "build: build the node image BMC-booted machines boot (an ISO holding its kernel, initramfs and\n" +
+		"root filesystem) into netboot/node-amd64.iso, from this bundle's own packages (needs root, debootstrap\n" +
+		"and the Debian mirror).",
 	"output": "partSize splits the bundle into parts of at most that size (e.g. 4GiB, 4.7GB); 0 or absent: one part.",
 }
 

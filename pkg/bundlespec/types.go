@@ -196,9 +196,10 @@ type Signing struct {
 // to enrol with the appliance and install itself: iso/build-node-image.sh, carried inside the
 // appliance binary (package iso), run by `appliance bundle create` after the packages step against
 // the bundle's own repository, so kubelet, kubeadm, containerd and the rest in the image are the
-// versions the bundle serves, with the hostagent beside the appliance executable. Its outputs go to
-// the bundle's netboot/ (vmlinuz, initrd.img, rootfs.squashfs, node-amd64.iso: config's boot.kernel,
-// boot.initrd and boot.nodeISO defaults) under the bundle's checksums and signature.
+// versions the bundle serves, with the hostagent beside the appliance executable. Its ISO goes to the
+// bundle's netboot/node-amd64.iso (config's boot.nodeISO default) under the bundle's checksums and
+// signature: the one form of the image a bundle carries, as network boot serves the kernel, initramfs
+// and root filesystem from inside it.
 type NodeImage struct {
 	// Build makes bundle create build the node image into the bundle. The build needs root,
 	// debootstrap, squashfs-tools, GRUB for BIOS and EFI, xorriso, mtools, busybox-static, kmod and

@@ -34,13 +34,10 @@ const (
 // DefaultBootHTTPPort is boot.httpPort when unset: the plain-HTTP port of the boot artefacts.
 const DefaultBootHTTPPort uint16 = 8080
 
-// Default paths of the node image's kernel, initramfs and ISO inside the bundle (boot.kernel,
-// boot.initrd, boot.nodeISO).
-const (
-	DefaultBootKernel  = bundle.NetbootKernel
-	DefaultBootInitrd  = bundle.NetbootInitrd
-	DefaultBootNodeISO = bundle.NetbootNodeISO
-)
+// DefaultBootNodeISO is boot.nodeISO's default path inside the bundle: the node image, whose kernel,
+// initramfs and root filesystem network boot serves from inside it unless boot.kernel and
+// boot.initrd name files.
+const DefaultBootNodeISO = bundle.NetbootNodeISO
 
 // NodeISOPath is the URL path where `appliance serve` serves boot.nodeISO over HTTPS (pkg/nodeiso),
 // with its own URL and CA pin written into the ISO's embed area: what power.virtualMediaImage names
@@ -72,15 +69,17 @@ type Boot struct {
 	// HTTPPort is the TCP port of the plain-HTTP server for the boot artefacts (iPXE in Debian 12
 	// has no HTTPS). Default DefaultBootHTTPPort; never server.port or apiServer.port.
 	HTTPPort uint16 `yaml:"httpPort,omitempty" strictyaml:"nonzero"`
-	// Kernel is the file served as the machines' kernel (/boot/vmlinuz on HTTPPort): an absolute
-	// path on the appliance. Default with dhcp proxy or server: bundle.path/DefaultBootKernel, the
-	// node image's kernel in the bundle.
+	// Kernel is a file served as the machines' kernel (/boot/vmlinuz on HTTPPort): an absolute path
+	// on the appliance, set together with Initrd (a root filesystem is then served only when a
+	// rootfs.squashfs lies beside the initrd). Unset (the default): network boot serves the node
+	// image's kernel, initramfs and root filesystem from inside NodeISO (pkg/nodeiso: /live/vmlinuz,
+	// /live/initrd.img, /live/rootfs.squashfs).
 	Kernel string `yaml:"kernel,omitempty"`
-	// Initrd is the file served as the machines' initramfs (/boot/initrd). Default with dhcp proxy or
-	// server: bundle.path/DefaultBootInitrd.
+	// Initrd is a file served as the machines' initramfs (/boot/initrd), set together with Kernel.
 	Initrd string `yaml:"initrd,omitempty"`
 	// NodeISO is the node image's ISO (iso/build-node-image.sh: node-amd64.iso), an absolute path on
-	// the appliance, served over HTTPS at NodeISOPath with the appliance's URL and CA pin written into
+	// the appliance: network boot's kernel, initramfs and root filesystem unless Kernel and Initrd are
+	// set (then it must exist with boot.dhcp proxy or server), and served over HTTPS at NodeISOPath with the appliance's URL and CA pin written into
 	// its embed area (pkg/nodeiso), whatever boot.dhcp is: the image a Redfish BMC inserts as virtual
 	// media (power.virtualMediaImage: https://APPLIANCE:server.port/boot/node.iso). Default:
 	// bundle.path/DefaultBootNodeISO. Required to exist only when a node's virtualMediaImage is that
@@ -121,7 +120,7 @@ func (n Node) InstallsItself() bool {
 // BootSummary says, for people, what network boot the appliance serves for c (`appliance config
 // validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
 // the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and
-// boot HTTP (tcp 8080) on the control-plane interface; kernel /b/netboot/vmlinuz; answers 1 machine:
+// boot HTTP (tcp 8080) on the control-plane interface; the node image /b/netboot/node-amd64.iso; answers 1 machine:
 // w1 52:54:00:00:00:21".
 func (c *BootstrapConfiguration) BootSummary() string {
 	b := c.Boot
@@ -140,7 +139,11 @@ func (c *BootstrapConfiguration) BootSummary() string {
 	} else {
 		sb.WriteString("the control-plane interface")
 	}
-	fmt.Fprintf(&sb, "; kernel %s", b.Kernel)
+	if b.Kernel != "" {
+		fmt.Fprintf(&sb, "; kernel %s", b.Kernel)
+	} else {
+		fmt.Fprintf(&sb, "; the node image %s", b.NodeISO)
+	}
 	var machines []string
 	for _, n := range c.Nodes {
 		if n.NetworkBootable() {
@@ -175,14 +178,6 @@ func setBootDefaults(c *BootstrapConfiguration) {
 	}
 	if b.NodeISO == "" && c.Bundle.Path != "" {
 		b.NodeISO = filepath.Join(c.Bundle.Path, DefaultBootNodeISO)
-	}
-	if b.Enabled() && c.Bundle.Path != "" {
-		if b.Kernel == "" {
-			b.Kernel = filepath.Join(c.Bundle.Path, DefaultBootKernel)
-		}
-		if b.Initrd == "" {
-			b.Initrd = filepath.Join(c.Bundle.Path, DefaultBootInitrd)
-		}
 	}
 }
 
@@ -255,27 +250,39 @@ func (v *validator) boot() {
 	}
 }
 
-// bootFiles checks boot.kernel, boot.initrd (absolute; with CheckFiles readable regular files) and
-// boot.kernelArgs, for dhcp proxy or server.
+// bootFiles checks, for dhcp proxy or server, what network boot serves: boot.kernel and boot.initrd
+// together (absolute; with CheckFiles readable regular files), or neither and then boot.nodeISO (with
+// CheckFiles, an existing file); and boot.kernelArgs.
 func (v *validator) bootFiles() {
 	b := v.c.Boot
-	for _, f := range []struct{ path, name, def string }{
-		{"boot.kernel", b.Kernel, DefaultBootKernel}, {"boot.initrd", b.Initrd, DefaultBootInitrd},
-	} {
+	switch {
+	case b.Kernel == "" && b.Initrd == "":
 		switch {
-		case f.name == "":
-			v.errorf(f.path, "is required with boot.dhcp: %s: the node image file the machines boot (default bundle.path/%s)", b.DHCP, f.def)
-		case !filepath.IsAbs(f.name):
-			v.errorf(f.path, "%q is not an absolute path: give the file's full path on the appliance", f.name)
-		case !v.opts.CheckFiles:
-		case v.c.Bundle.Path != "" && f.name == filepath.Join(v.c.Bundle.Path, f.def):
-			if _, err := os.Stat(f.name); errors.Is(err, fs.ErrNotExist) {
-				v.errorf(f.path, "%s does not exist: the bundle carries no node image for network boot; give the file in %s, or set boot.dhcp: off", f.name, f.path)
-				continue
+		case b.NodeISO == "":
+			v.errorf("boot.nodeISO", "is required with boot.dhcp: %s: the machines boot the node image's kernel, initramfs and root filesystem from inside it (default bundle.path/%s); give it, set bundle.path, or give boot.kernel and boot.initrd", b.DHCP, DefaultBootNodeISO)
+		case !filepath.IsAbs(b.NodeISO) || !v.opts.CheckFiles:
+			// nodeISO() reports a relative path.
+		case v.c.Bundle.Path != "" && b.NodeISO == filepath.Join(v.c.Bundle.Path, DefaultBootNodeISO):
+			if _, err := os.Stat(b.NodeISO); errors.Is(err, fs.ErrNotExist) {
+				v.errorf("boot.nodeISO", "%s does not exist: the bundle carries no node image for network boot (build it with nodeImage.build: true); give the node image ISO in boot.nodeISO, or set boot.dhcp: off", b.NodeISO)
+				break
 			}
-			v.file(f.path, f.name, false)
+			v.file("boot.nodeISO", b.NodeISO, false)
 		default:
-			v.file(f.path, f.name, false)
+			v.file("boot.nodeISO", b.NodeISO, false)
+		}
+	case b.Kernel == "":
+		v.errorf("boot.kernel", "is required when boot.initrd is set (a kernel and its initramfs go together); or remove boot.initrd to boot the node image in boot.nodeISO")
+	case b.Initrd == "":
+		v.errorf("boot.initrd", "is required when boot.kernel is set (a kernel and its initramfs go together); or remove boot.kernel to boot the node image in boot.nodeISO")
+	default:
+		for _, f := range []struct{ path, name string }{{"boot.kernel", b.Kernel}, {"boot.initrd", b.Initrd}} {
+			switch {
+			case !filepath.IsAbs(f.name):
+				v.errorf(f.path, "%q is not an absolute path: give the file's full path on the appliance", f.name)
+			case v.opts.CheckFiles:
+				v.file(f.path, f.name, false)
+			}
 		}
 	}
 	for i, a := range b.KernelArgs {
@@ -379,6 +386,8 @@ func (v *validator) nodeISO() {
 	case !filepath.IsAbs(b.NodeISO):
 		v.errorf("boot.nodeISO", "%q is not an absolute path: give the node image ISO's full path on the appliance", b.NodeISO)
 	case !v.opts.CheckFiles || len(users) == 0:
+	case b.Enabled() && b.Kernel == "" && b.Initrd == "":
+		// bootFiles checked the file: network boot serves from it too.
 	default:
 		if _, err := os.Stat(b.NodeISO); errors.Is(err, fs.ErrNotExist) {
 			v.errorf("boot.nodeISO", "%s does not exist, and node(s) %s boot the appliance's %s (power.virtualMediaImage): give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or point their virtualMediaImage at another server", b.NodeISO, strings.Join(users, ", "), NodeISOPath)

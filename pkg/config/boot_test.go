@@ -134,7 +134,7 @@ func TestBootInvalid(t *testing.T) {
 		{"interface too long", "boot:\n  dhcp: proxy\n  interface: abcdefghijklmnop\n", w1MAC, []want{
 			{"boot.interface", "is not a network interface name"}}},
 		{"unknown key", "boot:\n  dhcp: proxy\n  nextServer: 10.100.0.1\n", w1MAC, []want{{"boot.nextServer", ""}}},
-		{"relative kernel", "boot:\n  dhcp: proxy\n  kernel: vmlinuz\n", w1MAC, []want{
+		{"relative kernel", "boot:\n  dhcp: proxy\n  kernel: vmlinuz\n  initrd: /b/initrd.img\n", w1MAC, []want{
 			{"boot.kernel", `"vmlinuz" is not an absolute path`}}},
 		{"kernel arguments", "boot:\n  dhcp: proxy\n  kernelArgs: [console=ttyS0, \"a b\", ignition.token=x, Private_Key=y, appliance.url=http://x, \"\"]\n", w1MAC, []want{
 			{"boot.kernelArgs[1]", `"a b" is not one kernel argument`},
@@ -154,19 +154,17 @@ func TestBootInvalid(t *testing.T) {
 	}
 }
 
-// TestBootFiles: with dhcp proxy or server, boot.kernel and boot.initrd default to the node image in
-// the bundle; with CheckFiles a missing default says the bundle has no node image, a missing
-// explicit file names its field; an existing file passes. With dhcp off nothing is defaulted.
+// TestBootFiles: with dhcp proxy or server, network boot serves the node image ISO (boot.nodeISO, by
+// default the bundle's) unless boot.kernel and boot.initrd are given together; with CheckFiles a
+// missing default says the bundle has no node image, a missing explicit file names its field, a
+// kernel without its initramfs (or the reverse) is refused; existing files pass.
 func TestBootFiles(t *testing.T) {
 	c, _, errs := labWith(t, "", w1MAC...)
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	if c.Boot.Kernel != "/var/cache/appliance/bundle/netboot/vmlinuz" || c.Boot.Initrd != "/var/cache/appliance/bundle/netboot/initrd.img" {
-		t.Errorf("defaults kernel %q initrd %q, want the bundle's netboot/vmlinuz and netboot/initrd.img", c.Boot.Kernel, c.Boot.Initrd)
-	}
-	if off, _, _ := labWith(t, ""); off.Boot.Kernel != "" || off.Boot.Initrd != "" {
-		t.Errorf("dhcp off: kernel %q initrd %q defaulted", off.Boot.Kernel, off.Boot.Initrd)
+	if c.Boot.Kernel != "" || c.Boot.Initrd != "" || c.Boot.NodeISO != "/var/cache/appliance/bundle/netboot/node-amd64.iso" {
+		t.Errorf("defaults kernel %q initrd %q nodeISO %q, want no kernel or initrd and the bundle's netboot/node-amd64.iso", c.Boot.Kernel, c.Boot.Initrd, c.Boot.NodeISO)
 	}
 
 	bundleDir := t.TempDir()
@@ -174,23 +172,41 @@ func TestBootFiles(t *testing.T) {
 	if err := os.WriteFile(kernel, []byte("kernel"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.Bundle.Path = bundleDir
-	c.Boot.Kernel, c.Boot.Initrd = "", filepath.Join(bundleDir, "absent.img")
-	SetDefaults(c)
-	var v validator
-	v.c, v.opts = c, ValidateOptions{CheckFiles: true}
-	v.bootFiles()
-	requireErr(t, v.errs, "boot.kernel", filepath.Join(bundleDir, DefaultBootKernel)+" does not exist: the bundle carries no node image for network boot; give the file in boot.kernel, or set boot.dhcp: off", 0)
-	requireErr(t, v.errs, "boot.initrd", filepath.Join(bundleDir, "absent.img")+" does not exist: create it or fix the path", 0)
-	if len(v.errs) != 2 {
-		t.Errorf("errors %v, want boot.kernel and boot.initrd", v.errs)
+	check := func() ErrorList {
+		v := validator{c: c, opts: ValidateOptions{CheckFiles: true}}
+		v.bootFiles()
+		return v.errs
 	}
-
+	// A bundle without a node image, nothing else given.
+	c.Bundle.Path, c.Boot.NodeISO = bundleDir, ""
+	SetDefaults(c)
+	errs = check()
+	requireErr(t, errs, "boot.nodeISO", filepath.Join(bundleDir, DefaultBootNodeISO)+" does not exist: the bundle carries no node image for network boot (build it with nodeImage.build: true)", 0)
+	if len(errs) != 1 {
+		t.Errorf("errors %v, want boot.nodeISO alone", errs)
+	}
+	// No bundle, no node ISO.
+	c.Boot.NodeISO = ""
+	requireErr(t, check(), "boot.nodeISO", "is required with boot.dhcp: proxy: the machines boot the node image's kernel", 0)
+	// A kernel without its initramfs, and the other way round.
+	c.Boot.Kernel = kernel
+	requireErr(t, check(), "boot.initrd", "is required when boot.kernel is set", 0)
+	c.Boot.Kernel, c.Boot.Initrd = "", filepath.Join(bundleDir, "absent.img")
+	requireErr(t, check(), "boot.kernel", "is required when boot.initrd is set", 0)
+	// Both, one absent.
+	c.Boot.Kernel = kernel
+	errs = check()
+	requireErr(t, errs, "boot.initrd", filepath.Join(bundleDir, "absent.img")+" does not exist: create it or fix the path", 0)
+	if len(errs) != 1 {
+		t.Errorf("errors %v, want boot.initrd alone", errs)
+	}
 	c.Boot.Kernel, c.Boot.Initrd = kernel, kernel
-	v = validator{c: c, opts: ValidateOptions{CheckFiles: true}}
-	v.bootFiles()
-	if len(v.errs) > 0 {
-		t.Errorf("existing files refused: %v", v.errs)
+	if errs := check(); len(errs) > 0 {
+		t.Errorf("existing files refused: %v", errs)
+	}
+	c.Boot.Kernel, c.Boot.Initrd, c.Boot.NodeISO = "", "", kernel
+	if errs := check(); len(errs) > 0 {
+		t.Errorf("an existing node ISO refused: %v", errs)
 	}
 }
 
@@ -233,8 +249,8 @@ func TestBootSummary(t *testing.T) {
 		want string
 	}{
 		{off, "off (boot.dhcp: off)"},
-		{proxy, "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 1 machine: w1 52:54:00:00:00:21"},
-		{server, "DHCP server leasing 10.100.0.200-10.100.0.250 (udp 67), TFTP (udp 69) and boot HTTP (tcp 8080) on ens3; kernel /var/cache/appliance/bundle/netboot/vmlinuz; answers 1 machine: w1 52:54:00:00:00:21"},
+		{proxy, "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 1 machine: w1 52:54:00:00:00:21"},
+		{server, "DHCP server leasing 10.100.0.200-10.100.0.250 (udp 67), TFTP (udp 69) and boot HTTP (tcp 8080) on ens3; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 1 machine: w1 52:54:00:00:00:21"},
 	} {
 		if got := c.cfg.BootSummary(); got != c.want {
 			t.Errorf("BootSummary() = %q\nwant %q", got, c.want)

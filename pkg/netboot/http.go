@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"time"
 )
@@ -18,10 +17,10 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(ChainPath, s.serveChain)
 	mux.HandleFunc(ScriptPath, s.serveScript)
-	mux.HandleFunc(KernelPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Kernel) })
-	mux.HandleFunc(InitrdPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.Initrd) })
-	if s.cfg.RootFS != "" {
-		mux.HandleFunc(RootFSPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.cfg.RootFS) })
+	mux.HandleFunc(KernelPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.kernel) })
+	mux.HandleFunc(InitrdPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.initrd) })
+	if s.rootFS.path != "" {
+		mux.HandleFunc(RootFSPath, func(w http.ResponseWriter, r *http.Request) { s.serveFile(w, r, s.rootFS) })
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not found: this port serves only the network-boot artefacts ("+ChainPath+", "+ScriptPath+"MAC, "+KernelPath+", "+InitrdPath+")", http.StatusNotFound)
@@ -91,7 +90,7 @@ func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 	args = append(args, m.KernelArgs...)
 	args = append(args, "appliance.node="+m.Name)
 	base := s.baseURL()
-	if s.cfg.RootFS != "" {
+	if s.rootFS.path != "" {
 		args = append(args, "appliance.rootfs="+base+RootFSPath, "appliance.rootfs_sha256="+s.rootFSSHA256,
 			"appliance.initrd="+base+InitrdPath, "BOOTIF=01-${netX/mac:hexhyp}", "appliance.ip=${netX/ip}::${netX/gateway}:${netX/netmask}")
 	}
@@ -127,24 +126,19 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(script))
 }
 
-func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, path string) {
+func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, a artefact) {
 	if !allowGet(w, r) {
 		return
 	}
-	f, err := os.Open(path)
+	f, content, modTime, err := a.open()
 	if err != nil {
-		s.cfg.Logger.Warn("netboot: boot artefact missing on the appliance", "file", path, "err", err)
+		s.cfg.Logger.Warn("netboot: boot artefact missing on the appliance", "file", a.String(), "err", err)
 		http.Error(w, "boot artefact not available on the appliance", http.StatusServiceUnavailable)
 		return
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		http.Error(w, "boot artefact not available on the appliance", http.StatusServiceUnavailable)
-		return
-	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	http.ServeContent(w, r, "", st.ModTime().Truncate(time.Second), f)
+	http.ServeContent(w, r, "", modTime.Truncate(time.Second), content)
 }
 
 // clip bounds client input echoed in an error.

@@ -1,12 +1,9 @@
 package netboot
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -94,20 +91,6 @@ func ClearInstalled(stateDir, node string) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
-}
-
-// fileSHA256 is the lowercase hex SHA-256 of the file at p.
-func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // NoteInstalled takes node's install notice from the appliance's agent API (pkg/server

@@ -138,11 +138,16 @@ type Config struct {
 	Others []Machine
 	// IPXEDir holds the iPXE boot files. Empty: DefaultIPXEDir.
 	IPXEDir string
-	// Kernel and Initrd are the files served at KernelPath and InitrdPath. Required.
+	// Kernel and Initrd are the files served at KernelPath and InitrdPath. Required unless ISO is set.
 	Kernel, Initrd string
 	// RootFS is the node image's root filesystem, served at RootFSPath; the script then adds the
 	// node image's arguments (see install.go). Empty: none (a kernel and initrd that need nothing more).
 	RootFS string
+	// ISO is the node image's ISO (pkg/nodeiso: node-amd64.iso, the form a bundle carries). When set,
+	// Kernel, Initrd and RootFS must be empty: the kernel, initramfs and root filesystem are served
+	// from inside it (nodeiso.KernelFile, InitrdFile, RootFSFile: byte ranges of the one file, whose
+	// hash the bundle's signature covers), and all three must be there.
+	ISO string
 	// StateDir keeps the machines' install marks (StateDir/installed/NAME.json); empty: no marks, every
 	// boot is a network boot.
 	StateDir string
@@ -216,7 +221,18 @@ func (c Config) withDefaults() (Config, error) {
 			return c, configErr("Range %v-%v is not inside Subnet %v", c.RangeStart, c.RangeEnd, c.Subnet)
 		}
 	}
+	if c.ISO != "" {
+		if c.Kernel != "" || c.Initrd != "" || c.RootFS != "" {
+			return c, configErr("ISO %s and Kernel/Initrd/RootFS are both set: give the node image ISO or its files, not both", c.ISO)
+		}
+		if st, err := os.Stat(c.ISO); err != nil || !st.Mode().IsRegular() {
+			return c, configErr("ISO %s is not a readable regular file", c.ISO)
+		}
+	}
 	for _, f := range []struct{ name, path string }{{"Kernel", c.Kernel}, {"Initrd", c.Initrd}, {"RootFS", c.RootFS}} {
+		if c.ISO != "" {
+			break
+		}
 		if f.path == "" {
 			if f.name == "RootFS" {
 				continue

@@ -23,7 +23,10 @@ type Server struct {
 	cfg  Config
 	dhcp *dhcpResponder
 	http *http.Server
-	// rootFSSHA256 is Config.RootFS's SHA-256 (hex), taken once at New.
+	// kernel, initrd and rootFS are what KernelPath, InitrdPath and RootFSPath serve (rootFS.path
+	// empty: no root filesystem).
+	kernel, initrd, rootFS artefact
+	// rootFSSHA256 is rootFS's SHA-256 (hex), taken once at New.
 	rootFSSHA256 string
 
 	mu      sync.Mutex
@@ -39,10 +42,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: c, dhcp: newDHCPResponder(c)}
-	if c.RootFS != "" {
-		sum, err := fileSHA256(c.RootFS)
+	if s.kernel, s.initrd, s.rootFS, err = artefacts(c); err != nil {
+		return nil, err
+	}
+	if s.rootFS.path != "" {
+		sum, err := s.rootFS.sha256()
 		if err != nil {
-			return nil, configErr("RootFS %s: %v", c.RootFS, err)
+			return nil, configErr("RootFS %s: %v", s.rootFS, err)
 		}
 		s.rootFSSHA256 = sum
 	}

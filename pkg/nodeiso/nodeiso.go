@@ -1,16 +1,19 @@
-// Package nodeiso serves the node image's ISO (iso/build-node-image.sh: node-amd64.iso, what a
-// Redfish BMC inserts as virtual media) with one appliance's kernel arguments in it, written at serve
-// time: the ISO is the same for every appliance, and the appliance's URL and CA pin exist only once
-// it has its CA.
+// Package nodeiso reads and serves the node image's ISO (iso/build-node-image.sh: node-amd64.iso,
+// the one form of the node image a bundle carries): served whole over HTTPS as what a Redfish BMC
+// inserts as virtual media, with one appliance's kernel arguments in it written at serve time; and
+// read for the files network boot serves (the kernel, the initramfs and the root filesystem under
+// /live), which are byte ranges of the same file.
+//
+// ISO 9660 (ECMA-119) stores a file's data uncompressed in one contiguous extent that starts on a
+// 2048-byte sector; Locate finds a file's extent through the image's directory records (with Rock
+// Ridge names), read by github.com/kdomanski/iso9660, the one package here that parses ISO 9660.
 //
 // The ISO carries an embed area, as coreos-installer's `iso kargs modify` does for CoreOS live ISOs:
-// the file /boot/grub/appliance-args.cfg, AreaSize bytes, which the ISO's GRUB menu sources before it
-// boots the kernel. ISO 9660 stores a file's data uncompressed and contiguous from the start of a
-// 2048-byte sector, so the area is found by its first line (Magic) at a sector start, and serving the
-// ISO with the area replaced needs neither xorriso nor a copy of the image: every read is the file's
-// bytes, with the area's range taken from Area(args) instead. GRUB reads the file at boot through its
-// ISO 9660 driver (BIOS and UEFI alike), so nothing else in the image changes and nothing in it is
-// checksummed over the area.
+// the file AreaFile, AreaSize bytes starting with the line Magic, which the ISO's GRUB menu sources
+// before it boots the kernel. Serving the ISO with the area replaced needs neither xorriso nor a copy
+// of the image: every read is the file's bytes, with the area's range taken from Area(args) instead.
+// GRUB reads the file at boot through its ISO 9660 driver (BIOS and UEFI alike), so nothing else in
+// the image changes and nothing in it is checksummed over the area.
 //
 // Area layout (AreaSize bytes, ASCII):
 //
@@ -24,10 +27,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kdomanski/iso9660"
 )
 
 // Path is the URL path `appliance serve` serves the node image ISO at, over HTTPS on server.port
@@ -40,11 +46,8 @@ const Magic = "# appliance node ISO kernel arguments, v1 (appliance serve rewrit
 // AreaSize is the embed area's size in bytes: two ISO 9660 sectors.
 const AreaSize = 4096
 
-// sector is the ISO 9660 logical block size (ECMA-119 6.1.2); files start on one.
-const sector = 2048
-
-// ErrArea: the image has no embed area, or more than one (not a node image ISO of this format), or
-// the arguments do not fit in one.
+// ErrArea: the image has no embed area (not a node image ISO of this format), or the arguments do not
+// fit in one.
 var ErrArea = errors.New("node ISO embed area")
 
 // Area returns the embed area carrying args as GRUB's $appliance_args: AreaSize bytes. args is
@@ -70,34 +73,90 @@ func Area(args string) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// Find returns the byte offset of the one embed area in the image r of size bytes: the only
-// sector-aligned offset where Magic starts. Errors wrap ErrArea (none, or more than one) or are r's.
-func Find(r io.ReaderAt, size int64) (int64, error) {
-	const chunk = 1 << 20 // a multiple of sector
-	buf := make([]byte, chunk)
-	found := int64(-1)
-	for off := int64(0); off < size; off += chunk {
-		n, err := r.ReadAt(buf, off)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return 0, err
+// Files inside the node image ISO (iso/build-node-image.sh writes them there).
+const (
+	// AreaFile is the embed area.
+	AreaFile = "/boot/grub/appliance-args.cfg"
+	// KernelFile, InitrdFile and RootFSFile are the node image's kernel, initramfs and root
+	// filesystem (squashfs): what network boot serves at /boot/vmlinuz, /boot/initrd and
+	// /boot/rootfs.squashfs, and what an ISO-booted node installs from.
+	KernelFile = "/live/vmlinuz"
+	InitrdFile = "/live/initrd.img"
+	RootFSFile = "/live/rootfs.squashfs"
+)
+
+// Extent is a file's data inside an ISO image: Size bytes from byte Offset of the image.
+type Extent struct{ Offset, Size int64 }
+
+// ErrNotISO: the image is not ISO 9660 (no primary volume descriptor at sector 16, ECMA-119 8.4).
+var ErrNotISO = errors.New("not an ISO 9660 image")
+
+// Locate returns the extent of the regular file at name (absolute, slash-separated, as Rock Ridge
+// names it: "/live/vmlinuz") in the ISO 9660 image r. Errors wrap ErrNotISO, fs.ErrNotExist (no such
+// file, or a directory) or are r's.
+func Locate(r io.ReaderAt, name string) (Extent, error) {
+	img, err := iso9660.OpenImage(r)
+	if err != nil {
+		return Extent{}, fmt.Errorf("%w: %v", ErrNotISO, err)
+	}
+	f, err := img.RootDir()
+	if err != nil {
+		return Extent{}, fmt.Errorf("%w: %v", ErrNotISO, err)
+	}
+	for _, part := range strings.Split(strings.Trim(name, "/"), "/") {
+		if !f.IsDir() {
+			return Extent{}, fmt.Errorf("%s: %w", name, fs.ErrNotExist)
 		}
-		for i := 0; i+len(Magic) <= n; i += sector {
-			if string(buf[i:i+len(Magic)]) != Magic {
-				continue
-			}
-			if found >= 0 {
-				return 0, fmt.Errorf("%w: two areas, at bytes %d and %d: not a node image ISO this appliance can rewrite", ErrArea, found, off+int64(i))
-			}
-			found = off + int64(i)
+		children, err := f.GetChildren()
+		if err != nil {
+			return Extent{}, fmt.Errorf("%s: read a directory: %w", name, err)
 		}
+		var next *iso9660.File
+		for _, c := range children {
+			if c.Name() == part {
+				next = c
+				break
+			}
+		}
+		if next == nil {
+			return Extent{}, fmt.Errorf("%s: %w", name, fs.ErrNotExist)
+		}
+		f = next
 	}
-	if found < 0 {
-		return 0, fmt.Errorf("%w: none found (no sector starts with the line %q): build the ISO with iso/build-node-image.sh of this version", ErrArea, strings.TrimSpace(Magic))
+	if f.IsDir() {
+		return Extent{}, fmt.Errorf("%s is a directory: %w", name, fs.ErrNotExist)
 	}
-	if found+AreaSize > size {
-		return 0, fmt.Errorf("%w: the area at byte %d runs past the image's end (%d bytes)", ErrArea, found, size)
+	// Reader is an *io.SectionReader over the file's extent (the package's documented shape since
+	// v0.3); its Outer gives the extent without reading a byte of it.
+	sr, ok := f.Reader().(*io.SectionReader)
+	if !ok {
+		return Extent{}, fmt.Errorf("%s: the ISO 9660 reader gave no extent", name)
 	}
-	return found, nil
+	_, off, n := sr.Outer()
+	return Extent{Offset: off, Size: n}, nil
+}
+
+// Find returns the byte offset of the embed area in the image r: the extent of AreaFile, which must be
+// AreaSize bytes and start with Magic. It reads the directory records and the area's first sector,
+// never the whole image. Errors wrap ErrArea (no area, or a file there that is not one) or are r's.
+func Find(r io.ReaderAt) (int64, error) {
+	e, err := Locate(r, AreaFile)
+	switch {
+	case errors.Is(err, ErrNotISO), errors.Is(err, fs.ErrNotExist):
+		return 0, fmt.Errorf("%w: none found (%w): build the ISO with iso/build-node-image.sh of this version", ErrArea, err)
+	case err != nil:
+		return 0, err
+	case e.Size != AreaSize:
+		return 0, fmt.Errorf("%w: %s is %d bytes, not %d: build the ISO with iso/build-node-image.sh of this version", ErrArea, AreaFile, e.Size, AreaSize)
+	}
+	head := make([]byte, len(Magic))
+	if _, err := r.ReadAt(head, e.Offset); err != nil {
+		return 0, err
+	}
+	if string(head) != Magic {
+		return 0, fmt.Errorf("%w: %s does not start with the line %q: build the ISO with iso/build-node-image.sh of this version", ErrArea, AreaFile, strings.TrimSpace(Magic))
+	}
+	return e.Offset, nil
 }
 
 // Image is a node image ISO served with an embed area of its own; its file stays open until Close.
@@ -112,7 +171,7 @@ type Image struct {
 }
 
 // Open opens the ISO at path and prepares it to be served with args in its embed area (Area's rules).
-// It reads the whole image once to find the area. Errors name path.
+// It reads the image's directory records to find the area (Find). Errors name path.
 func Open(path, args string) (*Image, error) {
 	area, err := Area(args)
 	if err != nil {
@@ -131,7 +190,10 @@ func Open(path, args string) (*Image, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
-	off, err := Find(f, st.Size())
+	off, err := Find(f)
+	if err == nil && off+AreaSize > st.Size() {
+		err = fmt.Errorf("%w: the area at byte %d runs past the image's end (%d bytes): the image is cut short", ErrArea, off, st.Size())
+	}
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)

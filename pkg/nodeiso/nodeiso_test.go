@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -104,7 +105,7 @@ func TestServeRewritesArea(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer im.Close()
-	if im.Offset()%sector != 0 {
+	if im.Offset()%2048 != 0 {
 		t.Errorf("area at %d, not on a sector", im.Offset())
 	}
 	if !bytes.HasPrefix(orig[im.Offset():], []byte(Magic+`set appliance_args="`+oldArgs)) {
@@ -169,29 +170,86 @@ func TestServeRewritesArea(t *testing.T) {
 	}
 }
 
-// TestOpenRefusals: an image without an area, with two, and a directory are refused with ErrArea or
-// a plain error naming the path.
+// TestOpenRefusals: an image that is not ISO 9660, an ISO without the area, one whose area file is not
+// an area (wrong size, no magic line), a cut-short image and a directory are refused with ErrArea or a
+// plain error naming the path.
 func TestOpenRefusals(t *testing.T) {
-	plain := filepath.Join(t.TempDir(), "plain.iso")
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain.iso")
 	if err := os.WriteFile(plain, bytes.Repeat([]byte{0}, 64<<10), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(plain, newArgs); !errors.Is(err, ErrArea) || !strings.Contains(err.Error(), plain) || !strings.Contains(err.Error(), "none found") {
-		t.Errorf("no area: %v", err)
+	if _, err := Open(plain, newArgs); !errors.Is(err, ErrArea) || !errors.Is(err, ErrNotISO) || !strings.Contains(err.Error(), plain) || !strings.Contains(err.Error(), "none found") {
+		t.Errorf("not ISO 9660: %v", err)
+	}
+	noArea := filepath.Join(dir, "no-area.iso")
+	nodeisotest.Make(t, noArea, map[string][]byte{"live/vmlinuz": []byte("kernel")})
+	if _, err := Open(noArea, newArgs); !errors.Is(err, ErrArea) || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("no area file: %v", err)
 	}
 	area, _ := Area("")
-	two := append(append(append(bytes.Repeat([]byte{0}, sector), area...), bytes.Repeat([]byte{0}, sector)...), area...)
-	twoISO := filepath.Join(t.TempDir(), "two.iso")
-	if err := os.WriteFile(twoISO, two, 0o644); err != nil {
+	for name, b := range map[string][]byte{
+		"short":    area[:2048],
+		"no magic": append([]byte("X"), area[1:]...),
+	} {
+		iso := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".iso")
+		nodeisotest.Make(t, iso, map[string][]byte{"boot/grub/appliance-args.cfg": b})
+		if _, err := Open(iso, newArgs); !errors.Is(err, ErrArea) {
+			t.Errorf("area file %s: %v, want ErrArea", name, err)
+		}
+	}
+	good := makeISO(t, oldArgs)
+	b, _ := os.ReadFile(good)
+	im, err := Open(good, newArgs)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(twoISO, newArgs); !errors.Is(err, ErrArea) || !strings.Contains(err.Error(), "two areas") {
-		t.Errorf("two areas: %v", err)
+	im.Close()
+	cut := filepath.Join(dir, "cut.iso")
+	if err := os.WriteFile(cut, b[:im.Offset()+100], 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := Open(t.TempDir(), newArgs); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	if _, err := Open(cut, newArgs); !errors.Is(err, ErrArea) || !strings.Contains(err.Error(), "cut short") {
+		t.Errorf("cut short: %v", err)
+	}
+	if _, err := Open(dir, newArgs); err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Errorf("a directory: %v", err)
 	}
-	if _, err := Open(twoISO, `a="b"`); !errors.Is(err, ErrArea) {
+	if _, err := Open(good, `a="b"`); !errors.Is(err, ErrArea) {
 		t.Errorf("bad arguments: %v", err)
+	}
+}
+
+// TestLocate: the extents Locate gives hold exactly the files xorriso wrote, by their Rock Ridge names;
+// a missing file and a directory are fs.ErrNotExist.
+func TestLocate(t *testing.T) {
+	files := map[string][]byte{
+		"live/vmlinuz":             []byte("the kernel"),
+		"live/initrd.img":          bytes.Repeat([]byte("initramfs"), 5000),
+		"live/rootfs.squashfs":     bytes.Repeat([]byte("squashfs"), 3<<20/8),
+		"boot/grub/Mixed-Case.cfg": []byte("names as Rock Ridge keeps them"),
+	}
+	iso := filepath.Join(t.TempDir(), "node.iso")
+	nodeisotest.Make(t, iso, files)
+	f, err := os.Open(iso)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for name, want := range files {
+		e, err := Locate(f, "/"+name)
+		if err != nil {
+			t.Errorf("Locate %s: %v", name, err)
+			continue
+		}
+		got := make([]byte, e.Size)
+		if _, err := f.ReadAt(got, e.Offset); err != nil || !bytes.Equal(got, want) || e.Offset%2048 != 0 {
+			t.Errorf("%s: extent %+v (%v) does not hold the file", name, e, err)
+		}
+	}
+	for _, name := range []string{"/live/missing", "/live", "/nothing/here"} {
+		if _, err := Locate(f, name); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Locate %s: %v, want fs.ErrNotExist", name, err)
+		}
 	}
 }

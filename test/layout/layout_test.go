@@ -79,6 +79,7 @@ func TestImportGraph(t *testing.T) {
 		{"github.com/distribution/distribution/v3", "registry"},
 		{"github.com/bmc-toolbox/bmclib/v2", "pkg/power"},
 		{"github.com/google/nftables", "firewall"},
+		{"github.com/kdomanski/iso9660", "pkg/nodeiso"},
 	}
 	for _, d := range doors {
 		for _, p := range pkgs {

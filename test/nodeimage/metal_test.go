@@ -65,9 +65,9 @@ var bmPrefix = func() string {
 // A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
 // (TCG, 2 GiB, two blank disks with serials, the second a smaller decoy, powered off) whose NIC and BMC are on the lab's
 // control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image is the
-// bundle's (netboot/, made by bundle create's nodeImage.build), n1's kernel, initramfs and root
-// filesystem served by the defaults of boot.kernel and boot.initrd; its ISO form, built with
-// nothing on its kernel command line, the appliance serves (boot.nodeISO's default) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
+// bundle's (netboot/node-amd64.iso, made by bundle create's nodeImage.build): n1's kernel, initramfs
+// and root filesystem are served from inside that ISO (boot.kernel and boot.initrd unset); the ISO,
+// built with nothing on its kernel command line, the appliance serves (boot.nodeISO's default) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
 // the ISO's embed area (pkg/nodeiso), and n2's power.virtualMediaImage names that URL; a datacenter
 // DHCP server holds n2's reservation only (vmworker_test.go). The power phase has the BMC insert the
 // ISO (it fetches it from the appliance, verifying it with the appliance CA), boot once from the CD
@@ -105,9 +105,9 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(bundleDir, "SHA256SUMS.sig")); err != nil {
 		t.Fatalf("the fixture bundle is not built (%v): make fixtures", err)
 	}
-	// The node image is the bundle's (netboot/: test/fixtures/build-bundle.sh builds it with
-	// nodeImage.build, keyed by this tree's hostagent and the recipe), served by the defaults of
-	// boot.kernel, boot.initrd and boot.nodeISO.
+	// The node image is the bundle's (netboot/node-amd64.iso: test/fixtures/build-bundle.sh builds it
+	// with nodeImage.build, keyed by this tree's hostagent and the recipe), served through boot.nodeISO's
+	// default: whole over HTTPS, and its kernel, initramfs and root filesystem for network boot.
 	for _, f := range bundle.NodeImageFiles {
 		if _, err := os.Stat(filepath.Join(bundleDir, f)); err != nil {
 			t.Fatalf("the fixture bundle has no node image (%v): make fixtures", err)
@@ -217,7 +217,8 @@ stateDir: ` + state + `
 boot:
   dhcp: server
   range: {start: 10.100.0.150, end: 10.100.0.159}
-  # kernel, initrd and nodeISO: the bundle's netboot/ (the defaults); the ISO is served at
+  # nodeISO: the bundle's netboot/node-amd64.iso (the default); network boot serves the kernel,
+  # initramfs and root filesystem from inside it, and the ISO itself is served at
   # https://10.100.0.2:8443/boot/node.iso with the appliance's URL and CA pin written in.
   kernelArgs: ["console=ttyS0,115200n8"]
 nodes:

@@ -256,7 +256,7 @@ stateDir: ` + state + `
 boot:
   dhcp: server
   range: {start: 10.83.0.150, end: 10.83.0.170}
-  # kernel, initrd and nodeISO: the bundle's netboot/ (the defaults)
+  # nodeISO: the bundle's netboot/node-amd64.iso (the default): kernel, initramfs, root filesystem
   kernelArgs: ["console=ttyS0,115200n8"]
 nodes:
 - name: cp1
