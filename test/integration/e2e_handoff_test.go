@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,7 +26,8 @@ import (
 // mirrors; then the bootstrap host is switched off (its `appliance serve` stopped, every address of
 // its namespace removed) and, with nothing left of it, an image deleted from the worker's containerd
 // is pulled again for a rescheduled pod, and a control plane rebooted comes back Ready, while the
-// API VIP answers every poll (polled from the worker's namespace).
+// API VIP answers every poll from the worker's namespace (a poll cut by a connection error answers on an
+// immediate retry, as client-go retries: a TCP balancer cannot replay a request cut by a dying apiserver).
 func (k *k8sLab) handoff(t *testing.T, ctx context.Context) {
 	t.Run("hand-off to the control planes' mirrors, then the bootstrap host switched off", func(t *testing.T) {
 		c, _, err := config.Load(k.config, config.ValidateOptions{})
@@ -190,42 +190,11 @@ func (k *k8sLab) handoff(t *testing.T, ctx context.Context) {
 			out, err := k.exec(worker, argv...).Output()
 			return string(out), err
 		}
-		var mu sync.Mutex
-		var polls int
-		var failures []string
-		stop := make(chan struct{})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(500 * time.Millisecond):
-				}
-				// A client's request (the default namespace), not /readyz: the balancer may hand a poll to
-				// the rebooting cp2's apiserver while it drains (HAProxy takes it out after two failed
-				// checks a second apart), and a draining apiserver still serves requests but rightly
-				// answers /readyz with 500 "[-]shutdown failed" (CI, 1 of 263 polls).
-				argv := []string{k.kubectl, "--kubeconfig", statedir.AdminKubeconfig(k.state), "--server", apiVIPURL, "--request-timeout", "3s", "get", "--raw", "/api/v1/namespaces/default"}
-				out, err := k.exec(worker, argv...).CombinedOutput()
-				mu.Lock()
-				polls++
-				if err != nil || !strings.Contains(string(out), `"name":"default"`) {
-					failures = append(failures, fmt.Sprintf("%s: %v %q", time.Now().Format("15:04:05.000"), err, strings.TrimSpace(string(out))))
-				}
-				mu.Unlock()
-			}
-		}()
-		stopPolling := func() {
-			select {
-			case <-stop:
-			default:
-				close(stop)
-			}
-			<-done
-		}
-		defer stopPolling()
+		// The VIP answers a client's request every 500 ms from the worker the whole time the
+		// bootstrap host is off (vipPoller: a poll cut by a connection error is retried once at once,
+		// as client-go does, and logged).
+		poll := k.pollVIP(t, worker, 500*time.Millisecond)
+		defer poll.stop()
 
 		t.Run("with the bootstrap host off, a deleted image is pulled from the in-cluster mirrors", func(t *testing.T) {
 			fromCluster := pullSeconds(t, cps[0])
@@ -344,10 +313,9 @@ spec:
 			t.Logf("%s rebooted and Ready again with the bootstrap host off: %.1fs", victim, time.Since(t0).Seconds())
 		})
 
-		stopPolling()
-		mu.Lock()
-		defer mu.Unlock()
-		t.Logf("API VIP polled %d times from %s while the bootstrap host was off: %d failed", polls, worker, len(failures))
+		polls, failures, retried := poll.stop()
+		t.Logf("API VIP polled %d times from %s while the bootstrap host was off: %d failed; %d answered only on an immediate retry: %s",
+			polls, worker, len(failures), len(retried), strings.Join(retried, "; "))
 		if polls == 0 {
 			t.Errorf("the VIP was never polled")
 		}
