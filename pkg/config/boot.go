@@ -78,12 +78,13 @@ type Boot struct {
 	// Initrd is a file served as the machines' initramfs (/boot/initrd), set together with Kernel.
 	Initrd string `yaml:"initrd,omitempty"`
 	// NodeISO is the node image's ISO (iso/build-node-image.sh: node-amd64.iso), an absolute path on
-	// the appliance: network boot's kernel, initramfs and root filesystem unless Kernel and Initrd are
-	// set (then it must exist with boot.dhcp proxy or server), and served over HTTPS at NodeISOPath with the appliance's URL and CA pin written into
-	// its embed area (pkg/nodeiso), whatever boot.dhcp is: the image a Redfish BMC inserts as virtual
-	// media (power.virtualMediaImage: https://APPLIANCE:server.port/boot/node.iso). Default:
-	// bundle.path/DefaultBootNodeISO. Required to exist only when a node's virtualMediaImage is that
-	// URL path on server.port; otherwise an absent file leaves the path answering 404.
+	// the appliance. With boot.dhcp proxy or server and no Kernel and Initrd, network boot serves the
+	// kernel, initramfs and root filesystem from inside it. Whatever boot.dhcp is, it is served whole
+	// over HTTPS at NodeISOPath with the appliance's URL and CA pin written into its embed area
+	// (pkg/nodeiso): the image a Redfish BMC inserts as virtual media (power.virtualMediaImage:
+	// https://APPLIANCE:server.port/boot/node.iso). Default: bundle.path/DefaultBootNodeISO. Required
+	// to exist only when network boot or a node's virtualMediaImage uses it; otherwise an absent file
+	// leaves NodeISOPath answering 404.
 	NodeISO string `yaml:"nodeISO,omitempty"`
 	// KernelArgs are extra kernel command-line arguments, one per element (e.g. console=ttyS0). The
 	// appliance adds appliance.url, appliance.ca_pin and appliance.node itself. The boot path is
@@ -120,8 +121,8 @@ func (n Node) InstallsItself() bool {
 // BootSummary says, for people, what network boot the appliance serves for c (`appliance config
 // validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
 // the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and
-// boot HTTP (tcp 8080) on the control-plane interface; the node image /b/netboot/node-amd64.iso; answers 1 machine:
-// w1 52:54:00:00:00:21".
+// boot HTTP (tcp 8080) on the control-plane interface; the node image /b/netboot/node-amd64.iso;
+// answers 1 machine: w1 52:54:00:00:00:21".
 func (c *BootstrapConfiguration) BootSummary() string {
 	b := c.Boot
 	if !b.Enabled() {
@@ -251,26 +252,13 @@ func (v *validator) boot() {
 }
 
 // bootFiles checks, for dhcp proxy or server, what network boot serves: boot.kernel and boot.initrd
-// together (absolute; with CheckFiles readable regular files), or neither and then boot.nodeISO (with
-// CheckFiles, an existing file); and boot.kernelArgs.
+// together (absolute; with CheckFiles readable regular files), or neither (then the node image in
+// boot.nodeISO, which nodeISO checks); and boot.kernelArgs.
 func (v *validator) bootFiles() {
 	b := v.c.Boot
 	switch {
 	case b.Kernel == "" && b.Initrd == "":
-		switch {
-		case b.NodeISO == "":
-			v.errorf("boot.nodeISO", "is required with boot.dhcp: %s: the machines boot the node image's kernel, initramfs and root filesystem from inside it (default bundle.path/%s); give it, set bundle.path, or give boot.kernel and boot.initrd", b.DHCP, DefaultBootNodeISO)
-		case !filepath.IsAbs(b.NodeISO) || !v.opts.CheckFiles:
-			// nodeISO() reports a relative path.
-		case v.c.Bundle.Path != "" && b.NodeISO == filepath.Join(v.c.Bundle.Path, DefaultBootNodeISO):
-			if _, err := os.Stat(b.NodeISO); errors.Is(err, fs.ErrNotExist) {
-				v.errorf("boot.nodeISO", "%s does not exist: the bundle carries no node image for network boot (build it with nodeImage.build: true); give the node image ISO in boot.nodeISO, or set boot.dhcp: off", b.NodeISO)
-				break
-			}
-			v.file("boot.nodeISO", b.NodeISO, false)
-		default:
-			v.file("boot.nodeISO", b.NodeISO, false)
-		}
+		// The node image in boot.nodeISO: nodeISO checks it.
 	case b.Kernel == "":
 		v.errorf("boot.kernel", "is required when boot.initrd is set (a kernel and its initramfs go together); or remove boot.initrd to boot the node image in boot.nodeISO")
 	case b.Initrd == "":
@@ -374,23 +362,43 @@ func (c *BootstrapConfiguration) NodeISOUsers() []string {
 	return users
 }
 
-// nodeISO checks boot.nodeISO: an absolute path; with CheckFiles, a readable regular file when a node
-// boots it (power.virtualMediaImage on the appliance's NodeISOPath).
+// nodeISO checks boot.nodeISO: an absolute path; with CheckFiles, a readable regular file when
+// something serves it: network boot without boot.kernel and boot.initrd (the kernel, initramfs and
+// root filesystem come from inside it), or nodes whose power.virtualMediaImage is the appliance's
+// NodeISOPath. Errors say who needs it and how to give it.
 func (v *validator) nodeISO() {
 	b := v.c.Boot
-	users := v.c.NodeISOUsers()
+	// Who needs the file, and what else would do, as format text (constant pieces: only the
+	// arguments are clipped) with its arguments.
+	var needs, fixes []string
+	var args []any
+	if b.Enabled() && b.Kernel == "" && b.Initrd == "" {
+		needs = append(needs, "network boot (boot.dhcp: %s) serves the node image's kernel, initramfs and root filesystem from inside it")
+		args = append(args, b.DHCP)
+		fixes = append(fixes, "give boot.kernel and boot.initrd", "set boot.dhcp: off")
+	}
+	if users := v.c.NodeISOUsers(); len(users) > 0 {
+		needs = append(needs, "node(s) %s boot the appliance's %s (power.virtualMediaImage)")
+		args = append(args, strings.Join(users, ", "), NodeISOPath)
+		fixes = append(fixes, "point their virtualMediaImage at another server")
+	}
+	need := strings.Join(needs, ", and ")
 	switch {
-	case b.NodeISO == "" && len(users) > 0:
-		v.errorf("boot.nodeISO", "is required: node(s) %s boot the appliance's %s (power.virtualMediaImage); give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or set bundle.path to a bundle that has %s", strings.Join(users, ", "), NodeISOPath, DefaultBootNodeISO)
+	case b.NodeISO == "" && len(needs) > 0:
+		v.errorf("boot.nodeISO", "is required: "+need+"; give the node image ISO's path, set bundle.path to a bundle built with nodeImage.build: true (it has %s), or "+strings.Join(fixes, ", or "),
+			append(args, DefaultBootNodeISO)...)
 	case b.NodeISO == "":
 	case !filepath.IsAbs(b.NodeISO):
 		v.errorf("boot.nodeISO", "%q is not an absolute path: give the node image ISO's full path on the appliance", b.NodeISO)
-	case !v.opts.CheckFiles || len(users) == 0:
-	case b.Enabled() && b.Kernel == "" && b.Initrd == "":
-		// bootFiles checked the file: network boot serves from it too.
+	case !v.opts.CheckFiles || len(needs) == 0:
 	default:
 		if _, err := os.Stat(b.NodeISO); errors.Is(err, fs.ErrNotExist) {
-			v.errorf("boot.nodeISO", "%s does not exist, and node(s) %s boot the appliance's %s (power.virtualMediaImage): give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or point their virtualMediaImage at another server", b.NodeISO, strings.Join(users, ", "), NodeISOPath)
+			give := "give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso)"
+			if v.c.Bundle.Path != "" && b.NodeISO == filepath.Join(v.c.Bundle.Path, DefaultBootNodeISO) {
+				give = "the bundle carries no node image: build it with nodeImage.build: true, " + give
+			}
+			v.errorf("boot.nodeISO", "%s does not exist, and "+need+": "+strings.Join(append([]string{give}, fixes...), ", or "),
+				append([]any{b.NodeISO}, args...)...)
 			return
 		}
 		v.file("boot.nodeISO", b.NodeISO, false)

@@ -175,19 +175,20 @@ func TestBootFiles(t *testing.T) {
 	check := func() ErrorList {
 		v := validator{c: c, opts: ValidateOptions{CheckFiles: true}}
 		v.bootFiles()
+		v.nodeISO()
 		return v.errs
 	}
 	// A bundle without a node image, nothing else given.
 	c.Bundle.Path, c.Boot.NodeISO = bundleDir, ""
 	SetDefaults(c)
 	errs = check()
-	requireErr(t, errs, "boot.nodeISO", filepath.Join(bundleDir, DefaultBootNodeISO)+" does not exist: the bundle carries no node image for network boot (build it with nodeImage.build: true)", 0)
+	requireErr(t, errs, "boot.nodeISO", filepath.Join(bundleDir, DefaultBootNodeISO)+" does not exist, and network boot (boot.dhcp: proxy) serves the node image's kernel, initramfs and root filesystem from inside it: the bundle carries no node image: build it with nodeImage.build: true, give the node image ISO's path (iso/build-node-image.sh: node-amd64.iso), or give boot.kernel and boot.initrd, or set boot.dhcp: off", 0)
 	if len(errs) != 1 {
 		t.Errorf("errors %v, want boot.nodeISO alone", errs)
 	}
 	// No bundle, no node ISO.
 	c.Boot.NodeISO = ""
-	requireErr(t, check(), "boot.nodeISO", "is required with boot.dhcp: proxy: the machines boot the node image's kernel", 0)
+	requireErr(t, check(), "boot.nodeISO", "is required: network boot (boot.dhcp: proxy) serves the node image's kernel, initramfs and root filesystem from inside it; give the node image ISO's path, set bundle.path", 0)
 	// A kernel without its initramfs, and the other way round.
 	c.Boot.Kernel = kernel
 	requireErr(t, check(), "boot.initrd", "is required when boot.kernel is set", 0)
