@@ -3,7 +3,6 @@ package netboot
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -45,10 +44,7 @@ func artefacts(c Config) (kernel, initrd, rootFS artefact, err error) {
 	}
 	var out [3]artefact
 	for i, name := range []string{nodeiso.KernelFile, nodeiso.InitrdFile, nodeiso.RootFSFile} {
-		e, err := nodeiso.Locate(f, name)
-		if err == nil && e.Offset+e.Size > st.Size() {
-			err = fmt.Errorf("its extent (%d bytes at byte %d) runs past the image's end (%d bytes)", e.Size, e.Offset, st.Size())
-		}
+		e, err := nodeiso.Locate(f, st.Size(), name)
 		if err != nil {
 			return kernel, initrd, rootFS, configErr("ISO %s: %s: %v: give a node image ISO built by iso/build-node-image.sh", c.ISO, name, err)
 		}

@@ -88,13 +88,17 @@ const (
 // Extent is a file's data inside an ISO image: Size bytes from byte Offset of the image.
 type Extent struct{ Offset, Size int64 }
 
+// ErrCut: a file's extent runs past the image's end (a truncated image).
+var ErrCut = errors.New("the image is cut short")
+
 // ErrNotISO: the image is not ISO 9660 (no primary volume descriptor at sector 16, ECMA-119 8.4).
 var ErrNotISO = errors.New("not an ISO 9660 image")
 
 // Locate returns the extent of the regular file at name (absolute, slash-separated, as Rock Ridge
-// names it: "/live/vmlinuz") in the ISO 9660 image r. Errors wrap ErrNotISO, fs.ErrNotExist (no such
-// file, or a directory) or are r's.
-func Locate(r io.ReaderAt, name string) (Extent, error) {
+// names it: "/live/vmlinuz") in the ISO 9660 image r of size bytes. Errors wrap ErrNotISO,
+// fs.ErrNotExist (no such file, or a directory), ErrCut (the extent runs past the image's end) or
+// are r's.
+func Locate(r io.ReaderAt, size int64, name string) (Extent, error) {
 	img, err := iso9660.OpenImage(r)
 	if err != nil {
 		return Extent{}, fmt.Errorf("%w: %v", ErrNotISO, err)
@@ -133,15 +137,21 @@ func Locate(r io.ReaderAt, name string) (Extent, error) {
 		return Extent{}, fmt.Errorf("%s: the ISO 9660 reader gave no extent", name)
 	}
 	_, off, n := sr.Outer()
+	if off+n > size {
+		return Extent{}, fmt.Errorf("%s: %w: its %d bytes at byte %d run past the image's end (%d bytes)", name, ErrCut, n, off, size)
+	}
 	return Extent{Offset: off, Size: n}, nil
 }
 
-// Find returns the byte offset of the embed area in the image r: the extent of AreaFile, which must be
-// AreaSize bytes and start with Magic. It reads the directory records and the area's first sector,
-// never the whole image. Errors wrap ErrArea (no area, or a file there that is not one) or are r's.
-func Find(r io.ReaderAt) (int64, error) {
-	e, err := Locate(r, AreaFile)
+// Find returns the byte offset of the embed area in the image r of size bytes: the extent of AreaFile,
+// which must be AreaSize bytes and start with Magic. It reads the directory records and the area's
+// first sector, never the whole image. Errors wrap ErrArea (no area, a file there that is not one, or
+// one past the image's end) or are r's.
+func Find(r io.ReaderAt, size int64) (int64, error) {
+	e, err := Locate(r, size, AreaFile)
 	switch {
+	case errors.Is(err, ErrCut):
+		return 0, fmt.Errorf("%w: %w", ErrArea, err)
 	case errors.Is(err, ErrNotISO), errors.Is(err, fs.ErrNotExist):
 		return 0, fmt.Errorf("%w: none found (%w): build the ISO with iso/build-node-image.sh of this version", ErrArea, err)
 	case err != nil:
@@ -190,10 +200,7 @@ func Open(path, args string) (*Image, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
-	off, err := Find(f)
-	if err == nil && off+AreaSize > st.Size() {
-		err = fmt.Errorf("%w: the area at byte %d runs past the image's end (%d bytes): the image is cut short", ErrArea, off, st.Size())
-	}
+	off, err := Find(f, st.Size())
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)

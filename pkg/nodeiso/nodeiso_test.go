@@ -209,7 +209,7 @@ func TestOpenRefusals(t *testing.T) {
 	if err := os.WriteFile(cut, b[:im.Offset()+100], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(cut, newArgs); !errors.Is(err, ErrArea) || !strings.Contains(err.Error(), "cut short") {
+	if _, err := Open(cut, newArgs); !errors.Is(err, ErrArea) || !errors.Is(err, ErrCut) {
 		t.Errorf("cut short: %v", err)
 	}
 	if _, err := Open(dir, newArgs); err == nil || !strings.Contains(err.Error(), "not a regular file") {
@@ -221,7 +221,7 @@ func TestOpenRefusals(t *testing.T) {
 }
 
 // TestLocate: the extents Locate gives hold exactly the files xorriso wrote, by their Rock Ridge names;
-// a missing file and a directory are fs.ErrNotExist.
+// an extent past the image's end is ErrCut; a missing file and a directory are fs.ErrNotExist.
 func TestLocate(t *testing.T) {
 	files := map[string][]byte{
 		"live/vmlinuz":             []byte("the kernel"),
@@ -236,8 +236,13 @@ func TestLocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := st.Size()
 	for name, want := range files {
-		e, err := Locate(f, "/"+name)
+		e, err := Locate(f, size, "/"+name)
 		if err != nil {
 			t.Errorf("Locate %s: %v", name, err)
 			continue
@@ -247,8 +252,16 @@ func TestLocate(t *testing.T) {
 			t.Errorf("%s: extent %+v (%v) does not hold the file", name, e, err)
 		}
 	}
+	// The image as a truncated copy would be: the root filesystem's extent runs past its end.
+	rootfs, err := Locate(f, size, "/live/rootfs.squashfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Locate(f, rootfs.Offset+rootfs.Size-1, "/live/rootfs.squashfs"); !errors.Is(err, ErrCut) {
+		t.Errorf("Locate in a cut image: %v, want ErrCut", err)
+	}
 	for _, name := range []string{"/live/missing", "/live", "/nothing/here"} {
-		if _, err := Locate(f, name); !errors.Is(err, fs.ErrNotExist) {
+		if _, err := Locate(f, size, name); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("Locate %s: %v, want fs.ErrNotExist", name, err)
 		}
 	}
