@@ -14,6 +14,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -33,13 +34,35 @@ func Write(path string, data []byte, perm fs.FileMode) (changed bool, err error)
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("read %s: %w", path, err)
 	}
+	if err := replace(path, perm, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	}); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// WriteFrom makes path hold what r yields, with permission perm, streamed (for files too large to
+// hold in memory: a node image ISO), by the same temporary file, fsync and rename as Write; it always
+// writes. Parent directories are created 0700. Errors wrap r's error or the failing system call's.
+func WriteFrom(path string, r io.Reader, perm fs.FileMode) error {
+	return replace(path, perm, func(f *os.File) error {
+		_, err := io.Copy(f, r)
+		return err
+	})
+}
+
+// replace writes path through a temporary file in its directory that fill writes, then fsyncs,
+// renames over path and fsyncs the directory; the temporary file is removed on failure.
+func replace(path string, perm fs.FileMode, fill func(*os.File) error) (err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return false, fmt.Errorf("create directory for %s: %w", path, err)
+		return fmt.Errorf("create directory for %s: %w", path, err)
 	}
 	tmp, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer func() {
 		if err != nil {
@@ -47,7 +70,7 @@ func Write(path string, data []byte, perm fs.FileMode) (changed bool, err error)
 		}
 	}()
 	if err = tmp.Chmod(perm); err == nil {
-		if _, err = tmp.Write(data); err == nil {
+		if err = fill(tmp); err == nil {
 			err = tmp.Sync()
 		}
 	}
@@ -55,16 +78,16 @@ func Write(path string, data []byte, perm fs.FileMode) (changed bool, err error)
 		err = cerr
 	}
 	if err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if d, derr := os.Open(dir); derr == nil {
 		_ = d.Sync()
 		_ = d.Close()
 	}
-	return true, nil
+	return nil
 }
 
 // tempPrefix is the start of path's temporary file name: ".NAME.tmp-PID-"; os.CreateTemp appends a

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -38,6 +40,33 @@ func TestWrite(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(p))
 	if len(ents) != 1 {
 		t.Fatalf("temporary files left behind: %v", ents)
+	}
+}
+
+// TestWriteFrom: a streamed write replaces the file with the reader's bytes and mode; a reader that
+// fails leaves the old content and no temporary file.
+func TestWriteFrom(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "node-amd64.iso")
+	if err := os.WriteFile(p, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("iso9660 ", 1<<17) // 1 MiB, more than one io.Copy buffer
+	if err := WriteFrom(p, strings.NewReader(big), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(p)
+	if got, _ := os.ReadFile(p); string(got) != big || st.Mode().Perm() != 0o644 {
+		t.Fatalf("got %d bytes mode %v, want %d bytes 0644", len(got), st.Mode().Perm(), len(big))
+	}
+	boom := errors.New("the source file went away")
+	if err := WriteFrom(p, io.MultiReader(strings.NewReader("partial"), iotest.ErrReader(boom)), 0o644); !errors.Is(err, boom) {
+		t.Fatalf("failing reader: %v, want its error", err)
+	}
+	if got, _ := os.ReadFile(p); string(got) != big {
+		t.Errorf("a failed write changed the file (%d bytes)", len(got))
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(p)); len(ents) != 1 {
+		t.Errorf("temporary files left behind: %v", ents)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/iso"
+	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 )
 
@@ -86,8 +86,9 @@ func NodeImageStep(hostagent string) func(ctx context.Context, bundleDir string,
 	}
 }
 
-// placeFile puts src at dst by a hard link (or a streamed copy across file systems) to a temporary
-// name in dst's directory, then an atomic rename; it returns the size.
+// placeFile puts src at dst by a hard link to a temporary name in dst's directory and an atomic
+// rename, or, across file systems, by a streamed atomic copy (atomicfile.WriteFrom, 0644); it returns
+// the size.
 func placeFile(src, dst string) (int64, error) {
 	st, err := os.Stat(src)
 	if err != nil {
@@ -96,39 +97,18 @@ func placeFile(src, dst string) (int64, error) {
 	tmp := dst + ".tmp"
 	_ = os.Remove(tmp)
 	if err := os.Link(src, tmp); err != nil {
-		// Another file system: stream a copy (the ISO and root filesystem are hundreds of MB).
-		if err := copyFile(src, tmp); err != nil {
-			_ = os.Remove(tmp)
+		in, err := os.Open(src)
+		if err != nil {
 			return 0, err
 		}
+		defer in.Close()
+		return st.Size(), atomicfile.WriteFrom(dst, in, 0o644)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		_ = os.Remove(tmp)
 		return 0, err
 	}
 	return st.Size(), nil
-}
-
-// copyFile copies src to dst (created 0644, synced).
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // lineWriter keeps everything written to it and calls line for each complete line.
