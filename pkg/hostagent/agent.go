@@ -379,9 +379,10 @@ func (a *Agent) converge(ctx context.Context) error {
 }
 
 // report runs one step and queues its reports: running (the first time in this process) then done
-// or failed; a step cut by ctx's end (the agent stopping) reports nothing more. A re-check is reported only when its status differs from the last report, or its
-// detail differs and says it changed something or failed (details of no-op re-checks start with
-// "unchanged"); the appliance ignores exact repeats anyway.
+// or failed; a step cut by ctx's end (the agent stopping) reports nothing more. A re-check is
+// reported only when its status differs from the last report, or its detail differs and says it
+// changed something or failed (details of no-op re-checks start with "unchanged"); the appliance
+// ignores exact repeats anyway.
 func (a *Agent) report(ctx context.Context, step string, run func(context.Context) (string, error)) error {
 	last, seen := a.last[step]
 	if !seen {
