@@ -24,6 +24,7 @@ type bootstrapFlags struct {
 	config, stateDir, hostagent string
 	skip                        []string
 	convergeTimeout             time.Duration
+	callbackTimeout             time.Duration
 	dryRun, prune, handoff      bool
 }
 
@@ -45,6 +46,7 @@ The HTTPS services keep running after this command returns.`,
 	cmd.Flags().StringSliceVar(&f.skip, "skip-phases", nil, "phases to skip, comma-separated: "+strings.Join(bootstrap.PhaseNames()[1:], ", "))
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
 	cmd.Flags().DurationVar(&f.convergeTimeout, "converge-timeout", bootstrap.DefaultConvergeTimeout, "how long the converge phase waits for every node to be ready")
+	cmd.Flags().DurationVar(&f.callbackTimeout, "callback-timeout", bootstrap.DefaultCallbackTimeout, "how long a machine powered on through its BMC may stay silent (before it enrols, between enrolling and its install notice, and after that until its first report) before converge fails it")
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "run every phase's check and print what it would change; change nothing")
 	cmd.Flags().BoolVar(&f.prune, "prune", false, "remove from the cluster the nodes it has that nodes[] no longer lists (as appliance node remove does); without it such a run is refused")
 	_ = cmd.MarkFlagRequired("config")
@@ -93,6 +95,7 @@ func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
 		SkipPhases:      f.skip,
 		HostagentBinary: defaultHostagent(f.hostagent),
 		ConvergeTimeout: f.convergeTimeout,
+		CallbackTimeout: f.callbackTimeout,
 		Progress:        progress,
 		JSONEvents:      jsonOut,
 		Logger:          g.logger(cmd.ErrOrStderr()),

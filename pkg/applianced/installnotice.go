@@ -46,8 +46,21 @@ func newInstallNotices(ctx context.Context, cfg *config.BootstrapConfiguration, 
 //   - anything else: agentapi.ErrInstallNoticeNotServed (404).
 //
 // A BMC that cannot be reached or refuses is an error (503: the machine retries, then stops before
-// rebooting and says so).
+// rebooting and says so). A notice that was acted on is recorded in the node's events
+// (nodestate.ContactInstalled).
 func (h *installNotices) note(node string, n agentapi.InstallNotice, remote string) error {
+	err := h.act(node, n, remote)
+	if err == nil {
+		// The contact the converge phase reads to say how far a silent machine got.
+		if nerr := h.store.NoteContact(node, nodestate.ContactInstalled, "installed to its disk (install notice from "+remote+"); it boots its disk next"); nerr != nil {
+			h.log.Warn("install notice not recorded in the node's events", "node", node, "err", nerr)
+		}
+	}
+	return err
+}
+
+// act is what note does for the notice: see note.
+func (h *installNotices) act(node string, n agentapi.InstallNotice, remote string) error {
 	var cn *config.Node
 	for i := range h.cfg.Nodes {
 		if h.cfg.Nodes[i].Name == node {

@@ -10,11 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
 
 // netbootConfig turns the configuration's boot section into the network-boot service's
@@ -129,11 +132,12 @@ func caPin(caPEM []byte) (string, error) {
 // startNetboot starts the network-boot service for cfg (see netbootConfig) and returns it, or nil
 // (nothing to stop) when boot.dhcp is off. A port that cannot be bound (another DHCP or TFTP server
 // on this host) is an error naming boot.dhcp.
-func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Logger) (*netboot.Server, error) {
+func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, store *nodestate.Store, log *slog.Logger) (*netboot.Server, error) {
 	nc, on, err := netbootConfig(cfg, caPEM, log)
 	if err != nil || !on {
 		return nil, err
 	}
+	nc.Seen = (&bootContacts{store: store, log: log}).seen
 	s, err := netboot.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
@@ -142,4 +146,38 @@ func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.Lo
 		return nil, fmt.Errorf("boot.dhcp %s on %s: %w: stop the other DHCP/TFTP server on this host, or set boot.dhcp: off", cfg.Boot.DHCP, nc.Interface, err)
 	}
 	return s, nil
+}
+
+// bootContactEvery is how often the same network-boot answer to the same node is recorded: a
+// machine retrying DHCP in a loop must not grow its events.jsonl without bound.
+const bootContactEvery = time.Minute
+
+// maxBootContacts bounds bootContacts.last (the inventory's machines times a few answers each).
+const maxBootContacts = 4096
+
+// bootContacts records what the network boot answered each machine as the node's contacts
+// (nodestate.ContactNetboot), so that the converge phase can say how far a silent machine got.
+type bootContacts struct {
+	store *nodestate.Store
+	log   *slog.Logger
+	mu    sync.Mutex
+	last  map[string]time.Time // node + what → when it was last recorded
+}
+
+func (c *bootContacts) seen(node, what string) {
+	now := time.Now()
+	key := node + "\x00" + what
+	c.mu.Lock()
+	if at, ok := c.last[key]; ok && now.Sub(at) < bootContactEvery {
+		c.mu.Unlock()
+		return
+	}
+	if c.last == nil || len(c.last) >= maxBootContacts {
+		c.last = map[string]time.Time{}
+	}
+	c.last[key] = now
+	c.mu.Unlock()
+	if err := c.store.NoteContact(node, nodestate.ContactNetboot, "network boot: "+what); err != nil {
+		c.log.Warn("netboot: the contact was not recorded in the node's events", "node", node, "err", err)
+	}
 }

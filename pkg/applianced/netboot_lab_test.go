@@ -38,6 +38,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso/nodeisotest"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/plan"
@@ -391,6 +392,28 @@ boot:
 
 	if !strings.Contains(serve.Log(), "node=cp1") {
 		t.Errorf("cp1's PXE request was not logged by name:\n%s", serve.Log())
+	}
+
+	// 5b. w1's contacts are in its events (what converge says of a machine that goes silent): its
+	// DHCP answers and its script, each once however often it asked within a minute; none for cp1.
+	store := nodestate.Open(statedir.Nodes(sl.state))
+	evs, err := store.Events("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, ev := range evs {
+		if ev.Contact == nodestate.ContactNetboot {
+			seen[ev.Detail]++
+		}
+	}
+	for _, want := range []string{"network boot: DHCP OFFER to w1 (undionly.kpxe)", "network boot: DHCP ACK to w1 (undionly.kpxe)", "network boot: iPXE script served: network boot of the node image"} {
+		if seen[want] != 1 {
+			t.Errorf("w1's events hold %q %d times, want once; its network-boot contacts: %v", want, seen[want], seen)
+		}
+	}
+	if evs, _ := store.Events("cp1"); len(evs) > 0 {
+		t.Errorf("cp1, which boots from its disk, got events: %+v", evs)
 	}
 
 	// 6. serve stops the service with itself, cleanly.

@@ -144,7 +144,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer func() { _ = dnsServer.Shutdown(context.Background()) }()
 	// Network boot (boot.dhcp proxy or server): DHCP, TFTP and the plain-HTTP boot port, stopped
 	// before Serve returns.
-	nb, err := startNetboot(cfg, caPEM, log.With("component", "netboot"))
+	nb, err := startNetboot(cfg, caPEM, store, log.With("component", "netboot"))
 	if err != nil {
 		return err
 	}

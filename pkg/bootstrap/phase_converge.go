@@ -22,7 +22,9 @@ const DefaultConvergeTimeout = 15 * time.Minute
 // cluster CA, and every configured node to be ready in Kubernetes' own terms: its Node Ready and, on
 // a control plane, its four static pods Running and Ready, and on every node kube-proxy (kubeNotReady). It fails, listing the nodes
 // and their reasons, if a node failed or the wait (Options.ConvergeTimeout) ran out; nodes that made
-// it stay as they are, and a rerun picks up the rest.
+// it stay as they are, and a rerun picks up the rest. A machine the power phase powered on through
+// its BMC that stays silent for Options.CallbackTimeout after its last step of progress is failed
+// alone, with what it got to and what to check (callbackOverdue), while the others go on.
 type convergePhase struct{}
 
 func (convergePhase) Name() string { return "converge" }
@@ -37,6 +39,10 @@ func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
 		timeout = DefaultConvergeTimeout
 	}
 	deadline := time.Now().Add(timeout)
+	callbackTimeout := st.Options.CallbackTimeout
+	if callbackTimeout == 0 {
+		callbackTimeout = DefaultCallbackTimeout
+	}
 	var names []string
 	for _, n := range st.Config.Nodes {
 		names = append(names, n.Name)
@@ -52,6 +58,11 @@ func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
 			s, err := store.Get(n.Name)
 			if err != nil {
 				s = agentapi.NodeStatus{Node: n.Name, State: agentapi.StatePending}
+			}
+			if why, err := callbackOverdue(store, n, s, time.Now(), callbackTimeout); err == nil && why != "" {
+				if ns, err := store.Set(n.Name, agentapi.StateFailed, why); err == nil {
+					s = ns
+				}
 			}
 			board.set(n.Name, nodeLine(s))
 			switch s.State {

@@ -37,6 +37,9 @@ type Options struct {
 	Logger *slog.Logger
 	// ConvergeTimeout bounds the converge phase's wait for nodes (default DefaultConvergeTimeout).
 	ConvergeTimeout time.Duration
+	// CallbackTimeout bounds how long converge waits for a BMC-powered machine's next step (enrolment,
+	// install notice, first report) before it fails that node alone (default DefaultCallbackTimeout).
+	CallbackTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 	// DryRun runs every phase's check against the real world and reports what it would change,

@@ -122,6 +122,13 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cfg.Logger.Info("netboot: iPXE script", "mac", mac.String(), "remote", r.RemoteAddr)
+	if s.cfg.Seen != nil {
+		what := "iPXE script served: network boot of the node image"
+		if strings.Contains(script, "sanboot") {
+			what = "iPXE script served: boot from its disk (installed)"
+		}
+		s.cfg.Seen(s.dhcp.machines[mac.String()].Name, what)
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte(script))
 }

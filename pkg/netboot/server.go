@@ -147,6 +147,9 @@ func (s *Server) handleDHCP(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCP
 		return
 	}
 	log.Info("netboot: DHCP", "reply", why)
+	if m, ok := s.dhcp.machines[req.ClientHWAddr.String()]; ok && s.cfg.Seen != nil {
+		s.cfg.Seen(m.Name, "DHCP "+why)
+	}
 }
 
 // tftpRead serves the allow-listed iPXE files; any other name is refused.

@@ -84,6 +84,9 @@ type Event struct {
 	Step   string `json:"step,omitempty"`
 	Status string `json:"status,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Contact is, for a note (Store.NoteContact), the machine's contact it records (ContactNetboot,
+	// ContactEnrolRefused, ContactEnrolled, ContactInstalled); empty otherwise.
+	Contact string `json:"contact,omitempty"`
 	// State and Reason are the node's after the event.
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`

@@ -79,8 +79,9 @@ const maxSeenNonces = 8192
 //  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
 //     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409.
 //
-// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.Note; the same
-// refusal of the same key at most once a minute), as is every acceptance; steps 1 to 3 are logged only (no node is proven). Store failures answer 500
+// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.NoteContact; the same
+// refusal of the same key at most once a minute, nodestate.ContactEnrolRefused), as is every acceptance
+// (nodestate.ContactEnrolled); steps 1 to 3 are logged only (no node is proven). Store failures answer 500
 // (the appliance's fault, never the client's input). The node token and keys are never logged.
 type Enrollment struct {
 	// Dir is the rendered dir (STATE/rendered): Dir/<node>/hostagent.yaml is the answer.
@@ -228,7 +229,7 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		if !e.shouldNote(n.Name+"\x00"+fp+"\x00"+r.msg, now) {
 			return agentapi.EnrollResponse{}, r
 		}
-		if err := e.Nodes.Note(n.Name, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
+		if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolRefused, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
 			e.log().Error("record the refused enrolment", "node", n.Name, "error", err)
 		}
 		return agentapi.EnrollResponse{}, r
@@ -297,7 +298,7 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		what = "enrolment answered again (same key)"
 	}
 	e.log().Info(what, "node", n.Name, "remote", remote, "key", fp)
-	if err := e.Nodes.Note(n.Name, what+" with key "+fp+" from "+remote); err != nil {
+	if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolled, what+" with key "+fp+" from "+remote); err != nil {
 		e.log().Error("record the enrolment", "node", n.Name, "error", err)
 	}
 	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp, InstallArgs: n.InstallArgs}, nil
@@ -329,7 +330,7 @@ func (e *Enrollment) powerOn(node string) (time.Time, bool, error) {
 	reported := false
 	for _, ev := range evs {
 		switch {
-		case ev.Step == "" && ev.State == agentapi.StatePowering:
+		case ev.Step == "" && ev.Contact == "" && ev.State == agentapi.StatePowering:
 			at, reported = ev.Time, false
 		case ev.Step != "" && !at.IsZero():
 			reported = true

@@ -522,6 +522,31 @@ spec:
 	// appliance's script says so: no network image, no second install), keeps its state (no second
 	// join), and the node is Ready again.
 	store := nodestate.Open(statedir.Nodes(state))
+	// Each machine's contacts before its hostagent reported are in its events, in order (what
+	// converge names when a machine goes silent): n1's network boot, then its enrolment and its
+	// install notice; n2's (virtual media) enrolment and install notice.
+	for node, want := range map[string][]string{
+		"n1": {nodestate.ContactNetboot, nodestate.ContactEnrolled, nodestate.ContactInstalled},
+		"n2": {nodestate.ContactEnrolled, nodestate.ContactInstalled},
+	} {
+		evs, err := store.Events(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ev := range evs {
+			if ev.Contact != "" && (len(got) == 0 || got[len(got)-1] != ev.Contact) {
+				got = append(got, ev.Contact)
+			}
+		}
+		// After the install n1 network-boots again and its script says: boot the disk.
+		if node == "n1" && len(got) > 0 && got[len(got)-1] == nodestate.ContactNetboot {
+			got = got[:len(got)-1]
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s's contacts in its events: %v, want %v", node, got, want)
+		}
+	}
 	st1, err := store.Get("n1")
 	if err != nil || st1.BootID == "" {
 		t.Fatalf("n1's status before the power cycle: %+v (%v)", st1, err)
