@@ -85,9 +85,14 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		if err != nil {
 			return netboot.Config{}, false, fmt.Errorf("node %s: mac %q: %w", n.Name, n.MAC, err)
 		}
-		if n.NetworkBootable() {
+		switch {
+		case n.NetworkBootable():
 			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac, KernelArgs: installArgs(cfg, n)})
-		} else {
+		case b.DHCP == config.BootDHCPServer && n.InstallsItself():
+			// Booted from virtual media on the network the appliance leases: its live system (and its
+			// installed one, without static addresses) takes DHCP from here.
+			nc.AddressOnly = append(nc.AddressOnly, netboot.Machine{Name: n.Name, MAC: mac})
+		default:
 			nc.Others = append(nc.Others, netboot.Machine{Name: n.Name, MAC: mac})
 		}
 	}

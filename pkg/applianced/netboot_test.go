@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 )
 
@@ -53,4 +54,54 @@ next:
 	}
 	t.Fatal("every RFC 5737 network is on an interface of this host")
 	return netip.Prefix{}
+}
+
+// TestNetbootConfigMachines: which nodes the network boot answers, and how. A network-bootable node
+// gets boot options; with boot.dhcp server a node booted from virtual media gets an address only
+// (its live system takes DHCP where the appliance leases), with proxy it is ignored by name like a
+// node that boots its disk. The control-plane network is the host's first IPv4 address, as a /32
+// (read only: nothing is bound, netbootConfig only resolves it).
+func TestNetbootConfigMachines(t *testing.T) {
+	caPEM, _ := pkitest.Issue(t)
+	log := slog.New(slog.DiscardHandler)
+	var host netip.Prefix
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok && ip.Unmap().Is4() && !ip.IsLoopback() && !host.IsValid() {
+				host = netip.PrefixFrom(ip.Unmap(), 32)
+			}
+		}
+	}
+	if !host.IsValid() {
+		t.Fatalf("this host has no IPv4 address outside loopback: %v", addrs)
+	}
+	for _, mode := range []config.BootDHCP{config.BootDHCPServer, config.BootDHCPProxy} {
+		cfg := config.Example()
+		cfg.Networks.ControlPlane.CIDRs = []netip.Prefix{host}
+		cfg.Boot.DHCP = mode
+		cfg.Nodes = []config.Node{
+			{Name: "cp1", MAC: "52:54:00:00:00:11", Power: config.Power{Kind: config.PowerSSH}},
+			{Name: "n1", MAC: "52:54:00:00:00:21", Power: config.Power{Kind: config.PowerIPMI, BootDevice: config.BootPXE}},
+			{Name: "n2", MAC: "52:54:00:00:00:22", Power: config.Power{Kind: config.PowerRedfish, BootDevice: config.BootCDROM, VirtualMediaImage: "https://appliance:8443/boot/node.iso"}},
+		}
+		nc, on, err := netbootConfig(cfg, caPEM, log)
+		if err != nil || !on {
+			t.Fatalf("%s: on %t, %v", mode, on, err)
+		}
+		names := func(ms []netboot.Machine) string {
+			var out []string
+			for _, m := range ms {
+				out = append(out, m.Name)
+			}
+			return strings.Join(out, ",")
+		}
+		want := map[config.BootDHCP][3]string{config.BootDHCPServer: {"n1", "n2", "cp1"}, config.BootDHCPProxy: {"n1", "", "cp1,n2"}}[mode]
+		if got := [3]string{names(nc.Machines), names(nc.AddressOnly), names(nc.Others)}; got != want {
+			t.Errorf("%s: machines, address only, others = %q, want %q", mode, got, want)
+		}
+	}
 }

@@ -92,7 +92,7 @@ func callbackOverdue(store *nodestate.Store, n config.Node, s agentapi.NodeStatu
 		return fmt.Sprintf("%s; its network boot got as far as %q at %s, but it never enrolled: check on its console the kernel, initramfs and root filesystem downloads (boot.httpPort) and `hostagent enroll` (its clock, its network to the appliance); %s",
 			head, c.netboot.Detail, at(c.netboot.Time), restart), nil
 	case n.Power.VirtualMediaImage != "":
-		return fmt.Sprintf("%s from virtual media (%s), it never enrolled: check on its console through the BMC that it booted the CD (the node image's GRUB, then `hostagent enroll`) and that its live system gets an address from the datacenter's DHCP and reaches the appliance; %s",
+		return fmt.Sprintf("%s from virtual media (%s), it never enrolled: check on its console through the BMC that it booted the CD (the node image's GRUB, then `hostagent enroll`) and that its live system gets an address (boot.dhcp server leases it one; otherwise the datacenter's DHCP server must) and reaches the appliance; %s",
 			head, n.Power.VirtualMediaImage, restart), nil
 	case n.NetworkBootable():
 		return fmt.Sprintf("%s, no DHCP request from its MAC %s reached the appliance's network boot: check on its console through the BMC that it boots from the network on that NIC (boot order, PXE enabled on the NIC, the NIC on the control-plane network; nodes[].mac); %s",

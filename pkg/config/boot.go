@@ -122,7 +122,8 @@ func (n Node) InstallsItself() bool {
 // validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
 // the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and
 // boot HTTP (tcp 8080) on the control-plane interface; the node image /b/netboot/node-amd64.iso;
-// answers 1 machine: w1 52:54:00:00:00:21".
+// answers 1 machine: w1 52:54:00:00:00:21"; with boot.dhcp server, the nodes booted from virtual media
+// that get an address only ("; leases an address only (no boot) to 1 booted from virtual media: n2 …").
 func (c *BootstrapConfiguration) BootSummary() string {
 	b := c.Boot
 	if !b.Enabled() {
@@ -158,6 +159,15 @@ func (c *BootstrapConfiguration) BootSummary() string {
 		sb.WriteString("; answers 1 machine: " + machines[0])
 	default:
 		fmt.Fprintf(&sb, "; answers %d machines: %s", len(machines), strings.Join(machines, ", "))
+	}
+	var vm []string
+	for _, n := range c.Nodes {
+		if b.DHCP == BootDHCPServer && n.InstallsItself() && !n.NetworkBootable() {
+			vm = append(vm, n.Name+" "+n.MAC)
+		}
+	}
+	if len(vm) > 0 {
+		fmt.Fprintf(&sb, "; leases an address only (no boot) to %d booted from virtual media: %s", len(vm), strings.Join(vm, ", "))
 	}
 	return sb.String()
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -245,11 +246,15 @@ func TestBootSummary(t *testing.T) {
 	off, _, _ := labWith(t, "")
 	proxy, _, _ := labWith(t, "", w1MAC...)
 	server, _, _ := labWith(t, "boot:\n  dhcp: server\n  interface: ens3\n  range: {start: 10.100.0.200, end: 10.100.0.250}\n", w1MAC...)
+	vm := *server
+	vm.Nodes = append(slices.Clone(server.Nodes), Node{Name: "n2", MAC: "52:54:00:00:00:31",
+		Power: Power{Kind: PowerRedfish, BootDevice: BootCDROM, VirtualMediaImage: "https://10.100.0.2:8443/boot/node.iso"}})
 	for _, c := range []struct {
 		cfg  *BootstrapConfiguration
 		want string
 	}{
 		{off, "off (boot.dhcp: off)"},
+		{&vm, "DHCP server leasing 10.100.0.200-10.100.0.250 (udp 67), TFTP (udp 69) and boot HTTP (tcp 8080) on ens3; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 1 machine: w1 52:54:00:00:00:21; leases an address only (no boot) to 1 booted from virtual media: n2 52:54:00:00:00:31"},
 		{proxy, "proxyDHCP (udp 67, 4011), TFTP (udp 69) and boot HTTP (tcp 8080) on the control-plane interface; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 1 machine: w1 52:54:00:00:00:21"},
 		{server, "DHCP server leasing 10.100.0.200-10.100.0.250 (udp 67), TFTP (udp 69) and boot HTTP (tcp 8080) on ens3; the node image /var/cache/appliance/bundle/netboot/node-amd64.iso; answers 1 machine: w1 52:54:00:00:00:21"},
 	} {

@@ -26,6 +26,7 @@ type dhcpResponder struct {
 	cfg      Config
 	machines map[string]Machine // by MAC string
 	others   map[string]Machine // Config.Others by MAC string
+	addrOnly map[string]Machine // Config.AddressOnly by MAC string
 
 	mu       sync.Mutex
 	leases   map[string]netip.Addr // MAC → address
@@ -34,13 +35,16 @@ type dhcpResponder struct {
 }
 
 func newDHCPResponder(cfg Config) *dhcpResponder {
-	r := &dhcpResponder{cfg: cfg, machines: map[string]Machine{}, others: map[string]Machine{}, leases: map[string]netip.Addr{},
+	r := &dhcpResponder{cfg: cfg, machines: map[string]Machine{}, others: map[string]Machine{}, addrOnly: map[string]Machine{}, leases: map[string]netip.Addr{},
 		leased: map[netip.Addr]string{}, unknowns: map[string]bool{}}
 	for _, m := range cfg.Machines {
 		r.machines[m.MAC.String()] = m
 	}
 	for _, m := range cfg.Others {
 		r.others[m.MAC.String()] = m
+	}
+	for _, m := range cfg.AddressOnly {
+		r.addrOnly[m.MAC.String()] = m
 	}
 	return r
 }
@@ -99,6 +103,10 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 	}
 	mac := req.ClientHWAddr.String()
 	mc, known := r.machines[mac]
+	addressOnly := false
+	if ao, ok := r.addrOnly[mac]; ok && !known {
+		mc, known, addressOnly = ao, true, true
+	}
 	if !known {
 		r.logUnknown(mac, "DHCP")
 		return nil, "unknown MAC"
@@ -116,7 +124,7 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 		}
 		return nil, "REQUEST for another server " + sid.String()
 	}
-	pxe := isPXEClient(req)
+	pxe := isPXEClient(req) && !addressOnly // an address-only machine gets no boot options
 	if r.cfg.Mode == ModeProxy && !pxe {
 		return nil, "proxy mode answers PXE clients only"
 	}
@@ -181,6 +189,9 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 	if pxe {
 		reply.BootFileName = file
 		reply.ServerHostName = r.cfg.ServerIP.String()
+	}
+	if addressOnly {
+		file = "address only"
 	}
 	return reply, fmt.Sprintf("%s to %s (%s)", replyType, mc.Name, file)
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -236,6 +238,48 @@ func TestRespondServer(t *testing.T) {
 	}
 	if _, ok := r.leases[macW2.String()]; ok {
 		t.Error("w2's offer not released after it chose another server")
+	}
+}
+
+// TestRespondAddressOnly: in ModeServer a machine booted from virtual media (Config.AddressOnly)
+// gets a lease, also when its firmware asks as a PXE client, but never boot options, and no script;
+// a proxy refuses such machines at New.
+func TestRespondAddressOnly(t *testing.T) {
+	macN2 := mustMAC("52:54:00:00:00:31")
+	c := testConfig(t, ModeServer, nil)
+	c.AddressOnly = []Machine{{Name: "n2", MAC: macN2}}
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := dhcpv4.NewDiscovery(macN2)
+	for _, req := range []*dhcpv4.DHCPv4{plain, pxeDiscover(t, macN2, iana.INTEL_X86PC)} {
+		o, why := s.dhcp.respond(req)
+		if o == nil || o.YourIPAddr.String() != "10.77.0.100" || o.BootFileName != "" || o.Options.Has(dhcpv4.OptionBootfileName) ||
+			o.Options.Has(dhcpv4.OptionClassIdentifier) || why != "OFFER to n2 (address only)" {
+			t.Fatalf("offer to the address-only n2: %v (%s)", o, why)
+		}
+		ack, why := s.dhcp.respond(asRequest(t, o))
+		if ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck || ack.YourIPAddr.String() != "10.77.0.100" || ack.BootFileName != "" {
+			t.Fatalf("ACK to n2: %v (%s)", ack, why)
+		}
+	}
+	if _, ok := s.Script(macN2); ok {
+		t.Error("the address-only n2 has a boot script")
+	}
+	rec := httptest.NewRecorder()
+	s.serveScript(rec, httptest.NewRequest(http.MethodGet, ScriptPath+macN2.String(), nil))
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "boots from virtual media") {
+		t.Errorf("n2's script: %d %q", rec.Code, rec.Body.String())
+	}
+	c.Mode = ModeProxy
+	if _, err := New(c); err == nil || !strings.Contains(err.Error(), "AddressOnly machines need ModeServer") {
+		t.Errorf("AddressOnly in proxy mode: %v", err)
+	}
+	c.Mode = ModeServer
+	c.AddressOnly = []Machine{{Name: "n2", MAC: macW1}}
+	if _, err := New(c); err == nil || !strings.Contains(err.Error(), "is both") {
+		t.Errorf("an AddressOnly MAC that is also a machine's: %v", err)
 	}
 }
 

@@ -114,6 +114,10 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 	script, ok := s.Script(mac)
 	if !ok {
 		s.dhcp.logUnknown(mac.String(), "HTTP")
+		if o, ok := s.dhcp.addrOnly[mac.String()]; ok {
+			http.Error(w, fmt.Sprintf("%s is node %s, which boots from virtual media: the appliance gives it an address, not a network boot", mac, o.Name), http.StatusNotFound)
+			return
+		}
 		if o, ok := s.dhcp.others[mac.String()]; ok {
 			http.Error(w, fmt.Sprintf("%s is node %s, which does not boot from the network: give it power.kind ipmi or redfish and power.bootDevice pxe", mac, o.Name), http.StatusNotFound)
 			return

@@ -43,6 +43,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -136,6 +137,11 @@ type Config struct {
 	// whose firmware tries PXE first): ignored like an unknown MAC, but logged once by name, with
 	// what to change to network-boot them. A MAC in both lists is refused.
 	Others []Machine
+	// AddressOnly are machines of the inventory that ModeServer leases an address to but never boots
+	// (no boot file, no script): machines booted from virtual media, whose live system and installed
+	// system take DHCP on the provisioning network. ModeServer only (a proxy gives no addresses); a
+	// MAC in two lists is refused.
+	AddressOnly []Machine
 	// IPXEDir holds the iPXE boot files. Empty: DefaultIPXEDir.
 	IPXEDir string
 	// Kernel and Initrd are the files served at KernelPath and InitrdPath. Required unless ISO is set.
@@ -266,7 +272,10 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		seen[m.MAC.String()] = m.Name
 	}
-	for _, m := range c.Others {
+	if len(c.AddressOnly) > 0 && c.Mode != ModeServer {
+		return c, configErr("AddressOnly machines need ModeServer: a %s gives no addresses", c.Mode)
+	}
+	for _, m := range slices.Concat(c.Others, c.AddressOnly) {
 		if len(m.MAC) != 6 {
 			return c, configErr("machine %q: MAC %v is not 48 bits", m.Name, m.MAC)
 		}

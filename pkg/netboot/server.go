@@ -147,8 +147,14 @@ func (s *Server) handleDHCP(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCP
 		return
 	}
 	log.Info("netboot: DHCP", "reply", why)
-	if m, ok := s.dhcp.machines[req.ClientHWAddr.String()]; ok && s.cfg.Seen != nil {
-		s.cfg.Seen(m.Name, "DHCP "+why)
+	if s.cfg.Seen != nil {
+		m, ok := s.dhcp.machines[req.ClientHWAddr.String()]
+		if !ok {
+			m, ok = s.dhcp.addrOnly[req.ClientHWAddr.String()]
+		}
+		if ok {
+			s.cfg.Seen(m.Name, "DHCP "+why)
+		}
 	}
 }
 

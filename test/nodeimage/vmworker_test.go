@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,7 +17,6 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/test/labns"
 	"github.com/airgap-appliance/appliance/test/sushy"
 )
 
@@ -38,8 +35,6 @@ const (
 	vmDecoySerial = "DECOY-n2"
 	vmAddr        = "10.100.0.22"
 	vmBMC         = "10.100.0.122/24"
-	// dcAddr is the datacenter DHCP server's address (with n2's reservation).
-	dcAddr = "10.100.0.3"
 	// n2ImageURL is n2's power.virtualMediaImage: the appliance's own node ISO (boot.nodeISO).
 	n2ImageURL = "https://10.100.0.2:8443/boot/node.iso"
 )
@@ -53,60 +48,6 @@ func startVMWorker(t *testing.T, fabric string) sushy.Machine {
 	return sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
 		Disks: []sushy.Disk{{SizeGiB: 8, Serial: vmSerial}, {SizeGiB: 5, Serial: vmDecoySerial}}, ColdReboot: true,
 		Lab: &sushy.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
-}
-
-// datacenter is what a datacenter gives a virtual-media machine, in a namespace of the test's own on
-// the lab's control-plane bridge at dcAddr: busybox udhcpd with one reservation (n2's MAC → vmAddr)
-// and no other address to lease, so it is silent for every other machine (n1's PXE ROM takes the
-// appliance's offer).
-type datacenter struct {
-	ns *labns.NS
-}
-
-// startDatacenter starts the datacenter's DHCP server (stopped by PID when the test ends).
-func startDatacenter(t *testing.T, fabric string) *datacenter {
-	t.Helper()
-	busybox := labns.RequireTool(t, "busybox")
-	dc := &datacenter{ns: labns.New(t, "bmdc")}
-	port := "d" + dc.ns.Name[len(dc.ns.Name)-6:] + "c"
-	for _, c := range [][]string{
-		{"ip", "link", "add", "eth0", "netns", dc.ns.Name, "type", "veth", "peer", "name", port, "netns", fabric},
-		{"ip", "-n", fabric, "link", "set", port, "master", "br-cp", "up"},
-		{"ip", "-n", dc.ns.Name, "addr", "add", dcAddr + "/24", "dev", "eth0"},
-		{"ip", "-n", dc.ns.Name, "link", "set", "eth0", "up"},
-	} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", c, err, out)
-		}
-	}
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "udhcpd.conf")
-	if err := os.WriteFile(conf, []byte("start "+vmAddr+"\nend "+vmAddr+"\ninterface eth0\noption subnet 255.255.255.0\noption lease 86400\n"+
-		"static_lease "+vmMAC+" "+vmAddr+"\nlease_file "+filepath.Join(dir, "leases")+"\npidfile "+filepath.Join(dir, "udhcpd.pid")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "udhcpd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := dc.ns.Command(busybox, "udhcpd", "-f", conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill() // by PID: `ip netns exec` execs busybox
-		<-exited
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("udhcpd (pid %d):\n%s", cmd.Process.Pid, lastLines(string(b), 30))
-		}
-	})
-
-	return dc
 }
 
 // domainEvents reads the watcher's log (sushy.Machine.Events): each event's name and time.
