@@ -250,6 +250,10 @@ func (r *dhcpResponder) logUnknown(mac, via string) {
 	if !first {
 		return
 	}
+	if m, ok := r.addrOnly[mac]; ok {
+		r.cfg.Logger.Info("netboot: a node booted from virtual media asked for a network boot (logged once per MAC); it gets an address only", "node", m.Name, "mac", mac, "via", via)
+		return
+	}
 	if m, ok := r.others[mac]; ok {
 		r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", "node", m.Name, "mac", mac, "via", via)
 		return

@@ -165,10 +165,11 @@ type Config struct {
 	DHCPPort, PXEPort, TFTPPort int
 	// Logger receives events; nil: slog.Default().
 	Logger *slog.Logger
-	// Seen, when set, is called with a Machines node's name and what the service did for it each
-	// time it answers that machine: a DHCP reply sent ("DHCP OFFER to n1 (undionly.kpxe)") or its iPXE
-	// script served ("iPXE script served: ..."). It runs on the serving goroutine: keep it short. The
-	// appliance records these as the machine's contacts (nodestate.ContactNetboot).
+	// Seen, when set, is called with a Machines or AddressOnly node's name and what the service did
+	// for it each time it answers that machine: a DHCP reply sent ("DHCP OFFER to n1 (undionly.kpxe)",
+	// "DHCP ACK to n2 (address only)") or its iPXE script served ("iPXE script served: ..."). It runs
+	// on the serving goroutine: keep it short. The appliance records these as the machine's contacts
+	// (nodestate.ContactNetboot).
 	Seen func(node, what string)
 }
 
