@@ -221,13 +221,9 @@ func TestWaitCoreDNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A free UDP port on 127.0.0.1 for the late server.
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := netip.MustParseAddrPort(pc.LocalAddr().String())
-	_ = pc.Close()
+	// A port on 127.0.0.1 free for both UDP and TCP, which the late server binds (CI: a port free for
+	// UDP only was in use for TCP by the lane beside, and the server could not start).
+	addr := freeDNSPort(t)
 	a := &Agent{}
 	if err := a.coreDNSAnswers(context.Background(), addr, c.DNSZone()); err == nil {
 		t.Fatalf("something answers on %s before the server started", addr)
@@ -251,6 +247,26 @@ func TestWaitCoreDNS(t *testing.T) {
 	if err := a.waitCoreDNS(context.Background(), addr, "other.example.org", 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "REFUSED") {
 		t.Errorf("a zone nobody serves: %v, want the last check's REFUSED", err)
 	}
+}
+
+// freeDNSPort returns 127.0.0.1:PORT with PORT free for UDP and TCP at once (both bound, then closed).
+func freeDNSPort(t *testing.T) netip.AddrPort {
+	t.Helper()
+	for range 50 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := netip.MustParseAddrPort(pc.LocalAddr().String())
+		l, err := net.Listen("tcp", addr.String())
+		_ = pc.Close()
+		if err == nil {
+			_ = l.Close()
+			return addr
+		}
+	}
+	t.Fatal("no port on 127.0.0.1 free for both UDP and TCP in 50 tries")
+	return netip.AddrPort{}
 }
 
 func dnsTestWrite(t *testing.T, path, data string) {
