@@ -66,7 +66,7 @@ fi
 # Phase 2: the vm lane beside the test lane.
 (
 	rc=0
-	nice -n 10 "$STAGE" suite-nodeimage --show -- "$GO" test -tags e2e -race -count=1 -p 1 -timeout 30m ./test/nodeimage/ || rc=1
+	nice -n 10 "$STAGE" suite-nodeimage --show -- bash -c 'verbose "$@"' verbose -race -timeout 30m ./test/nodeimage/ || rc=1
 	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m ./test/iso/ || rc=1
 	exit $rc
 ) &
