@@ -79,13 +79,17 @@ func TestCallbackOverdue(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			why, err := callbackOverdue(store, c.node, st, t0.Add(c.at), window)
+			why, recheck, err := callbackOverdue(store, c.node, st, t0.Add(c.at), window)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if c.want == nil {
 				if why != "" {
 					t.Fatalf("overdue: %s", why)
+				}
+				// Not overdue: the next read is due no earlier than now and no later than a window on.
+				if recheck.Before(t0.Add(c.at)) || recheck.After(t0.Add(c.at+window)) {
+					t.Errorf("recheck at %s, want within a window of %s", recheck, t0.Add(c.at))
 				}
 				return
 			}
@@ -102,7 +106,7 @@ func TestCallbackOverdue(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := store.Get("cp1")
-	if why, err := callbackOverdue(store, config.Node{Name: "cp1", Power: config.Power{Kind: config.PowerSSH}}, st, time.Now().Add(time.Hour), window); why != "" || err != nil {
+	if why, _, err := callbackOverdue(store, config.Node{Name: "cp1", Power: config.Power{Kind: config.PowerSSH}}, st, time.Now().Add(time.Hour), window); why != "" || err != nil {
 		t.Errorf("ssh node: %q %v", why, err)
 	}
 }

@@ -43,6 +43,7 @@ func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if callbackTimeout == 0 {
 		callbackTimeout = DefaultCallbackTimeout
 	}
+	recheck := map[string]time.Time{} // node → when its callback is next read (callbackOverdue)
 	var names []string
 	for _, n := range st.Config.Nodes {
 		names = append(names, n.Name)
@@ -59,9 +60,13 @@ func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
 			if err != nil {
 				s = agentapi.NodeStatus{Node: n.Name, State: agentapi.StatePending}
 			}
-			if why, err := callbackOverdue(store, n, s, time.Now(), callbackTimeout); err == nil && why != "" {
-				if ns, err := store.Set(n.Name, agentapi.StateFailed, why); err == nil {
-					s = ns
+			if now := time.Now(); !now.Before(recheck[n.Name]) {
+				why, next, err := callbackOverdue(store, n, s, now, callbackTimeout)
+				recheck[n.Name] = next
+				if err == nil && why != "" {
+					if ns, err := store.Set(n.Name, agentapi.StateFailed, why); err == nil {
+						s = ns
+					}
 				}
 			}
 			board.set(n.Name, nodeLine(s))
