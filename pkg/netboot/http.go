@@ -73,9 +73,15 @@ func parseMAC(s string) (net.HardwareAddr, bool) {
 // Config.RootFS the node image's arguments, see install.go). A machine marked installed gets a script
 // that boots its disk instead.
 func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
+	script, _, ok := s.script(mac)
+	return script, ok
+}
+
+// script is Script, also saying whether the script boots the machine's disk (it is marked installed).
+func (s *Server) script(mac net.HardwareAddr) (script string, disk, ok bool) {
 	m, ok := s.dhcp.machines[mac.String()]
 	if !ok {
-		return "", false
+		return "", false, false
 	}
 	if s.cfg.StateDir != "" {
 		if mark, ok, err := InstalledMark(s.cfg.StateDir, m.Name); err != nil {
@@ -83,7 +89,7 @@ func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 		} else if ok {
 			return fmt.Sprintf("#!ipxe\n"+
 				"echo appliance: %s installed itself to its disk at %s: booting the disk (appliance node reinstall %s to install again)\n"+
-				"sanboot --no-describe --drive 0x80 || exit\n", m.Name, mark.Time.Format(time.RFC3339), m.Name), true
+				"sanboot --no-describe --drive 0x80 || exit\n", m.Name, mark.Time.Format(time.RFC3339), m.Name), true, true
 		}
 	}
 	args := append([]string{"initrd=initrd"}, s.cfg.KernelArgs...)
@@ -98,7 +104,7 @@ func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 		"echo appliance: network boot of %s (${netX/mac})\n"+
 		"kernel %s%s %s\n"+
 		"initrd %s%s\n"+
-		"boot\n", m.Name, base, KernelPath, strings.Join(args, " "), base, InitrdPath), true
+		"boot\n", m.Name, base, KernelPath, strings.Join(args, " "), base, InitrdPath), false, true
 }
 
 func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
@@ -111,7 +117,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%q is not a MAC address: ask for %sMAC, e.g. %s52:54:00:00:00:21", clip(raw), ScriptPath, ScriptPath), http.StatusNotFound)
 		return
 	}
-	script, ok := s.Script(mac)
+	script, disk, ok := s.script(mac)
 	if !ok {
 		s.dhcp.logUnknown(mac.String(), "HTTP")
 		if o, ok := s.dhcp.addrOnly[mac.String()]; ok {
@@ -128,7 +134,7 @@ func (s *Server) serveScript(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Logger.Info("netboot: iPXE script", "mac", mac.String(), "remote", r.RemoteAddr)
 	if s.cfg.Seen != nil {
 		what := "iPXE script served: network boot of the node image"
-		if strings.Contains(script, "sanboot") {
+		if disk {
 			what = "iPXE script served: boot from its disk (installed)"
 		}
 		s.cfg.Seen(s.dhcp.machines[mac.String()].Name, what)
