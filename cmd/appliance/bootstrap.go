@@ -68,6 +68,11 @@ func defaultHostagent(flag string) string {
 }
 
 func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
+	for flag, d := range map[string]time.Duration{"--converge-timeout": f.convergeTimeout, "--callback-timeout": f.callbackTimeout} {
+		if d <= 0 {
+			return fmt.Errorf("%s %v: give a positive duration, e.g. %s 20m", flag, d, flag)
+		}
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	jsonOut := g.output == "json"

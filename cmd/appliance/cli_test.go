@@ -152,3 +152,19 @@ func TestFlagUsages(t *testing.T) {
 		})
 	})
 }
+
+// TestBootstrapTimeoutsPositive: a zero or negative --converge-timeout or --callback-timeout is
+// refused before anything runs (no state directory is made), naming the flag and what to give.
+func TestBootstrapTimeoutsPositive(t *testing.T) {
+	path := writeConfig(t, config.Example())
+	for _, flag := range []string{"--converge-timeout", "--callback-timeout"} {
+		state := filepath.Join(t.TempDir(), "state")
+		_, _, err := runCLI("bootstrap", "--config", path, "--state-dir", state, flag, "-1m")
+		if err == nil || !strings.Contains(err.Error(), flag+" -1m0s: give a positive duration") {
+			t.Errorf("%s -1m: %v", flag, err)
+		}
+		if _, err := os.Stat(state); err == nil {
+			t.Errorf("%s -1m made the state directory", flag)
+		}
+	}
+}
