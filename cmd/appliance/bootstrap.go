@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
@@ -67,11 +68,24 @@ func defaultHostagent(flag string) string {
 	return ""
 }
 
-func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
-	for flag, d := range map[string]time.Duration{"--converge-timeout": f.convergeTimeout, "--callback-timeout": f.callbackTimeout} {
-		if d <= 0 {
-			return fmt.Errorf("%s %v: give a positive duration, e.g. %s 20m", flag, d, flag)
+// positiveDurations refuses a zero or negative value in any of cmd's duration flags (the timeouts
+// of bootstrap and handoff), naming the flag as the command spells it and what to give instead.
+func positiveDurations(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
+		if err != nil || fl.Value.Type() != "duration" {
+			return
 		}
+		if d, perr := time.ParseDuration(fl.Value.String()); perr == nil && d <= 0 {
+			err = fmt.Errorf("--%s %v: give a positive duration, e.g. --%s 20m", fl.Name, d, fl.Name)
+		}
+	})
+	return err
+}
+
+func runBootstrap(cmd *cobra.Command, g *globalFlags, f *bootstrapFlags) error {
+	if err := positiveDurations(cmd); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -155,16 +155,31 @@ func TestFlagUsages(t *testing.T) {
 
 // TestBootstrapTimeoutsPositive: a zero or negative --converge-timeout or --callback-timeout is
 // refused before anything runs (no state directory is made), naming the flag and what to give.
+//
+// appliance handoff runs the same phases with its own flags (--timeout for the waits): its refusal
+// names that flag, and with no flag given it is not refused (its defaults are positive: a handoff
+// whose unset callback timeout read as zero was refused at once, which the e2e hand-off caught).
 func TestBootstrapTimeoutsPositive(t *testing.T) {
 	path := writeConfig(t, config.Example())
-	for _, flag := range []string{"--converge-timeout", "--callback-timeout"} {
+	for _, c := range []struct{ cmd, flag string }{
+		{"bootstrap", "--converge-timeout"}, {"bootstrap", "--callback-timeout"},
+		{"handoff", "--timeout"}, {"handoff", "--callback-timeout"},
+	} {
 		state := filepath.Join(t.TempDir(), "state")
-		_, _, err := runCLI("bootstrap", "--config", path, "--state-dir", state, flag, "-1m")
-		if err == nil || !strings.Contains(err.Error(), flag+" -1m0s: give a positive duration") {
-			t.Errorf("%s -1m: %v", flag, err)
+		_, _, err := runCLI(c.cmd, "--config", path, "--state-dir", state, c.flag, "-1m")
+		if err == nil || !strings.Contains(err.Error(), c.flag+" -1m0s: give a positive duration") {
+			t.Errorf("%s %s -1m: %v", c.cmd, c.flag, err)
 		}
 		if _, err := os.Stat(state); err == nil {
-			t.Errorf("%s -1m made the state directory", flag)
+			t.Errorf("%s %s -1m made the state directory", c.cmd, c.flag)
+		}
+	}
+	// With the default timeouts both go on to the load phase (which refuses the example's missing files).
+	for _, cmd := range []string{"bootstrap", "handoff"} {
+		state := filepath.Join(t.TempDir(), "state")
+		_, _, err := runCLI(cmd, "--config", path, "--state-dir", state, "--dry-run")
+		if err == nil || !strings.Contains(err.Error(), "phase load:") {
+			t.Errorf("appliance %s with its default timeouts: %v, want the load phase's refusal of the example's missing files", cmd, err)
 		}
 	}
 }

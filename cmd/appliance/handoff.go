@@ -53,6 +53,7 @@ Running it after it finished is refused: there is nothing to do.`,
 	cmd.Flags().StringVarP(&f.stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	cmd.Flags().StringVar(&f.hostagent, "hostagent-binary", "", "hostagent executable served to nodes (default: hostagent next to this program)")
 	cmd.Flags().DurationVar(&f.convergeTimeout, "timeout", bootstrap.DefaultConvergeTimeout, "how long to wait for the nodes at each step (converge, mirrors copied, nodes switched)")
+	cmd.Flags().DurationVar(&f.callbackTimeout, "callback-timeout", bootstrap.DefaultCallbackTimeout, "how long a machine powered on through its BMC may stay silent before converge fails it (as appliance bootstrap --callback-timeout)")
 	cmd.Flags().BoolVar(&f.dryRun, "dry-run", false, "check and print what it would do; change nothing")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd

@@ -75,23 +75,40 @@ func (k *k8sLab) handoff(t *testing.T, ctx context.Context) {
 		}
 		start := time.Now()
 		first := handoff()
+		// The first run's output, shown if it ends (or hangs) before it writes its record.
+		firstLog := filepath.Join(t.TempDir(), "handoff-first.log")
+		firstOut, err := os.Create(firstLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer firstOut.Close()
+		first.Stdout, first.Stderr = firstOut, firstOut
 		if err := first.Start(); err != nil {
 			t.Fatal(err)
 		}
+		exited := make(chan error, 1)
+		go func() { exited <- first.Wait() }()
 		if err := waitFor(3*time.Minute, func() error {
+			select {
+			case err := <-exited:
+				exited <- err
+				return fmt.Errorf("appliance handoff ended (%v) before it wrote a hand-off record", err)
+			default:
+			}
 			rec, err := bootstrap.ReadHandoff(k.state)
 			if err != nil || rec == nil {
 				return fmt.Errorf("no hand-off record yet (%v)", err)
 			}
 			return nil
-		}); err != nil {
+		}); err != nil || len(exited) > 0 {
 			_ = first.Process.Kill()
-			_ = first.Wait()
-			t.Fatal(err)
+			<-exited
+			out, _ := os.ReadFile(firstLog)
+			t.Fatalf("%v; its output:\n%s", err, out)
 		}
 		time.Sleep(3 * time.Second)
 		_ = first.Process.Signal(syscall.SIGKILL)
-		_ = first.Wait()
+		<-exited
 		rec, _ := bootstrap.ReadHandoff(k.state)
 		if rec == nil || rec.Stage == bootstrap.HandoffDone {
 			t.Fatalf("the kill came too late to test a resume: record %+v", rec)
