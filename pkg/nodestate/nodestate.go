@@ -365,23 +365,31 @@ func (s *Store) commit(st agentapi.NodeStatus, ev Event) error {
 	if err != nil {
 		return fmt.Errorf("encode status of node %s: %w", st.Node, err)
 	}
-	line, err := json.Marshal(ev)
-	if err != nil {
-		return fmt.Errorf("encode event of node %s: %w", st.Node, err)
-	}
-	f, err := os.OpenFile(filepath.Join(s.dir, st.Node, EventsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("append event of node %s: %w", st.Node, err)
-	}
-	if _, err := f.Write(append(line, '\n')); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("append event of node %s: %w", st.Node, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("append event of node %s: %w", st.Node, err)
+	if err := s.appendEvent(st.Node, ev); err != nil {
+		return err
 	}
 	if _, err := atomicfile.Write(filepath.Join(s.dir, st.Node, StatusFile), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write status of node %s: %w", st.Node, err)
+	}
+	return nil
+}
+
+// appendEvent appends ev as one line to the node's events.jsonl (0600).
+func (s *Store) appendEvent(node string, ev Event) error {
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encode event of node %s: %w", node, err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, node, EventsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("append event of node %s: %w", node, err)
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("append event of node %s: %w", node, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("append event of node %s: %w", node, err)
 	}
 	return nil
 }

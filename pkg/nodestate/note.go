@@ -25,15 +25,18 @@ func (s *Store) NoteContact(node, contact, detail string) error {
 	if err := checkNode(node); err != nil {
 		return err
 	}
-	st, _, unlock, err := s.lockRead(node)
+	st, found, unlock, err := s.lockRead(node)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	st.Node = node
-	if st.Updated.IsZero() {
-		st.Updated = s.now()
+	ev := Event{Time: s.now(), Node: node, BootID: st.BootID, Contact: contact, Detail: detail, State: st.State, Reason: st.Reason}
+	if found {
+		// The note moves nothing: status.json stays as it is (no rewrite, no fsync).
+		return s.appendEvent(node, ev)
 	}
-	// commit rewrites status.json with the same content (Updated unchanged): the note moves nothing.
-	return s.commit(st, Event{Time: s.now(), Node: node, BootID: st.BootID, Contact: contact, Detail: detail, State: st.State, Reason: st.Reason})
+	// A node with no record yet gets one (state unknown), so its status lists it with the note.
+	st.Updated = ev.Time
+	return s.commit(st, ev)
 }
