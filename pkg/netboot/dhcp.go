@@ -19,9 +19,9 @@ const optIPXEEncap = 175
 // boot file name in this offer, skip boot-server discovery" (PXE 2.1 §2.4.2.4), then End.
 var pxeVendorOptions = []byte{6, 1, 8, 255}
 
-// dhcpResponder decides the answers. It holds the leases of ModeServer (in memory: a restart gives
-// each machine the next address again, which is harmless for a network boot) and the set of unknown
-// MACs already logged.
+// dhcpResponder decides the answers. It holds the leases of ModeServer (in memory, and in
+// StateDir/LeasesFile when Config.StateDir is set, so a restart keeps every machine's address) and
+// the set of unknown MACs already logged.
 type dhcpResponder struct {
 	cfg      Config
 	machines map[string]Machine // by MAC string
@@ -46,6 +46,7 @@ func newDHCPResponder(cfg Config) *dhcpResponder {
 	for _, m := range cfg.AddressOnly {
 		r.addrOnly[m.MAC.String()] = m
 	}
+	r.loadLeases()
 	return r
 }
 
@@ -212,19 +213,18 @@ func (r *dhcpResponder) lease(mac string, req *dhcpv4.DHCPv4) (netip.Addr, strin
 		}
 		return have, ""
 	}
-	inRange := func(a netip.Addr) bool {
-		return a.IsValid() && !a.Less(r.cfg.RangeStart) && !r.cfg.RangeEnd.Less(a)
-	}
-	if inRange(wantAddr) && r.leased[wantAddr] == "" {
+	if r.inRange(wantAddr) && r.leased[wantAddr] == "" {
 		r.leases[mac], r.leased[wantAddr] = wantAddr, mac
+		r.saveLeases()
 		return wantAddr, ""
 	}
 	if req.MessageType() == dhcpv4.MessageTypeRequest && wantAddr.IsValid() {
 		return netip.Addr{}, fmt.Sprintf("requested %s is not ours to give", wantAddr)
 	}
-	for a := r.cfg.RangeStart; inRange(a); a = a.Next() {
+	for a := r.cfg.RangeStart; r.inRange(a); a = a.Next() {
 		if r.leased[a] == "" {
 			r.leases[mac], r.leased[a] = a, mac
+			r.saveLeases()
 			return a, ""
 		}
 	}
@@ -237,6 +237,7 @@ func (r *dhcpResponder) release(mac string) {
 	if a, ok := r.leases[mac]; ok {
 		delete(r.leases, mac)
 		delete(r.leased, a)
+		r.saveLeases()
 	}
 }
 

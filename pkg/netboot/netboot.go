@@ -154,8 +154,9 @@ type Config struct {
 	// from inside it (nodeiso.KernelFile, InitrdFile, RootFSFile: byte ranges of the one file, whose
 	// hash the bundle's signature covers), and all three must be there.
 	ISO string
-	// StateDir keeps the machines' install marks (StateDir/installed/NAME.json); empty: no marks, every
-	// boot is a network boot.
+	// StateDir keeps the machines' install marks (StateDir/installed/NAME.json) and, in ModeServer,
+	// the leases (StateDir/LeasesFile, so a restart keeps each machine's address); empty: no marks
+	// (every boot is a network boot) and leases in memory only.
 	StateDir string
 	// KernelArgs are the kernel command-line arguments every machine gets (public data only: the
 	// appliance URL, the CA pin, console settings). New refuses an argument whose key contains
