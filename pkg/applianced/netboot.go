@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -153,35 +152,20 @@ func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, store *nodes
 	return s, nil
 }
 
-// bootContactEvery is how often the same network-boot answer to the same node is recorded: a
-// machine retrying DHCP in a loop must not grow its events.jsonl without bound.
-const bootContactEvery = time.Minute
-
-// maxBootContacts bounds bootContacts.last (the inventory's machines times a few answers each).
-const maxBootContacts = 4096
-
 // bootContacts records what the network boot answered each machine as the node's contacts
-// (nodestate.ContactNetboot), so that the converge phase can say how far a silent machine got.
+// (nodestate.ContactNetboot), so that the converge phase can say how far a silent machine got; the
+// same answer to the same node at most once a minute (a machine retrying DHCP in a loop must not
+// grow its events.jsonl without bound).
 type bootContacts struct {
 	store *nodestate.Store
 	log   *slog.Logger
-	mu    sync.Mutex
-	last  map[string]time.Time // node + what → when it was last recorded
+	noted nodestate.NoteThrottle // node + what
 }
 
 func (c *bootContacts) seen(node, what string) {
-	now := time.Now()
-	key := node + "\x00" + what
-	c.mu.Lock()
-	if at, ok := c.last[key]; ok && now.Sub(at) < bootContactEvery {
-		c.mu.Unlock()
+	if !c.noted.Allow(node+"\x00"+what, time.Now()) {
 		return
 	}
-	if c.last == nil || len(c.last) >= maxBootContacts {
-		c.last = map[string]time.Time{}
-	}
-	c.last[key] = now
-	c.mu.Unlock()
 	if err := c.store.NoteContact(node, nodestate.ContactNetboot, "network boot: "+what); err != nil {
 		c.log.Warn("netboot: the contact was not recorded in the node's events", "node", node, "err", err)
 	}

@@ -99,16 +99,9 @@ type Enrollment struct {
 
 	mu    sync.Mutex
 	nodes []EnrollNode
-	seen  map[string]time.Time // nonce → when it may be forgotten
-	noted map[string]time.Time // node + refusal text → when it was last noted
+	seen  map[string]time.Time   // nonce → when it may be forgotten
+	noted nodestate.NoteThrottle // node + key + refusal text: each noted in the node's events once a minute
 }
-
-// noteEvery is how often the same refusal of the same node is noted in its events: a machine (or
-// anyone who knows a node's MAC) retrying in a loop must not grow events.jsonl without bound.
-const noteEvery = time.Minute
-
-// maxNoted bounds Enrollment.noted.
-const maxNoted = 1024
 
 // NewEnrollment returns the enrolment endpoint for the inventory nodes.
 func NewEnrollment(dir, recordDir string, nodes []EnrollNode, store *nodestate.Store, log *slog.Logger) *Enrollment {
@@ -226,7 +219,7 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	deny := func(code int, format string, args ...any) (agentapi.EnrollResponse, error) {
 		r := refuse(code, format, args...)
 		e.log().Warn("enrolment refused", "node", n.Name, "remote", remote, "key", fp, "reason", r.msg)
-		if !e.shouldNote(n.Name+"\x00"+fp+"\x00"+r.msg, now) {
+		if !e.noted.Allow(n.Name+"\x00"+fp+"\x00"+r.msg, now) {
 			return agentapi.EnrollResponse{}, r
 		}
 		if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolRefused, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
@@ -374,19 +367,6 @@ func (e *Enrollment) writeRecord(rec EnrollRecord) error {
 		return fmt.Errorf("write the enrolment record of %s: %w", rec.Node, err)
 	}
 	return nil
-}
-
-// shouldNote reports whether the refusal key was not noted within noteEvery, and marks it noted
-// (e.mu held).
-func (e *Enrollment) shouldNote(key string, now time.Time) bool {
-	if last, ok := e.noted[key]; ok && now.Sub(last) < noteEvery {
-		return false
-	}
-	if e.noted == nil || len(e.noted) >= maxNoted {
-		e.noted = map[string]time.Time{}
-	}
-	e.noted[key] = now
-	return true
 }
 
 // seenNonce reports whether nonce is in the replay cache (e.mu held).

@@ -408,7 +408,7 @@ func TestEnrollRefusalNotedOncePerMinute(t *testing.T) {
 	if n := count(); n != 1 {
 		t.Errorf("%d events after 5 identical refusals, want 1", n)
 	}
-	f.now = f.now.Add(noteEvery)
+	f.now = f.now.Add(nodestate.DefaultNoteEvery)
 	if code, _ := f.send(f.request(key, w1UUID, w1MAC)); code != http.StatusForbidden {
 		t.Fatal("not refused")
 	}
