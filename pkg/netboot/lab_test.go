@@ -56,6 +56,7 @@ type helperConfig struct {
 	Initrd     string
 	KernelArgs []string
 	Machines   map[string]string // MAC → name
+	StateDir   string            // Config.StateDir (ModeServer keeps its leases there)
 }
 
 // TestHelperNetbootServer is not a test: started by the lab tests inside a lab namespace, it runs the
@@ -70,7 +71,7 @@ func TestHelperNetbootServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := Config{Mode: hc.Mode, Interface: hc.Interface, ServerIP: netip.MustParseAddr(hc.ServerIP), HTTPPort: hc.HTTPPort,
-		Kernel: hc.Kernel, Initrd: hc.Initrd, KernelArgs: hc.KernelArgs,
+		Kernel: hc.Kernel, Initrd: hc.Initrd, KernelArgs: hc.KernelArgs, StateDir: hc.StateDir,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))} // debug: the reasons for silence
 	if hc.Mode == ModeServer {
 		c.Subnet = netip.MustParsePrefix(hc.Subnet)
@@ -98,9 +99,10 @@ func TestHelperNetbootServer(t *testing.T) {
 
 // helper is a running TestHelperNetbootServer.
 type helper struct {
-	cmd *exec.Cmd
-	mu  sync.Mutex
-	log bytes.Buffer
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	log  bytes.Buffer
+	stop func() // SIGTERM, then SIGKILL after 10 s; logs the server's log; once (t.Cleanup calls it too)
 }
 
 func (h *helper) Log() string {
@@ -109,7 +111,7 @@ func (h *helper) Log() string {
 	return h.log.String()
 }
 
-// startHelper runs the service in ns and waits for its ready line; t.Cleanup stops it by PID.
+// startHelper runs the service in ns and waits for its ready line; h.stop (or t.Cleanup) stops it by PID.
 func startHelper(t *testing.T, ns *labns.NS, hc helperConfig) *helper {
 	t.Helper()
 	js, _ := json.Marshal(hc)
@@ -138,18 +140,22 @@ func startHelper(t *testing.T, ns *labns.NS, hc helperConfig) *helper {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		t.Logf("netboot server log (pid %d):\n%s", cmd.Process.Pid, h.Log())
-	})
+	var stopOnce sync.Once
+	h.stop = func() {
+		stopOnce.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			select {
+			case <-exited:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+			t.Logf("netboot server log (pid %d):\n%s", cmd.Process.Pid, h.Log())
+		})
+	}
+	t.Cleanup(h.stop)
 	select {
 	case <-ready:
 	case <-done:
@@ -167,6 +173,7 @@ type lab struct {
 	srvIf, cliIf string
 	kernel       string
 	initrd       string
+	state        string // the service's StateDir
 }
 
 const labServerIP = "10.77.0.1"
@@ -181,6 +188,7 @@ func newLab(t *testing.T) *lab {
 	l := &lab{srv: labns.New(t, "nb"), cli: labns.New(t, "nb")}
 	l.srvIf, l.cliIf = labns.Link(t, l.srv, labServerIP+"/24", l.cli, "10.77.0.2/24")
 	l.kernel, l.initrd = testKit(t)
+	l.state = filepath.Join(t.TempDir(), "netboot")
 	return l
 }
 
@@ -188,7 +196,7 @@ func (l *lab) config(mode Mode, machines map[string]string) helperConfig {
 	return helperConfig{Mode: mode, Interface: l.srvIf, ServerIP: labServerIP, HTTPPort: 8080,
 		Subnet: "10.77.0.0/24", RangeStart: "10.77.0.100", RangeEnd: "10.77.0.199",
 		Kernel: l.kernel, Initrd: l.initrd, KernelArgs: []string{"console=ttyS0", "appliance.url=https://10.77.0.1:8443"},
-		Machines: machines}
+		Machines: machines, StateDir: l.state}
 }
 
 // dhcpFilter is a BPF program for a datagram packet socket (no link header) that accepts only DHCP
@@ -352,7 +360,8 @@ func TestLabProxyDHCP(t *testing.T) {
 
 func TestLabServerDHCP(t *testing.T) {
 	l := newLab(t)
-	startHelper(t, l.srv, l.config(ModeServer, map[string]string{macW1.String(): "w1", macW2.String(): "w2"}))
+	hc := l.config(ModeServer, map[string]string{macW1.String(): "w1", macW2.String(): "w2"})
+	h := startHelper(t, l.srv, hc)
 	ctx := context.Background()
 	seen := map[string]string{}
 	for _, tt := range []struct {
@@ -388,6 +397,19 @@ func TestLabServerDHCP(t *testing.T) {
 	}
 	if o, err := l.dhcpClient(t, macUnknown, nclient4.WithTimeout(time.Second), nclient4.WithRetry(1)).DiscoverOffer(ctx, pxeOptions(iana.INTEL_X86PC)...); err == nil {
 		t.Errorf("unknown MAC got %s", o.Summary())
+	}
+	// The service restarted (the appliance's serve restarted): w2 asks first, with a fresh DISCOVER
+	// (no address requested), and still gets its own address, not the lowest free one, w1's.
+	h.stop()
+	startHelper(t, l.srv, hc)
+	for _, mac := range []net.HardwareAddr{macW2, macW1} {
+		lease, err := l.dhcpClient(t, mac).Request(ctx, pxeOptions(iana.INTEL_X86PC)...)
+		if err != nil {
+			t.Fatalf("%s after the restart: %v", mac, err)
+		}
+		if got := lease.ACK.YourIPAddr.String(); got != seen[mac.String()] {
+			t.Errorf("%s after the restart: leased %s, before %s", mac, got, seen[mac.String()])
+		}
 	}
 }
 
@@ -541,6 +563,22 @@ func TestLabBoot50(t *testing.T) {
 	}
 	if len(errs) > 0 {
 		t.Fatalf("%d of %d boots failed:\n%v", len(errs), n, errors.Join(errs...))
+	}
+	// Every lease is in the lease file (each written as it was given), one address per machine.
+	b, err := os.ReadFile(filepath.Join(l.state, LeasesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []leaseRecord
+	if err := json.Unmarshal(b, &leases); err != nil {
+		t.Fatalf("%s: %v", LeasesFile, err)
+	}
+	addrs := map[netip.Addr]bool{}
+	for _, le := range leases {
+		addrs[le.Address] = true
+	}
+	if len(leases) != n || len(addrs) != n {
+		t.Fatalf("%s holds %d leases of %d addresses, want %d of %d", LeasesFile, len(leases), len(addrs), n, n)
 	}
 	avg := func(d time.Duration) time.Duration { return (d / n).Round(time.Millisecond) }
 	replies := strings.Count(h.Log(), `msg="netboot: DHCP"`)
