@@ -12,16 +12,18 @@
 #      works;
 #   2. two lanes side by side:
 #        vm lane   (nice 10)  suite-nodeimage (test/nodeimage: blank TCG machines to Kubernetes
-#                             nodes), then suite-iso (test/iso: the appliance ISO booted in QEMU)
+#                             nodes), suite-iso (test/iso: the appliance ISO booted in QEMU), then
+#                             suite-iso-journey (TestISOJourney: the lab bootstrapped from the ISO)
 #        test lane            suite-test: every other package but the VRRP timing ones, one at a
-#                             time (-p 1: the lab tests share host-wide resources)
+#                             time (-p 1: the lab tests share host-wide resources); then
+#                             suite-kubernetes-fixture and suite-e2e (TestKubernetesE2E: nspawn
+#                             hosts, no VM, so it has the CPU the niced TCG lane leaves)
 #      The vm lane is niced: the VMs soak up what the test lane leaves, the test lane's timers keep
-#      their CPU. Namespaces are per test (test/labns) and lab prefixes per package, so the lanes
-#      never share a name;
-#   3. alone, as they need a quiet machine: suite-vrrp (pkg/keepalived, pkg/vipcheck: VRRP failover
+#      their CPU. Namespaces are per test (test/labns) and lab prefixes per package and per e2e
+#      (ke, kiso), so the lanes never share a name;
+#   3. alone, as it needs a quiet machine: suite-vrrp (pkg/keepalived, pkg/vipcheck: VRRP failover
 #      and pre-flight windows measured at 250 ms adverts; beside the TCG lane a SIGTERM handover once
-#      showed two VIP holders in one 50 ms sample), suite-kubernetes-fixture, then suite-e2e
-#      (TestKubernetesE2E, TestISOJourney: their timeline and the ISO journey's ratio).
+#      showed two VIP holders in one 50 ms sample).
 #
 # Every stage goes through test/stage.sh (timed, a row in $STAGE_TIMES). A failed stage does not stop
 # the others: one run shows every failure. Exit status: 0 when every stage passed, else 1.
@@ -68,6 +70,7 @@ fi
 	rc=0
 	nice -n 10 "$STAGE" suite-nodeimage --show -- bash -c 'verbose "$@"' verbose -race -timeout 30m ./test/nodeimage/ || rc=1
 	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m ./test/iso/ || rc=1
+	nice -n 10 "$STAGE" suite-iso-journey --show -- bash -c 'verbose "$@"' verbose -timeout 40m -run 'TestISOJourney' ./test/integration/ || rc=1
 	exit $rc
 ) &
 vmlane=$!
@@ -75,12 +78,12 @@ mod=github.com/airgap-appliance/appliance
 vrrp=("$mod/pkg/keepalived" "$mod/pkg/vipcheck")
 mapfile -t pkgs < <("$GO" list ./... | grep -vxF -e "${vrrp[0]}" -e "${vrrp[1]}")
 run suite-test "$STAGE" suite-test --show -- "$GO" test -race -count=1 -p 1 -timeout 40m "${pkgs[@]}"
+run suite-kubernetes-fixture "$STAGE" suite-kubernetes-fixture --show -- "$GO" test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
+run suite-e2e "$STAGE" suite-e2e --show -- bash -c 'verbose "$@"' verbose -timeout 60m -run 'TestKubernetesE2E' ./test/integration/
 wait "$vmlane" || failed+=("vm lane")
 
 # Phase 3: alone.
 run suite-vrrp "$STAGE" suite-vrrp --show -- "$GO" test -race -count=1 -p 1 -timeout 20m "${vrrp[@]}"
-run suite-kubernetes-fixture "$STAGE" suite-kubernetes-fixture --show -- "$GO" test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
-run suite-e2e "$STAGE" suite-e2e --show -- bash -c 'verbose "$@"' verbose -timeout 60m -run 'TestKubernetesE2E|TestISOJourney' ./test/integration/
 
 if ((${#failed[@]})); then
 	echo "check: failed: ${failed[*]}" >&2
