@@ -121,6 +121,8 @@ func TestNodes(t *testing.T) {
 		_, _ = e.cmd("bash", "lab.sh", "down")
 		if left := e.leftovers(); len(left) == 0 {
 			_ = os.RemoveAll(nodesLabDir)
+		} else {
+			t.Logf("cleanup: %s kept (the next run purges it) because of: %s", nodesLabDir, strings.Join(left, "; "))
 		}
 	})
 	before := rootNetState(t)
