@@ -66,7 +66,14 @@ func (e nodesEnv) ipmi(passFile string, args ...string) (string, error) {
 func (e nodesEnv) leftovers() []string {
 	var left []string
 	for _, n := range []string{"cp1", "cp2", "cp3", "w1"} {
-		if out, _ := e.cmd("ip", "netns", "pids", nodesPrefix+"-"+n); strings.TrimSpace(out) != "" {
+		ns := nodesPrefix + "-" + n
+		if _, err := os.Stat("/run/netns/" + ns); err != nil {
+			continue // deleted (lab.sh down): nothing runs in it (ip netns pids would print its error)
+		}
+		out, err := e.cmd("ip", "netns", "pids", ns)
+		if err != nil {
+			left = append(left, "ip netns pids "+ns+": "+strings.TrimSpace(out))
+		} else if strings.TrimSpace(out) != "" {
 			left = append(left, "processes in "+n+": "+strings.Join(strings.Fields(out), ","))
 		}
 	}
