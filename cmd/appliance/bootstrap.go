@@ -76,7 +76,7 @@ func positiveDurations(cmd *cobra.Command) error {
 		if err != nil || fl.Value.Type() != "duration" {
 			return
 		}
-		if d, perr := time.ParseDuration(fl.Value.String()); perr == nil && d <= 0 {
+		if d, derr := cmd.Flags().GetDuration(fl.Name); derr == nil && d <= 0 {
 			err = fmt.Errorf("--%s %v: give a positive duration, e.g. --%s 20m", fl.Name, d, fl.Name)
 		}
 	})
