@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -76,14 +77,15 @@ func TestListDisksMatchesLsblk(t *testing.T) {
 }
 
 // TestInstallLoopDisk writes a small node image to a real block device (a loop device over a sparse
-// file, partition scanning on) with the real tools, then reads the disk back: a GPT with GRUB's BIOS
-// boot partition and the ext4 root labelled appliance-root; the image's files, the kernel and
+// file, partition scanning on) with the real tools, then reads the disk back at the partitions' offsets
+// (nothing mounted, no second loop device): a GPT with GRUB's BIOS boot partition and the clean ext4
+// root labelled appliance-root; the image's files, the kernel and
 // initramfs, fstab and the marker on the root; GRUB's boot code in the MBR and its core in the BIOS
 // boot partition; a grub.cfg that boots root=UUID=<the root's UUID>. A second install onto the same
 // disk (a reinstall) gives a new root.
 func TestInstallLoopDisk(t *testing.T) {
 	labns.RequireRoot(t)
-	for _, tool := range []string{"losetup", "sfdisk", "wipefs", "mkfs.ext4", "mkfs.vfat", "mcopy", "mdir", "blkid", "unsquashfs", "mksquashfs", "grub-install", "grub-mkimage"} {
+	for _, tool := range []string{"losetup", "sfdisk", "wipefs", "mkfs.ext4", "mkfs.vfat", "mcopy", "mdir", "blkid", "debugfs", "dumpe2fs", "unsquashfs", "mksquashfs", "grub-install", "grub-mkimage"} {
 		labns.RequireTool(t, tool)
 	}
 	if _, err := os.Stat("/usr/lib/grub/i386-pc/boot.img"); err != nil {
@@ -144,12 +146,8 @@ func TestInstallLoopDisk(t *testing.T) {
 	if res.RootUUID == "" {
 		t.Fatalf("Result = %+v, want a root UUID", res)
 	}
-	rootDev := res.RootDevice
-	espDev := loop + "p2"
-	if rootDev != loop+"p3" {
-		t.Logf("the kernel made no %sp3; Install used %s over the root partition's sectors", loop, rootDev)
-		rootDev = attachPartition(t, loop, 3)
-		espDev = attachPartition(t, loop, 2)
+	if res.RootDevice != loop+"p3" {
+		t.Logf("the kernel made no %sp3; Install used %s over the root partition's sectors", loop, res.RootDevice)
 	}
 	t.Logf("install steps: %+v", res.Steps)
 
@@ -184,7 +182,12 @@ func TestInstallLoopDisk(t *testing.T) {
 	if !strings.EqualFold(p2.Type, linuxFSType) || p2.Name != RootLabel {
 		t.Errorf("partition 3 = %+v, want a Linux file system named %s", p2, RootLabel)
 	}
-	if got, _ := exec.Command("blkid", "-p", "-s", "LABEL", "-o", "value", rootDev).Output(); strings.TrimSpace(string(got)) != RootLabel {
+	// The partitions are read back at their offsets on the disk itself (debugfs, dumpe2fs, blkid and
+	// mtools take an offset), never through a second loop device: nothing is mounted, and the check
+	// sees exactly the bytes a booting machine's firmware and kernel would.
+	rootOff, espOff := partitionOffset(t, loop, 3), partitionOffset(t, loop, 2)
+	rootFS := fmt.Sprintf("%s?offset=%d", loop, rootOff)
+	if got, _ := exec.Command("blkid", "-p", "-O", fmt.Sprint(rootOff), "-s", "LABEL", "-o", "value", loop).Output(); strings.TrimSpace(string(got)) != RootLabel {
 		t.Errorf("root label %q, want %s", got, RootLabel)
 	}
 	// GRUB: boot.img in the MBR (its "GRUB " string), core.img in the BIOS boot partition.
@@ -199,42 +202,41 @@ func TestInstallLoopDisk(t *testing.T) {
 		t.Errorf("the BIOS boot partition is empty: grub-install embedded no core image")
 	}
 
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-o", "ro", rootDev, mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount: %v: %s", err, out)
+	// Install unmounted the root: its file system must be clean (no journal left to replay).
+	if hdr, err := exec.Command("dumpe2fs", "-h", rootFS).Output(); err != nil {
+		t.Fatalf("dumpe2fs -h %s: %v", rootFS, err)
+	} else if !regexp.MustCompile(`(?m)^Filesystem state:\s+clean$`).Match(hdr) || bytes.Contains(hdr, []byte("needs_recovery")) {
+		t.Errorf("the installed root is not clean after Install returned:\n%s", hdr)
 	}
-	defer func() { _ = exec.Command("umount", mnt).Run() }()
 	for p, want := range map[string]string{
-		"etc/os-release":                    "ID=debian\n",
-		"usr/bin/hello":                     "#!/bin/sh\n",
-		"boot/vmlinuz":                      "served kernel",
-		"boot/initrd.img":                   "served initramfs",
-		"etc/hostagent/config.yaml":         "node: n1\n",
-		"etc/fstab":                         "UUID=" + res.RootUUID + " / ext4",
-		"boot/grub/grub.cfg":                "linux /boot/vmlinuz root=UUID=" + res.RootUUID + " rw console=ttyS0,115200n8",
-		strings.TrimPrefix(MarkerPath, "/"): `"rootUUID": "` + res.RootUUID + `"`,
+		"/etc/os-release":            "ID=debian\n",
+		"/usr/bin/hello":             "#!/bin/sh\n",
+		"/boot/vmlinuz":              "served kernel",
+		"/boot/initrd.img":           "served initramfs",
+		"/etc/hostagent/config.yaml": "node: n1\n",
+		"/etc/fstab":                 "UUID=" + res.RootUUID + " / ext4",
+		"/boot/grub/grub.cfg":        "linux /boot/vmlinuz root=UUID=" + res.RootUUID + " rw console=ttyS0,115200n8",
+		MarkerPath:                   `"rootUUID": "` + res.RootUUID + `"`,
 	} {
-		b, err := os.ReadFile(filepath.Join(mnt, p))
-		if err != nil || !strings.Contains(string(b), want) {
-			t.Errorf("%s on the installed root: %q, %v; want it to contain %q", p, b, err, want)
+		if got := debugfs(t, rootFS, "cat "+p); !strings.Contains(got, want) {
+			t.Errorf("%s on the installed root: %q; want it to contain %q", p, got, want)
 		}
 	}
-	if st, err := os.Stat(filepath.Join(mnt, "etc/hostagent/config.yaml")); err != nil || st.Mode().Perm() != 0o600 {
-		t.Errorf("etc/hostagent/config.yaml mode %v, %v; want 0600 (it holds the node token)", st.Mode().Perm(), err)
+	if st := debugfs(t, rootFS, "stat /etc/hostagent/config.yaml"); !strings.Contains(st, "Mode:  0600") {
+		t.Errorf("/etc/hostagent/config.yaml is not 0600 (it holds the node token):\n%s", st)
 	}
-	for _, m := range []string{"boot/grub/i386-pc/normal.mod", "boot/grub/x86_64-efi/normal.mod"} {
-		if _, err := os.Stat(filepath.Join(mnt, m)); err != nil {
-			t.Errorf("GRUB's modules are not in the root's /boot/grub: %v", err)
+	for _, m := range []string{"/boot/grub/i386-pc/normal.mod", "/boot/grub/x86_64-efi/normal.mod"} {
+		if st := debugfs(t, rootFS, "stat "+m); !strings.Contains(st, "Type: regular") {
+			t.Errorf("GRUB's module %s is not on the root: %s", m, st)
 		}
 	}
-	_ = exec.Command("umount", mnt).Run()
 
 	// The EFI system partition: FAT labelled EFI with GRUB at the removable-media path (read with
 	// mtools: the file system is never mounted).
-	if got, _ := exec.Command("blkid", "-p", "-s", "TYPE", "-o", "value", espDev).Output(); strings.TrimSpace(string(got)) != "vfat" {
+	if got, _ := exec.Command("blkid", "-p", "-O", fmt.Sprint(espOff), "-s", "TYPE", "-o", "value", loop).Output(); strings.TrimSpace(string(got)) != "vfat" {
 		t.Errorf("EFI system partition type %q, want vfat", got)
 	}
-	if out, err := exec.Command("mdir", "-i", espDev, "-b", "::/EFI/BOOT").CombinedOutput(); err != nil || !strings.Contains(string(out), "BOOTX64.EFI") {
+	if out, err := exec.Command("mdir", "-i", fmt.Sprintf("%s@@%d", loop, espOff), "-b", "::/EFI/BOOT").CombinedOutput(); err != nil || !strings.Contains(string(out), "BOOTX64.EFI") {
 		t.Errorf("::/EFI/BOOT on the EFI system partition: %v: %s; want BOOTX64.EFI", err, out)
 	}
 
@@ -245,21 +247,25 @@ func TestInstallLoopDisk(t *testing.T) {
 	}
 }
 
-// attachPartition returns a read-only loop device over loop's partition n (its sectors as sfdisk
-// reads them back), for a kernel that parses no partition tables.
-func attachPartition(t *testing.T, loop string, n int) string {
+// partitionOffset is the byte offset of loop's partition n, as sfdisk reads the table back.
+func partitionOffset(t *testing.T, loop string, n int) int64 {
 	t.Helper()
-	start, size, err := partitionRange(t.Context(), loop, n)
+	start, _, err := partitionRange(t.Context(), loop, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("losetup", "--find", "--show", "--read-only", "--offset", fmt.Sprint(start*512), "--sizelimit", fmt.Sprint(size*512), loop).Output()
+	return start * 512
+}
+
+// debugfs runs one read-only debugfs request against fs (a device, with ?offset=N) and returns
+// its output; a debugfs failure fails the test.
+func debugfs(t *testing.T, fs, request string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", request, fs).Output()
 	if err != nil {
-		t.Fatalf("losetup over partition 2: %v", err)
+		t.Fatalf("debugfs -R %q %s: %v", request, fs, err)
 	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
-	return dev
+	return string(out)
 }
 
 // TestInstallRefusesNonBlockDevice: a path that is not a block device is refused before anything is
