@@ -14,18 +14,17 @@ KUBERNETES_VERSION := v1.34.4
 # Each stage (deps, build, every fixture, every suite) runs through test/stage.sh: timed, quiet unless V=1.
 STAGE := test/stage.sh
 
-# Debian packages the tests and the lab drive as real peers. libvirt: only the daemon and its QEMU
-# driver, which test/vmedia runs unprivileged in a namespace of its own, never libvirt-daemon-system
-# or libvirt-daemon-config-network (a system daemon and a default network, virbr0, on the host).
+# Debian packages the tests and the lab drive as real peers. redfishtool (DMTF), python3-sushy
+# (OpenStack/Ironic) and ilorest (HPE) are the third-party Redfish clients that check the lab's own
+# Redfish BMC emulator (test/redfishbmc).
 DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
 	containernetworking-plugins libc-bin debian-archive-keyring gpgv \
 	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs \
-	python3-flask python3-requests python3-tenacity python3-bcrypt python3-webob python3-pbr ipxe \
+	redfishtool python3-sushy ilorest ipxe \
 	bind9-utils bind9-dnsutils \
-	grub2-common fdisk \
-	libvirt-daemon libvirt-daemon-driver-qemu python3-libvirt
+	grub2-common fdisk
 
 .PHONY: help
 help: ## list the targets

@@ -19,7 +19,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/power"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 // TestInstallNoticeVirtualMedia: a virtual-media node's install notice, against sushy-tools (the fake
@@ -29,7 +29,7 @@ import (
 // not eject it; the installed system's first report (another boot ID) does. Notices the appliance
 // has nothing to do for are ErrInstallNoticeNotServed (404).
 func TestInstallNoticeVirtualMedia(t *testing.T) {
-	bmc := sushy.Start(t)
+	bmc := labredfish.Start(t, labredfish.Options{})
 	isoCA, leaf := pkitest.Issue(t)
 	iso := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("CD001 stand-in image"))

@@ -18,7 +18,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/power"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 // TestPowerBootsVirtualMedia: a redfish node with power.virtualMediaImage is booted through its BMC's
@@ -27,7 +27,7 @@ import (
 // becomes booting, and the phase's line says so. An image the BMC cannot fetch fails that node with
 // what to check, and the node is not powered on.
 func TestPowerBootsVirtualMedia(t *testing.T) {
-	bmc := sushy.Start(t)
+	bmc := labredfish.Start(t, labredfish.Options{})
 	dir := t.TempDir()
 	pass, caFile := filepath.Join(dir, "bmc.password"), filepath.Join(dir, "bmc-ca.pem")
 	if err := os.WriteFile(pass, []byte(bmc.Password+"\n"), 0o600); err != nil {

@@ -25,7 +25,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/kubetest"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 // startAPIServer runs a real etcd and kube-apiserver (test/kubetest) until the test ends, its
@@ -319,7 +319,7 @@ func TestDrainWaitsForEvictedPodsToBeDeleted(t *testing.T) {
 func TestRemovePowersOffThroughBMC(t *testing.T) {
 	stateDir := t.TempDir()
 	c := startAPIServer(t, stateDir)
-	bmc := sushy.Start(t)
+	bmc := labredfish.Start(t, labredfish.Options{})
 	ctx := context.Background()
 	dir := t.TempDir()
 	caFile, passFile := filepath.Join(dir, "bmc-ca.crt"), filepath.Join(dir, "bmc-password")

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 // isoServer serves a small stand-in ISO over HTTPS with a certificate from its own CA, counting the
@@ -45,7 +45,7 @@ func isoServer(t *testing.T) (url string, caPEM []byte, gets *atomic.Int32) {
 // handshake; with the right one the image is inserted, read back, the boot override reads back Cd
 // and the system is powered on.
 func TestVirtualMediaSushyTools(t *testing.T) {
-	bmc := sushy.Start(t)
+	bmc := labredfish.Start(t, labredfish.Options{})
 	image, ca, gets := isoServer(t)
 	ctx := t.Context()
 	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
@@ -73,8 +73,8 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 		b, _ := os.ReadFile(bmc.Log)
 		t.Fatalf("BootVirtualMedia: %v\n%s", err, b)
 	}
-	if !r.Verified || r.Legacy || r.Powered != "on" || !strings.HasSuffix(r.Slot, "/VirtualMedia/Cd") || gets.Load() == 0 {
-		t.Fatalf("report %+v (image fetched %d times): want slot .../VirtualMedia/Cd, verified, powered on", r, gets.Load())
+	if !r.Verified || r.Legacy || r.Powered != "on" || !strings.HasSuffix(r.Slot, "/VirtualMedia/CD1") || gets.Load() == 0 {
+		t.Fatalf("report %+v (image fetched %d times): want slot .../VirtualMedia/CD1, verified, powered on", r, gets.Load())
 	}
 	t.Logf("sushy-tools: %s", r)
 
@@ -116,7 +116,7 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 // override but nothing inserted (the next power action after a half-finished install) clears the
 // override too. Nothing left to do is no error and no change.
 func TestVirtualMediaFinishSushyTools(t *testing.T) {
-	bmc := sushy.Start(t)
+	bmc := labredfish.Start(t, labredfish.Options{})
 	image, ca, _ := isoServer(t)
 	ctx := t.Context()
 	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
@@ -147,7 +147,7 @@ func TestVirtualMediaFinishSushyTools(t *testing.T) {
 		}
 		return v
 	}
-	system := strings.TrimSuffix(r.Slot, "/VirtualMedia/Cd")
+	system := strings.TrimSuffix(r.Slot, "/VirtualMedia/CD1")
 	target := func() any { return get(system)["Boot"].(map[string]any)["BootSourceOverrideTarget"] }
 	if got := target(); got != "Cd" {
 		t.Fatalf("boot override after BootVirtualMedia: %v, want Cd", got)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 // The virtual-media worker of the bare-metal lab (TestBareMetalWorkerJoinsCluster's n2): a libvirt
@@ -43,14 +43,14 @@ const (
 // powered off) in a libvirt
 // daemon of the test's own whose NIC and BMC sit on the lab's control-plane bridge (fabric's br-cp).
 // A reboot of the machine starts it again from its definition (sushy.LibvirtOptions.ColdReboot).
-func startVMWorker(t *testing.T, fabric string) sushy.Machine {
+func startVMWorker(t *testing.T, fabric string) labredfish.Machine {
 	t.Helper()
-	return sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
-		Disks: []sushy.Disk{{SizeGiB: 8, Serial: vmSerial}, {SizeGiB: 5, Serial: vmDecoySerial}}, ColdReboot: true,
-		Lab: &sushy.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
+	return labredfish.StartMachine(t, labredfish.MachineOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
+		Disks: []labredfish.Disk{{SizeGiB: 8, Serial: vmSerial}, {SizeGiB: 5, Serial: vmDecoySerial}},
+		Lab: &labredfish.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
 }
 
-// domainEvents reads the watcher's log (sushy.Machine.Events): each event's name and time.
+// domainEvents reads the watcher's log (labredfish.Machine.Events): each event's name and time.
 func domainEvents(t *testing.T, path string) []domainEvent {
 	t.Helper()
 	f, err := os.Open(path)
@@ -108,7 +108,7 @@ func vmediaShares(detail, node string) (slot, how string, insert, boot, power ti
 
 // virtualMediaState reads the BMC's virtual media (every member of the System's VirtualMedia
 // collection, where sushy-tools serves them) and the system's boot override, as a lab client would.
-func virtualMediaState(m sushy.Machine) (inserted []string, target, enabled string, err error) {
+func virtualMediaState(m labredfish.Machine) (inserted []string, target, enabled string, err error) {
 	sysPath := "/redfish/v1/Systems/" + m.SystemID
 	var coll struct {
 		Members []struct {
@@ -211,34 +211,24 @@ func (c *consoleTrack) poll() {
 	}
 }
 
-// bmcRequest is one request sushy-emulator's access log holds (werkzeug's: local time, 1 s resolution).
-type bmcRequest struct {
-	at           time.Time
-	method, path string
-	status       int
-}
+// bmcRequest is one request the BMC's log holds.
+type bmcRequest = labredfish.Request
 
-var bmcRequestRE = regexp.MustCompile(`\[(\d\d/\w{3}/\d{4} \d\d:\d\d:\d\d)\] "(\w+) (\S+) HTTP/[\d.]+" (\d{3})`)
-
-// bmcRequests reads the BMC's access log.
-func bmcRequests(t *testing.T, log string) []bmcRequest {
+// bmcRequests reads the BMC's log.
+func bmcRequests(t *testing.T, m labredfish.Machine) []bmcRequest {
 	t.Helper()
-	var out []bmcRequest
-	for _, m := range bmcRequestRE.FindAllStringSubmatch(string(mustRead(t, log)), -1) {
-		at, err := time.ParseInLocation("02/Jan/2006 15:04:05", m[1], time.Local)
-		status, _ := strconv.Atoi(m[4])
-		if err == nil {
-			out = append(out, bmcRequest{at, m[2], m[3], status})
-		}
+	reqs, err := m.Requests()
+	if err != nil {
+		t.Fatalf("the BMC's log: %v", err)
 	}
-	return out
+	return reqs
 }
 
 // firstRequest is the first successful (2xx) request with method whose path ends with suffix, at or
 // after from; ok false if none.
 func firstRequest(reqs []bmcRequest, method, suffix string, from time.Time) (bmcRequest, bool) {
 	for _, r := range reqs {
-		if r.method == method && strings.HasSuffix(r.path, suffix) && r.status/100 == 2 && !r.at.Before(from) {
+		if r.Method == method && strings.HasSuffix(r.Path, suffix) && r.Status/100 == 2 && !r.At.Before(from) {
 			return r, true
 		}
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/test/labns"
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
 func TestMain(m *testing.M) {
@@ -83,7 +83,7 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 	labns.RequireTool(t, "xorriso")
 	before := labns.RootLinks(t)
 	kernel, initrd := vmKit(t)
-	m := sushy.StartLibvirt(t, sushy.LibvirtOptions{MemoryMiB: 256})
+	m := labredfish.StartMachine(t, labredfish.MachineOptions{MemoryMiB: 256})
 
 	nb := make([]byte, 4)
 	_, _ = rand.Read(nb)
@@ -133,7 +133,7 @@ type milestone struct{ name, text string }
 // bootFromVirtualMedia serves iso over HTTPS (a certificate of a CA of its own, which pkg/power hands
 // the BMC) and has pkg/power boot m from it through sushy-tools: the BMC must fetch it over verified
 // TLS, and the report must show a standard slot, verified, powered on. start is when the call began.
-func bootFromVirtualMedia(t *testing.T, m sushy.Machine, iso string) (vb power.VirtualMediaBooter, rep power.VirtualMediaReport, start time.Time) {
+func bootFromVirtualMedia(t *testing.T, m labredfish.Machine, iso string) (vb power.VirtualMediaBooter, rep power.VirtualMediaReport, start time.Time) {
 	t.Helper()
 	isoCA, leaf := pkitest.Issue(t)
 	var gets atomic.Int32
@@ -182,7 +182,7 @@ func bootFromVirtualMedia(t *testing.T, m sushy.Machine, iso string) (vb power.V
 // waitConsole waits until the VM's serial console shows each milestone in order and returns when
 // each was first seen (since start). A console line holding failed, or bound passing, fails the test
 // with the console's end (bound is a limit for a hung boot under TCG, not a speed check).
-func waitConsole(t *testing.T, m sushy.Machine, start time.Time, milestones []milestone, failed string, bound time.Duration) []time.Duration {
+func waitConsole(t *testing.T, m labredfish.Machine, start time.Time, milestones []milestone, failed string, bound time.Duration) []time.Duration {
 	t.Helper()
 	seen := make([]time.Duration, len(milestones))
 	deadline := time.Now().Add(bound)

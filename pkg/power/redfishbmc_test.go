@@ -5,14 +5,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airgap-appliance/appliance/test/sushy"
+	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
-// TestRedfishSushyTools drives sushy-tools, a real Redfish implementation without a SessionService:
-// the session login fails, the controller falls back to HTTP basic auth (as OpenStack's client does)
-// and reads and sets the power (on, then off); a wrong password is still ErrAuth.
-func TestRedfishSushyTools(t *testing.T) {
-	bmc := sushy.Start(t)
+// TestRedfishLabBMCNoSessions drives the lab's Redfish BMC (test/redfishbmc: the project's own
+// emulator, because no real BMC runs here) in its "no-sessions" profile, a service without a
+// SessionService as sushy-tools and older BMCs are: the session login fails, the controller falls
+// back to HTTP basic auth (as OpenStack's client does) and reads and sets the power (on, then off);
+// a wrong password is still ErrAuth.
+func TestRedfishLabBMCNoSessions(t *testing.T) {
+	bmc := labredfish.Start(t, labredfish.Options{Profile: "no-sessions"})
 	port, ca, user, password := bmc.Port, bmc.CAPEM, bmc.User, bmc.Password
 	ctx := t.Context()
 	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: port, Username: user, Password: password, CAPEM: ca, Timeout: 20 * time.Second})
@@ -22,12 +24,12 @@ func TestRedfishSushyTools(t *testing.T) {
 	defer c.Close()
 	st, err := c.PowerState(ctx)
 	if err != nil || st != StateOff {
-		t.Fatalf("power status through sushy-tools: %v, %v (want off)", st, err)
+		t.Fatalf("power status through the lab BMC: %v, %v (want off)", st, err)
 	}
 	if err := c.PowerOn(ctx); err != nil {
 		t.Fatalf("power on: %v", err)
 	}
-	// The fake driver applies a power change 1–11 s later, like real hardware (fakedriver.py).
+	// Real BMCs apply a power change some seconds later: poll, as the product's callers do.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(500 * time.Millisecond) {
 		st, err := c.PowerState(ctx)
 		if err == nil && st == StateOn {
