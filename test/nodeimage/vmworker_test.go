@@ -47,7 +47,7 @@ func startVMWorker(t *testing.T, fabric string) labredfish.Machine {
 	t.Helper()
 	return labredfish.StartMachine(t, labredfish.MachineOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
 		Disks: []labredfish.Disk{{SizeGiB: 8, Serial: vmSerial}, {SizeGiB: 5, Serial: vmDecoySerial}},
-		Lab: &labredfish.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
+		Lab:   &labredfish.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
 }
 
 // domainEvents reads the watcher's log (labredfish.Machine.Events): each event's name and time.
