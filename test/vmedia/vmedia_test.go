@@ -1,7 +1,7 @@
-// Package vmedia proves Redfish virtual media end to end against real parts: pkg/power drives
-// sushy-tools (OpenStack's Redfish emulator) whose libvirt driver runs a real QEMU VM; the BMC fetches
-// the ISO from an HTTPS server over TLS it verifies with the CA pkg/power hands it, and the VM boots
-// that ISO.
+// Package vmedia proves Redfish virtual media end to end: pkg/power drives the lab's Redfish BMC
+// (test/redfishbmc, the project's own emulator, because no real BMC can run here) whose host is a
+// real QEMU VM driven over QMP; the BMC fetches the ISO from an HTTPS server over TLS it verifies with
+// the CA pkg/power hands it, attaches it as the VM's CD, and the VM boots that ISO.
 package vmedia
 
 import (
@@ -63,17 +63,18 @@ func recv(args []string) int {
 	return 0
 }
 
-// TestVirtualMediaBootsVM: pkg/power's BootVirtualMedia against sushy-tools' libvirt driver boots a
-// powered-off QEMU VM (TCG, no disk) from an ISO served over HTTPS by this test:
-//   - the BMC (sushy) gets the ISO server's CA in its VirtualMedia Certificates with
+// TestVirtualMediaBootsVM: pkg/power's BootVirtualMedia against the lab's Redfish BMC (the project's
+// emulator, sessions on) boots a powered-off QEMU VM (TCG, no disk) from an ISO served over HTTPS by
+// this test:
+//   - the BMC gets the ISO server's CA in its VirtualMedia Certificates with
 //     VerifyCertificate on, and fetches the ISO over verified TLS (the server counts the GET);
 //   - the slot reads back Inserted with the image, the one-time boot override reads back Cd;
 //   - the VM's serial console shows GRUB booting the ISO's entry, the kernel command line carrying
 //     this run's nonce, the kit's /init starting, and the VM's network callback ("hello from
 //     vmedia-NONCE") reaches a listener in the test's namespace;
 //   - the media is ejected again (read back not inserted);
-//   - the root network namespace has exactly the links it had before (libvirtd and QEMU ran in a
-//     namespace of their own, with user-mode networking only).
+//   - the root network namespace has exactly the links it had before (QEMU ran in a namespace of
+//     its own, with user-mode networking only).
 //
 // It prints the shares: insert (slot, CA, BMC download, read-back), boot override, power on, and
 // power-on → GRUB → kernel → init → callback.
@@ -117,10 +118,16 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 	}
 	logShares(t, rep, milestones, seen)
 
-	// The libvirt driver keeps the CD boot override for every boot (rep.BootPersistent): ejecting
-	// the media is what lets the machine boot its disk after an install.
+	// The override was "Once" (DSP2046): the BMC reads it back Disabled after the boot that used it.
+	b, err := m.Get("/redfish/v1/Systems/" + m.SystemID)
+	if err != nil || !strings.Contains(string(b), `"BootSourceOverrideEnabled":"Disabled"`) {
+		t.Errorf("the one-time CD override after the boot: %v\n%s", err, b)
+	}
 	if err := vb.EjectVirtualMedia(t.Context()); err != nil {
-		t.Errorf("EjectVirtualMedia through the libvirt driver: %v", err)
+		t.Errorf("EjectVirtualMedia: %v", err)
+	}
+	if b, err := m.Get("/redfish/v1/Systems/" + m.SystemID + "/VirtualMedia/CD1"); err != nil || !strings.Contains(string(b), `"Inserted":false`) {
+		t.Errorf("the CD after the eject: %v\n%s", err, b)
 	}
 
 	if after := labns.RootLinks(t); !slices.Equal(before, after) {
@@ -131,7 +138,7 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 type milestone struct{ name, text string }
 
 // bootFromVirtualMedia serves iso over HTTPS (a certificate of a CA of its own, which pkg/power hands
-// the BMC) and has pkg/power boot m from it through sushy-tools: the BMC must fetch it over verified
+// the BMC) and has pkg/power boot m from it through the lab's BMC: the BMC must fetch it over verified
 // TLS, and the report must show a standard slot, verified, powered on. start is when the call began.
 func bootFromVirtualMedia(t *testing.T, m labredfish.Machine, iso string) (vb power.VirtualMediaBooter, rep power.VirtualMediaReport, start time.Time) {
 	t.Helper()
@@ -167,7 +174,7 @@ func bootFromVirtualMedia(t *testing.T, m labredfish.Machine, iso string) (vb po
 	rep, err = vb.BootVirtualMedia(ctx, power.VirtualMediaOptions{Image: srv.URL + "/node.iso", CAPEM: isoCA})
 	if err != nil {
 		log, _ := os.ReadFile(m.Log)
-		t.Fatalf("BootVirtualMedia: %v\nsushy log:\n%s", err, log)
+		t.Fatalf("BootVirtualMedia: %v\nBMC log:\n%s", err, log)
 	}
 	if !rep.Verified || rep.Powered != "on" || rep.Legacy || !strings.Contains(rep.Slot, "/VirtualMedia/") {
 		t.Errorf("report %+v: want a standard slot, TLS verified, powered on", rep)
