@@ -441,7 +441,9 @@ func (c *bmcController) classify(ctx context.Context, op string, err error) erro
 			strings.Contains(msg, "401") && (strings.Contains(strings.ToLower(msg), "unauthorized") || strings.Contains(strings.ToLower(msg), "password")):
 			return fmt.Errorf("%s: Redfish BMC %s refused the login: check power.username and the password in power.passwordFile: %w: %w", op, addr, ErrAuth, err)
 		case errors.As(err, &certErr), errors.As(err, &uaErr), errors.As(err, &hnErr),
-			strings.Contains(msg, "x509:"), strings.Contains(msg, "tls: failed to verify"):
+			// An insert's error quotes the BMC's own words about the image server's certificate
+			// (a task's message): that is not the BMC's certificate.
+			!errors.Is(err, ErrVirtualMediaNotInserted) && (strings.Contains(msg, "x509:") || strings.Contains(msg, "tls: failed to verify")):
 			return fmt.Errorf("%s: Redfish BMC %s presented a certificate that does not verify: put the CA that signed it in power.caFile (insecureSkipVerify only for a lab): %w: %w", op, addr, ErrCertificate, err)
 		}
 		if isUnreachable(err) || errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -2,10 +2,15 @@ package power
 
 import (
 	"errors"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/test/labredfish"
+	"github.com/airgap-appliance/appliance/test/redfishbmc"
 )
 
 // TestRedfishLabBMCNoSessions drives the lab's Redfish BMC (test/redfishbmc: the project's own
@@ -61,4 +66,93 @@ func TestRedfishLabBMCNoSessions(t *testing.T) {
 	if _, err := bad.PowerState(ctx); !errors.Is(err, ErrAuth) {
 		t.Fatalf("wrong password: %v, want ErrAuth", err)
 	}
+}
+
+// TestVirtualMediaLabBMCProfiles runs the product's whole virtual-media path against the lab BMC in
+// every profile it has (test/redfishbmc.Profiles), so that each vendor quirk the replayed fakes of
+// TestVirtualMediaVendorQuirks cover also runs against a service that really fetches the image:
+// sessions or basic auth only, virtual media under the System or under the Manager, InsertMedia
+// refusing Inserted/WriteProtected (Supermicro), other ResetTypes (HPE iLO: no PowerCycle), and
+// InsertMedia run as a Task (202 and a task monitor, which bmclib does not follow: the read-back
+// waits for the task). In each: an image server signed by another CA is refused (and never fetched
+// over TLS), the right CA boots the CD once with TLS verified, a power cycle and a power off go
+// through the profile's ResetTypes, and the eject leaves the slot empty.
+func TestVirtualMediaLabBMCProfiles(t *testing.T) {
+	var names []string
+	for n := range redfishbmc.Profiles {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			prof := redfishbmc.Profiles[name]
+			bmc := labredfish.Start(t, labredfish.Options{Profile: name})
+			image, ca, gets := isoServer(t)
+			ctx := t.Context()
+			c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			vb := c.(VirtualMediaBooter)
+			otherCA, _ := pkitest.Issue(t)
+			if _, err := vb.BootVirtualMedia(ctx, VirtualMediaOptions{Image: image, CAPEM: otherCA}); !errors.Is(err, ErrVirtualMediaNotInserted) || !strings.Contains(err.Error(), "trusts the appliance CA") {
+				t.Fatalf("image server signed by another CA: %v, want ErrVirtualMediaNotInserted naming the CA", err)
+			}
+			if n := gets.Load(); n != 0 {
+				t.Fatalf("the BMC fetched the image %d times over TLS it should not trust", n)
+			}
+			r, err := vb.BootVirtualMedia(ctx, VirtualMediaOptions{Image: image, CAPEM: ca})
+			if err != nil {
+				b, _ := os.ReadFile(bmc.Log)
+				t.Fatalf("BootVirtualMedia: %v\n%s", err, b)
+			}
+			under := "/redfish/v1/Systems/" + bmc.SystemID + "/VirtualMedia/"
+			if prof.VirtualMediaUnder[0] == "Manager" {
+				under = "/redfish/v1/Managers/BMC/VirtualMedia/"
+			}
+			if !r.Verified || r.Powered != "on" || !strings.HasPrefix(r.Slot, under) || gets.Load() == 0 {
+				t.Fatalf("report %+v (image fetched %d times): want a slot under %s, verified, powered on", r, gets.Load(), under)
+			}
+			if st, err := c.PowerState(ctx); err != nil || st != StateOn {
+				t.Fatalf("after the boot: %v, %v", st, err)
+			}
+			if err := c.PowerCycle(ctx); err != nil {
+				t.Fatalf("power cycle with ResetTypes %v: %v", prof.ResetTypes, err)
+			}
+			if err := c.PowerOff(ctx); err != nil {
+				t.Fatalf("power off: %v", err)
+			}
+			if st, err := c.PowerState(ctx); err != nil || st != StateOff {
+				t.Fatalf("after power off: %v, %v", st, err)
+			}
+			if err := vb.EjectVirtualMedia(ctx); err != nil {
+				t.Fatalf("EjectVirtualMedia: %v", err)
+			}
+			b, err := bmc.Get(r.Slot)
+			if err != nil || !strings.Contains(string(b), `"Inserted":false`) {
+				t.Fatalf("slot after the eject: %v\n%s", err, b)
+			}
+			reqs, err := bmc.Requests()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var resets, logins int
+			for _, q := range reqs {
+				resets += btoi(q.Method == "POST" && strings.HasSuffix(q.Path, "/Actions/ComputerSystem.Reset") && q.Status == 204)
+				logins += btoi(q.Method == "POST" && q.Path == "/redfish/v1/SessionService/Sessions" && q.Status == 201)
+			}
+			if resets < 3 || (logins == 0) == prof.Sessions {
+				t.Fatalf("the BMC saw %d resets (want ≥ 3: on, cycle, off) and %d session logins (profile has sessions: %v)", resets, logins, prof.Sessions)
+			}
+			t.Logf("%s: %s; %d resets, %d session logins", name, r, resets, logins)
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

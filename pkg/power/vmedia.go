@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/redfish"
 )
@@ -153,19 +154,14 @@ func (c *bmcController) BootVirtualMedia(ctx context.Context, o VirtualMediaOpti
 				}
 			}
 		}
+		before := taskIDs(rf)
 		ok, err := c.client.SetVirtualMedia(ctx, "CD", o.Image)
 		if err != nil || !ok {
 			return fmt.Errorf("%w: the BMC refused InsertMedia of %s: check that the BMC reaches that URL (its own network, not the node's) and, for https, that it trusts the appliance CA: %v", ErrVirtualMediaNotInserted, o.Image, err)
 		}
-		// bmclib took the first CD slot it could insert into: find it by reading the slots back.
-		for _, s := range slots {
-			got, err := redfish.GetVirtualMedia(rf, s.ODataID)
-			if err == nil && got.Inserted && got.Image == o.Image {
-				r.Slot = s.ODataID
-				return nil
-			}
-		}
-		return fmt.Errorf("%w: InsertMedia of %s was accepted but no VirtualMedia slot reads back Inserted with that Image: check the BMC's virtual media status page and its log", ErrVirtualMediaNotInserted, o.Image)
+		slot, err := readBackInserted(ctx, rf, slots, o.Image, before)
+		r.Slot = slot
+		return err
 	})
 	r.Insert = time.Since(start)
 	if err != nil {
@@ -509,6 +505,95 @@ func mountSupermicroLegacy(rf *gofish.APIClient, cfg string, u *url.URL) error {
 		return fmt.Errorf("%w: Supermicro %s reads back Host %q Path %q after the mount, want %q %q", ErrVirtualMediaNotInserted, cfg, got.Host, got.Path, host, path)
 	}
 	return nil
+}
+
+// insertPoll is how often readBackInserted reads the slots and tasks again while an insert task runs.
+var insertPoll = 500 * time.Millisecond
+
+// readBackInserted finds the slot that holds image (bmclib inserted into the first CD slot that took
+// it). A BMC that runs InsertMedia as a Task (DSP0266 § "Asynchronous operations": 202 Accepted with
+// a task monitor, which bmclib does not follow) shows the image only once its fetch is done: while
+// the service's TaskService lists a task that has not ended, the slots are read again until ctx
+// ends; a task that ended in Exception and was not among before (the tasks listed before the insert)
+// is the error, with its message. A BMC without tasks gets one read.
+func readBackInserted(ctx context.Context, rf *gofish.APIClient, slots []*redfish.VirtualMedia, image string, before map[string]bool) (string, error) {
+	var last error
+	doneBefore := false // a new task had completed at the previous round
+	slot, err := backoff.Retry(ctx, func() (string, error) {
+		slot, done, err := readBackOnce(rf, slots, image, before, doneBefore)
+		doneBefore = done
+		last = err
+		return slot, err
+	}, backoff.WithBackOff(backoff.NewConstantBackOff(insertPoll)), backoff.WithMaxElapsedTime(0))
+	if err != nil && last != nil && ctx.Err() != nil {
+		return "", fmt.Errorf("%w (the operation's time ran out)", last) // the task's state, not just "deadline exceeded"
+	}
+	return slot, err
+}
+
+// readBackOnce is one round of readBackInserted: the slot, or a retryable error while an insert task
+// runs, or a permanent one.
+func readBackOnce(rf *gofish.APIClient, slots []*redfish.VirtualMedia, image string, before map[string]bool, doneBefore bool) (slot string, done bool, err error) {
+	for _, s := range slots {
+		got, err := redfish.GetVirtualMedia(rf, s.ODataID)
+		if err == nil && got.Inserted && got.Image == image {
+			return s.ODataID, false, nil
+		}
+	}
+	running, done, failed := insertTasks(rf, before)
+	switch {
+	case failed != "":
+		return "", done, backoff.Permanent(fmt.Errorf("%w: the BMC's task for InsertMedia of %s ended in an exception: %s: check that the BMC reaches that URL (its own network, not the node's) and, for https, that it trusts the appliance CA", ErrVirtualMediaNotInserted, image, failed))
+	case running:
+		return "", done, fmt.Errorf("%w: the BMC's InsertMedia task for %s is still running", ErrVirtualMediaNotInserted, image)
+	case done && !doneBefore:
+		// The task completed between the slots' read and the tasks': read the slots once more.
+		return "", done, fmt.Errorf("%w: the BMC's InsertMedia task for %s completed", ErrVirtualMediaNotInserted, image)
+	}
+	return "", done, backoff.Permanent(fmt.Errorf("%w: InsertMedia of %s was accepted but no VirtualMedia slot reads back Inserted with that Image: check the BMC's virtual media status page and its log", ErrVirtualMediaNotInserted, image))
+}
+
+// insertTasks reads the BMC's tasks: whether one has not ended yet, whether one not in before has
+// completed, and the messages of one not in before that ended in Exception. A service without a
+// TaskService has none of them.
+func insertTasks(rf *gofish.APIClient, before map[string]bool) (running, done bool, failed string) {
+	for _, tk := range tasks(rf) {
+		switch tk.TaskState {
+		case redfish.NewTaskState, redfish.StartingTaskState, redfish.RunningTaskState, redfish.PendingTaskState, redfish.StoppingTaskState, redfish.SuspendedTaskState, redfish.InterruptedTaskState:
+			running = true
+		case redfish.CompletedTaskState:
+			done = done || !before[tk.ODataID]
+		case redfish.ExceptionTaskState:
+			if before[tk.ODataID] {
+				continue
+			}
+			var msgs []string
+			for _, m := range tk.Messages {
+				msgs = append(msgs, strings.TrimSpace(m.Message+" "+m.Resolution))
+			}
+			failed = tk.ODataID + ": " + strings.Join(msgs, "; ")
+		}
+	}
+	return running, done, failed
+}
+
+// taskIDs are the @odata.ids of the BMC's tasks now (none without a TaskService).
+func taskIDs(rf *gofish.APIClient) map[string]bool {
+	ids := map[string]bool{}
+	for _, tk := range tasks(rf) {
+		ids[tk.ODataID] = true
+	}
+	return ids
+}
+
+// tasks lists the BMC's tasks through its TaskService; nil when it has none or it cannot be read.
+func tasks(rf *gofish.APIClient) []*redfish.Task {
+	ts, err := rf.Service.TaskService()
+	if err != nil || ts == nil {
+		return nil
+	}
+	out, _ := ts.Tasks()
+	return out
 }
 
 // getJSON GETs a Redfish resource's body (gofish returns an error for HTTP status ≥ 400).

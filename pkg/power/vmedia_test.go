@@ -38,13 +38,14 @@ func isoServer(t *testing.T) (url string, caPEM []byte, gets *atomic.Int32) {
 	return srv.URL + "/node.iso", ca, gets
 }
 
-// TestVirtualMediaSushyTools drives sushy-tools (fake system driver; its virtual media is its own
-// real code, which downloads the image with python-requests): the ISO server's CA goes into the
+// TestVirtualMediaLabBMC drives the lab's Redfish BMC (test/redfishbmc, the project's own emulator,
+// because no real BMC runs here; no host behind it, its virtual media really downloads the image):
+// the ISO server's CA goes into the
 // slot's Certificates with VerifyCertificate on, so the BMC really verifies TLS: with another CA it
 // refuses the insert (ErrVirtualMediaNotInserted, saying to check the CA) and never gets past the
 // handshake; with the right one the image is inserted, read back, the boot override reads back Cd
 // and the system is powered on.
-func TestVirtualMediaSushyTools(t *testing.T) {
+func TestVirtualMediaLabBMC(t *testing.T) {
 	bmc := labredfish.Start(t, labredfish.Options{})
 	image, ca, gets := isoServer(t)
 	ctx := t.Context()
@@ -76,7 +77,7 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 	if !r.Verified || r.Legacy || r.Powered != "on" || !strings.HasSuffix(r.Slot, "/VirtualMedia/CD1") || gets.Load() == 0 {
 		t.Fatalf("report %+v (image fetched %d times): want slot .../VirtualMedia/CD1, verified, powered on", r, gets.Load())
 	}
-	t.Logf("sushy-tools: %s", r)
+	t.Logf("lab BMC: %s", r)
 
 	slot := func() map[string]any {
 		pool := x509.NewCertPool()
@@ -109,13 +110,13 @@ func TestVirtualMediaSushyTools(t *testing.T) {
 	}
 }
 
-// TestVirtualMediaFinishSushyTools: after the install, the CD leaves the boot, against sushy-tools
-// (fake system driver; its Systems PATCH and VirtualMedia EjectMedia are its own real code):
+// TestVirtualMediaFinishLabBMC: after the install, the CD leaves the boot, against the lab's Redfish
+// BMC (the project's emulator: its Systems PATCH and VirtualMedia EjectMedia):
 // ClearVirtualMediaBoot replaces the CD boot override with the disk while the CD stays inserted (the
 // live system still runs from it), EjectVirtualMedia then takes the CD out, and an eject with a CD
 // override but nothing inserted (the next power action after a half-finished install) clears the
 // override too. Nothing left to do is no error and no change.
-func TestVirtualMediaFinishSushyTools(t *testing.T) {
+func TestVirtualMediaFinishLabBMC(t *testing.T) {
 	bmc := labredfish.Start(t, labredfish.Options{})
 	image, ca, _ := isoServer(t)
 	ctx := t.Context()
@@ -187,7 +188,7 @@ func TestVirtualMediaFinishSushyTools(t *testing.T) {
 
 // vendorBMC replays Redfish resources recorded from vendors' BMCs, because no Dell iDRAC or
 // Supermicro BMC runs here (LAB.md): a fake, limited to the paths virtual media uses. Basic auth, no
-// SessionService (as sushy-tools and older BMCs); power and the boot override are kept in memory.
+// SessionService (as older BMCs); power and the boot override are kept in memory.
 type vendorBMC struct {
 	user, pass string
 	res        map[string]map[string]any // @odata.id → resource, mutated by PATCH and actions
