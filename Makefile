@@ -73,7 +73,7 @@ test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes
 	@$(STAGE) suite-test --show -- $(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: e2e
-e2e: deps build fixtures ## the end to end suites: blank TCG machines to Kubernetes nodes (PXE behind ipmi_sim, Redfish virtual media behind sushy-tools); the appliance ISO booted in QEMU (BIOS, UEFI, refusals); lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
+e2e: deps build fixtures ## the end to end suites: blank TCG machines to Kubernetes nodes (PXE behind ipmi_sim, Redfish virtual media behind the lab's own Redfish BMC); the appliance ISO booted in QEMU (BIOS, UEFI, refusals); lab up → bundle → appliance bootstrap → HA cluster proofs → lab down
 	@$(STAGE) suite-kubernetes-fixture --show -- $(GO) test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
 	@$(STAGE) suite-nodeimage --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -race -count=1 -p 1 -timeout 30m -v ./test/nodeimage/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"
 	@$(STAGE) suite-iso --show -- bash -c "set -o pipefail; $(GO) test -tags e2e -count=1 -p 1 -timeout 30m -v ./test/iso/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'"

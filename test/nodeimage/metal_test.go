@@ -29,7 +29,8 @@ import (
 // Bare-metal lab (test/lab/lab.sh, prefix bmPrefix): the appliance in bm-boot (10.100.0.2), cp1 an
 // nspawn host (10.100.0.11), and w1's namespace bridged to a QEMU VM behind an ipmi_sim BMC at
 // 10.100.0.121 (test/lab/nodes.sh, LAB_VM_BOOT=pxe: a blank machine, test/lab/vm/chassis.sh); n2, a
-// libvirt domain behind sushy-tools at 10.100.0.122, joins the same control-plane bridge from a
+// QEMU VM behind the lab's Redfish BMC (test/redfishbmc, the project's emulator: no real BMC runs
+// here) at 10.100.0.122, joins the same control-plane bridge from a
 // namespace of the test's own (vmworker_test.go).
 const (
 	bmMAC     = "52:54:00:01:64:00"                    // chassis.sh: MAC_PREFIX 52:54:00:01, boot NIC :64:00
@@ -62,9 +63,9 @@ var bmPrefix = func() string {
 // named by nodes[].rootDevice.serialNumber and reboots; the appliance's script then boots the disk,
 // and the installed hostagent joins n1 to the cluster with kubeadm.
 //
-// A second worker, n2, does the same through Redfish virtual media at the same time: a libvirt domain
+// A second worker, n2, does the same through Redfish virtual media at the same time: a QEMU VM
 // (TCG, 2 GiB, two blank disks with serials, the second a smaller decoy, powered off) whose NIC and BMC are on the lab's
-// control-plane bridge, its BMC sushy-tools' libvirt driver (TLS, basic auth). The node image is the
+// control-plane bridge, its BMC the lab's Redfish emulator (TLS, sessions; QEMU driven over QMP). The node image is the
 // bundle's (netboot/node-amd64.iso, made by bundle create's nodeImage.build): n1's kernel, initramfs
 // and root filesystem are served from inside that ISO (boot.kernel and boot.initrd unset); the ISO,
 // built with nothing on its kernel command line, the appliance serves (boot.nodeISO's default) at https://10.100.0.2:8443/boot/node.iso with its own URL and CA pin written into
@@ -77,8 +78,8 @@ var bmPrefix = func() string {
 // the disk its nodes[].rootDevice names (the hints, and its static address on the NIC of its
 // nodes[].mac, come in its enrolment answer: its ISO is the same for every node), its install notice
 // has the appliance replace the CD boot override with the disk,
-// it reboots (the domain restarts from its definition, as firmware reads the BMC's override at a
-// reset: sushy.LibvirtOptions.ColdReboot) into its disk, joins with kubeadm and is Ready; once the
+// it reboots (the BMC starts QEMU again at the guest's reset, as firmware reads the BMC's override at a
+// reset) into its disk, joins with kubeadm and is Ready; once the
 // installed system reports, the appliance ejects the CD (read back through Redfish).
 //
 // The test checks n1 and n2 Ready through the API VIP with their nodes[].addresses as InternalIP,
@@ -167,7 +168,7 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 	script("nodes.sh", "up", "cp1", "w1")
 	fabric := bmPrefix + "-fabric"
 	n2 := startVMWorker(t, fabric)
-	t.Logf("lab up: cp1 (nspawn), w1's BMC and n2's BMC (sushy-tools, libvirt) in %.1fs", time.Since(t0).Seconds())
+	t.Logf("lab up: cp1 (nspawn), w1's BMC and n2's BMC (the lab's Redfish emulator, QEMU) in %.1fs", time.Since(t0).Seconds())
 	n2Password, n2CA := filepath.Join(dir, "n2-bmc.password"), filepath.Join(dir, "n2-bmc-ca.pem")
 	for p, b := range map[string][]byte{n2Password: []byte(n2.Password), n2CA: n2.CAPEM} {
 		if err := os.WriteFile(p, b, 0o600); err != nil {
@@ -185,9 +186,9 @@ func TestBareMetalWorkerJoinsCluster(t *testing.T) {
 		b, _ = os.ReadFile(n2.Console)
 		t.Logf("n2's console (tail):\n%s", lastLines(string(b), 120))
 		b, _ = os.ReadFile(n2.Events)
-		t.Logf("n2's domain events:\n%s", b)
+		t.Logf("n2's machine events:\n%s", b)
 		b, _ = os.ReadFile(n2.Log)
-		t.Logf("n2's BMC (sushy-emulator) log (tail):\n%s", lastLines(string(b), 40))
+		t.Logf("n2's BMC (the lab's Redfish emulator) log (tail):\n%s", lastLines(string(b), 40))
 		if b, err := os.ReadFile(filepath.Join(state, "serve", "serve.log")); err == nil {
 			t.Logf("appliance serve log (tail):\n%s", lastLines(string(b), 60))
 		}
@@ -286,7 +287,7 @@ nodes:
 	}()
 
 	// Milestones on n1's console, as seconds since the BMC powered it on (chassis.sh writes the time),
-	// and on n2's, since its domain started (the watcher's log).
+	// and on n2's, since its machine started (the BMC's machine events).
 	var poweredOn, n2On time.Time
 	n1Track := &consoleTrack{console: console, poweredOn: func() time.Time {
 		if poweredOn.IsZero() {
@@ -489,7 +490,7 @@ spec:
 	}
 	n2Reset := firstEvent(n2Events, "reset")
 	if n2Reset.IsZero() || firstEvent(n2Events, "restarted").Before(n2Reset) {
-		t.Errorf("n2 never reset into a restart from its definition (domain events: %q)", evNames)
+		t.Errorf("n2 never reset into a restart from its definition (machine events: %q)", evNames)
 	}
 	var inserted []string
 	var target, enabled string
@@ -516,7 +517,7 @@ spec:
 	if !okEject || eject.At.Before(n2Reset) {
 		t.Errorf("n2's BMC got no EjectMedia after the reset at %s: %+v", n2Reset.Format(time.TimeOnly), eject)
 	}
-	t.Logf("n2's BMC after the install: no virtual CD inserted, boot override %s (%s); domain events %q", target, enabled, evNames)
+	t.Logf("n2's BMC after the install: no virtual CD inserted, boot override %s (%s); machine events %q", target, enabled, evNames)
 
 	// A power cycle through the BMC (`appliance power cycle`, IPMI): the machine boots its disk (the
 	// appliance's script says so: no network image, no second install), keeps its state (no second
@@ -637,7 +638,7 @@ spec:
 		tCycleKernel, tCycleReport, tCycleReady)
 	t.Log(b.String())
 
-	// n2's timeline, from its domain's start (the BMC's power on).
+	// n2's timeline, from its machine's start (the BMC's power on).
 	for i, m := range n2Track.ms {
 		if m.at == 0 {
 			t.Errorf("n2's console never showed the milestone %q (%s)", m.name, n2Track.ms[i].re)
@@ -660,7 +661,7 @@ spec:
 		return at.Sub(n2On).Round(100 * time.Millisecond)
 	}
 	b.Reset()
-	fmt.Fprintf(&b, "FIGURES: virtual-media worker n2 under TCG, from the BMC's power-on (Redfish through sushy-tools' libvirt driver, by the power phase, %s after bootstrap started):\n",
+	fmt.Fprintf(&b, "FIGURES: virtual-media worker n2 under TCG, from the BMC's power-on (Redfish through the lab's emulator driving QEMU, by the power phase, %s after bootstrap started):\n",
 		n2On.Sub(start).Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "  before it, the BMC: insert %s (fetching the %s ISO included), boot override %s, power on %s; slot %s (%s)\n",
 		tInsert, sizeOf(filepath.Join(bundleDir, bundle.NetbootNodeISO)), tBoot, tPower, slot, how)
@@ -674,7 +675,7 @@ spec:
 		case 2: // the install notice comes before the install's last console line
 			row("install notice: CD override replaced (BMC log)", since(override.At))
 		case 3:
-			row("reset → the domain restarts from its definition", since(n2Reset))
+			row("reset → the BMC restarts the machine", since(n2Reset))
 		}
 		row(m.name, m.at)
 	}

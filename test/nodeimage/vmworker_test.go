@@ -20,9 +20,9 @@ import (
 	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
-// The virtual-media worker of the bare-metal lab (TestBareMetalWorkerJoinsCluster's n2): a libvirt
-// domain behind sushy-tools' Redfish BMC (test/sushy, StartLibvirt with a lab NIC), on the lab's
-// control-plane segment.
+// The virtual-media worker of the bare-metal lab (TestBareMetalWorkerJoinsCluster's n2): a QEMU VM
+// behind the lab's Redfish BMC (the project's emulator, because no real BMC can run here;
+// test/labredfish.StartMachine with a lab NIC), on the lab's control-plane segment.
 const (
 	vmMAC    = "52:54:00:02:64:00"
 	vmUUID   = "52540002-6400-4000-8000-525400026400"
@@ -39,10 +39,10 @@ const (
 	n2ImageURL = "https://10.100.0.2:8443/boot/node.iso"
 )
 
-// startVMWorker defines n2 (2 GiB, the blank 8 GiB disk with serial vmSerial and a blank 5 GiB decoy,
-// powered off) in a libvirt
-// daemon of the test's own whose NIC and BMC sit on the lab's control-plane bridge (fabric's br-cp).
-// A reboot of the machine starts it again from its definition (sushy.LibvirtOptions.ColdReboot).
+// startVMWorker makes n2 (2 GiB, the blank 8 GiB disk with serial vmSerial and a blank 5 GiB decoy,
+// powered off) and its BMC, whose NIC and BMC address sit on the lab's control-plane bridge (fabric's
+// br-cp). A reboot of the machine starts it again with the BMC's boot override and media, as firmware
+// does.
 func startVMWorker(t *testing.T, fabric string) labredfish.Machine {
 	t.Helper()
 	return labredfish.StartMachine(t, labredfish.MachineOptions{MemoryMiB: 2048, UUID: vmUUID, MAC: vmMAC,
@@ -50,7 +50,7 @@ func startVMWorker(t *testing.T, fabric string) labredfish.Machine {
 		Lab:   &labredfish.LabNIC{Fabric: fabric, Bridge: "br-cp", BMC: netip.MustParsePrefix(vmBMC)}})
 }
 
-// domainEvents reads the watcher's log (labredfish.Machine.Events): each event's name and time.
+// domainEvents reads the machine's lifecycle log (labredfish.Machine.Events): each event's name and time.
 func domainEvents(t *testing.T, path string) []domainEvent {
 	t.Helper()
 	f, err := os.Open(path)
@@ -107,7 +107,7 @@ func vmediaShares(detail, node string) (slot, how string, insert, boot, power ti
 }
 
 // virtualMediaState reads the BMC's virtual media (every member of the System's VirtualMedia
-// collection, where sushy-tools serves them) and the system's boot override, as a lab client would.
+// collection, where the emulator's default profile serves them) and the system's boot override, as a lab client would.
 func virtualMediaState(m labredfish.Machine) (inserted []string, target, enabled string, err error) {
 	sysPath := "/redfish/v1/Systems/" + m.SystemID
 	var coll struct {
