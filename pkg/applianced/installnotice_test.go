@@ -22,8 +22,8 @@ import (
 	"github.com/airgap-appliance/appliance/test/labredfish"
 )
 
-// TestInstallNoticeVirtualMedia: a virtual-media node's install notice, against sushy-tools (the fake
-// system driver, a real Redfish service) as its BMC, with the node's power section as bootstrap.yaml
+// TestInstallNoticeVirtualMedia: a virtual-media node's install notice, against the lab's Redfish BMC
+// (test/redfishbmc: the project's own emulator, because no real BMC can run here; no host behind it), with the node's power section as bootstrap.yaml
 // gives it (password and CA files): the notice replaces the CD boot override with the disk at once
 // and leaves the CD in (the live system still runs from it); a report from the installing boot does
 // not eject it; the installed system's first report (another boot ID) does. Notices the appliance

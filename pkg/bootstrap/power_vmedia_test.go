@@ -22,7 +22,8 @@ import (
 )
 
 // TestPowerBootsVirtualMedia: a redfish node with power.virtualMediaImage is booted through its BMC's
-// virtual media (sushy-tools, a real Redfish service, fake system driver): the image on the
+// virtual media (the lab's Redfish BMC, test/redfishbmc: the project's own emulator, because no real
+// BMC can run here; no host behind it): the image on the
 // appliance's own URL is fetched by the BMC over TLS verified with the appliance CA, the node record
 // becomes booting, and the phase's line says so. An image the BMC cannot fetch fails that node with
 // what to check, and the node is not powered on.

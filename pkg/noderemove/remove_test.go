@@ -314,8 +314,8 @@ func TestDrainWaitsForEvictedPodsToBeDeleted(t *testing.T) {
 
 // TestRemovePowersOffThroughBMC: a worker powered through a Redfish BMC (issue 15 item 2, "powered
 // off through its BMC when it has one") is drained, deleted and powered off: the real kube-apiserver
-// holds its Node, and the BMC is sushy-tools (OpenStack's Redfish emulator, fake driver, TLS with a
-// pinned CA, basic auth), whose system the test powers on first. A rerun finds it already off.
+// holds its Node, and the BMC is the lab's Redfish BMC (test/redfishbmc: the project's own emulator,
+// because no real BMC can run here; TLS with a pinned CA, sessions; no host behind it), whose system the test powers on first. A rerun finds it already off.
 func TestRemovePowersOffThroughBMC(t *testing.T) {
 	stateDir := t.TempDir()
 	c := startAPIServer(t, stateDir)
@@ -355,7 +355,7 @@ func TestRemovePowersOffThroughBMC(t *testing.T) {
 		defer b.Close()
 		s, err := b.PowerState(ctx)
 		if err != nil {
-			t.Fatalf("power state through sushy-tools: %v", err)
+			t.Fatalf("power state through the lab BMC: %v", err)
 		}
 		return s
 	}
@@ -364,7 +364,7 @@ func TestRemovePowersOffThroughBMC(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.PowerOn(ctx); err != nil {
-		t.Fatalf("power on through sushy-tools: %v", err)
+		t.Fatalf("power on through the lab BMC: %v", err)
 	}
 	b.Close()
 	// The fake driver applies a power change 1-11 s after the request, like real hardware.
