@@ -31,7 +31,9 @@
 #      showed two VIP holders in one 50 ms sample).
 #
 # Every stage goes through test/stage.sh (timed, a row in $STAGE_TIMES). A failed stage does not stop
-# the others: one run shows every failure. Exit status: 0 when every stage passed, else 1.
+# the others: one run shows every failure. The run ends with the stages against the committed figures
+# and the budget (test/budget.sh, test/budget.tsv; informational). Exit status: 0 when every stage
+# passed, else 1.
 #
 # Environment: GO (default go), MAKE (default make), APPLIANCE_CACHE (the fixture cache).
 set -uo pipefail
@@ -41,6 +43,15 @@ MAKE=${MAKE:-make}
 STAGE=test/stage.sh
 export PATH
 failed=()
+
+# The budget: every stage's time lands in $STAGE_TIMES (a file of this run's own when the caller gives
+# none); at the end, whatever happened, test/budget.sh compares them and the total with test/budget.tsv.
+check_start=$(date +%s)
+if [[ -z ${STAGE_TIMES:-} ]]; then
+	STAGE_TIMES=$(mktemp /tmp/appliance-check-times.XXXXXX)
+	export STAGE_TIMES
+fi
+trap 'test/budget.sh "$STAGE_TIMES" $(($(date +%s) - check_start)) >&2' EXIT
 
 # run NAME CMD...: a stage run in the foreground; records a failure instead of stopping.
 run() {
