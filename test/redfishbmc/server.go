@@ -119,6 +119,9 @@ type session struct {
 
 type bootState struct {
 	enabled, target, mode string
+	// uefiTarget is Boot.UefiTargetBootSourceOverride, the UEFI device path booted when the target
+	// is UefiTarget (read-write in DSP2046 ComputerSystem.Boot); it starts as the mockup's.
+	uefiTarget string
 }
 
 type cert struct {
@@ -158,7 +161,8 @@ func newServer(t *tree, prof Profile, systemID, user, password, stateDir, firmwa
 	if firmware == "UEFI" {
 		mode = "UEFI"
 	}
-	s.boot = bootState{enabled: "Disabled", target: "None", mode: mode}
+	uefiTarget, _ := asMap(sys["Boot"])["UefiTargetBootSourceOverride"].(string)
+	s.boot = bootState{enabled: "Disabled", target: "None", mode: mode, uefiTarget: uefiTarget}
 	// Slots: the mockup's, under the System; a copy of each under the Manager for profiles that have
 	// virtual media there.
 	coll := t.res[s.sysPath+"/VirtualMedia"]
@@ -211,6 +215,8 @@ func (s *Server) consumeBoot() Boot {
 }
 
 func asSlice(v any) []any { s, _ := v.([]any); return s }
+
+func asMap(v any) map[string]any { m, _ := v.(map[string]any); return m }
 
 // clone deep-copies a decoded JSON value.
 func clone(v map[string]any) map[string]any {
@@ -292,6 +298,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) *apiError {
 		return s.vmediaCollection(w, r, p)
 	case strings.HasPrefix(p, "/redfish/v1/TaskService/"):
 		return s.taskService(w, r, p)
+	case p == certLocationsPath && s.t.res[p] != nil:
+		return s.readOnly(w, r, s.certificateLocations(), "")
 	}
 	if sl, rest := s.slotFor(p); sl != nil {
 		return s.vmedia(w, r, sl, rest)

@@ -20,6 +20,9 @@ func (s *Server) systemResourceLocked() (map[string]any, string) {
 	boot["BootSourceOverrideEnabled"] = s.boot.enabled
 	boot["BootSourceOverrideTarget"] = s.boot.target
 	boot["BootSourceOverrideMode"] = s.boot.mode
+	if _, ok := boot["UefiTargetBootSourceOverride"]; ok || s.boot.uefiTarget != "" {
+		boot["UefiTargetBootSourceOverride"] = s.boot.uefiTarget
+	}
 	boot["BootSourceOverrideEnabled@Redfish.AllowableValues"] = overrideEnabled
 	boot["BootSourceOverrideMode@Redfish.AllowableValues"] = []string{"UEFI", "Legacy"}
 	res["Boot"] = boot
@@ -50,10 +53,11 @@ func (s *Server) system(w http.ResponseWriter, r *http.Request) *apiError {
 	return methodNotAllowed(w, "GET, HEAD, PATCH")
 }
 
-// patchSystem applies Boot.BootSourceOverrideEnabled/Target/Mode (DSP2046 ComputerSystem.Boot).
-// Everything else is refused: a property the resource has is PropertyNotWritable, one it lacks
-// PropertyUnknown, a wrong value PropertyValueNotInList or PropertyValueTypeError, all in one 400
-// that changes nothing. A stale If-Match is 412.
+// patchSystem applies Boot.BootSourceOverrideEnabled/Target/Mode and UefiTargetBootSourceOverride
+// (DSP2046 ComputerSystem.Boot; all four are read-write there). Everything else is refused: a
+// property the resource has is PropertyNotWritable, one it lacks PropertyUnknown, a wrong value
+// PropertyValueNotInList or PropertyValueTypeError, all in one 400 that changes nothing. A stale
+// If-Match is 412.
 func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) *apiError {
 	body, aerr := decode(r)
 	if aerr != nil {
@@ -82,7 +86,13 @@ func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) *apiError {
 				str, isStr := bv.(string)
 				var allowed []string
 				var dst *string
+				anyValue := false
 				switch bk {
+				case "UefiTargetBootSourceOverride":
+					// Read-write in DSP2046, and sent back by clients that PATCH the Boot object they
+					// read (bmclib's SetBootDevice): refusing it as PropertyNotWritable failed
+					// bmclib's first PATCH and left it to its fallback.
+					anyValue, dst = true, &next.uefiTarget
 				case "BootSourceOverrideEnabled":
 					allowed, dst = overrideEnabled, &next.enabled
 				case "BootSourceOverrideTarget":
@@ -103,7 +113,7 @@ func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) *apiError {
 				switch {
 				case !isStr:
 					errs = append(errs, msg{"PropertyValueTypeError", []string{fmt.Sprint(bv), "Boot/" + bk}})
-				case !slices.Contains(allowed, str):
+				case !anyValue && !slices.Contains(allowed, str):
 					errs = append(errs, msg{"PropertyValueNotInList", []string{str, "Boot/" + bk}})
 				default:
 					*dst = str
@@ -154,8 +164,14 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) *apiError {
 	case !isStr:
 		errs = append(errs, msg{"ActionParameterValueTypeError", []string{fmt.Sprint(v), "ResetType", action}})
 	case !slices.Contains(s.prof.ResetTypes, rt):
-		e := msg{"ActionParameterNotSupported", []string{rt, action}}
-		errs = append(errs, e)
+		// A ResetType outside ResetType@Redfish.AllowableValues is a value error, not an unsupported
+		// parameter: the Base registry's ActionParameterNotSupported takes a parameter *name* ("The
+		// parameter %1 for the action %2 is not supported"), so it told redfishtool's and sushy's users
+		// that a parameter "Bogus" was sent. The mockup's Base 1.5.0 has no
+		// ActionParameterValueNotInList (a later Base version's); PropertyValueNotInList is its message
+		// for a value outside the acceptable list (DSP0266 § "Error responses": the message describes
+		// the error).
+		errs = append(errs, msg{"PropertyValueNotInList", []string{rt, "ResetType"}})
 	}
 	if errs != nil {
 		e := &apiError{status: http.StatusBadRequest, msgs: errs}

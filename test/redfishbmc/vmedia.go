@@ -175,7 +175,9 @@ type insertRequest struct {
 // checkInsert validates InsertMedia's parameters (DSP2046 VirtualMedia.InsertMedia): Image is
 // required, an http or https URL; TransferMethod Upload (the BMC fetches the whole image before the
 // host sees it; Stream is not offered, so refused as DSP0266 says for a value outside the allowable
-// ones); TransferProtocolType HTTP or HTTPS, matching the URL.
+// ones); TransferProtocolType HTTP or HTTPS, matching the URL. A value outside the offered ones is
+// PropertyValueNotInList (value, parameter), as for ComputerSystem.Reset's ResetType (see reset):
+// the Base registry's ActionParameterNotSupported names an unsupported parameter, not a value.
 func (s *Server) checkInsert(body map[string]any, sl *slot) (insertRequest, *apiError) {
 	const action = "VirtualMedia.InsertMedia"
 	q := insertRequest{inserted: true, writeProtected: true}
@@ -221,18 +223,18 @@ func (s *Server) checkInsert(body map[string]any, sl *slot) (insertRequest, *api
 	boolean("Inserted", &q.inserted)
 	boolean("WriteProtected", &q.writeProtected)
 	if mt, ok := str("MediaType"); ok && !slices.Contains(sl.mediaTypes, mt) {
-		errs = append(errs, msg{"ActionParameterNotSupported", []string{"MediaType " + mt, action}})
+		errs = append(errs, msg{"PropertyValueNotInList", []string{mt, "MediaType"}})
 	}
 	if tm, ok := str("TransferMethod"); ok {
 		if tm != "Upload" {
-			errs = append(errs, msg{"ActionParameterNotSupported", []string{"TransferMethod " + tm, action}})
+			errs = append(errs, msg{"PropertyValueNotInList", []string{tm, "TransferMethod"}})
 		}
 		q.transfer = tm
 	}
 	if tp, ok := str("TransferProtocolType"); ok {
 		switch {
 		case tp != "HTTP" && tp != "HTTPS":
-			errs = append(errs, msg{"ActionParameterNotSupported", []string{"TransferProtocolType " + tp, action}})
+			errs = append(errs, msg{"PropertyValueNotInList", []string{tp, "TransferProtocolType"}})
 		case q.image != nil && !strings.EqualFold(tp, q.image.Scheme):
 			errs = append(errs, msg{"ActionParameterValueFormatError", []string{tp, "TransferProtocolType", action}})
 		}
@@ -501,5 +503,42 @@ func certResource(base string, c cert) map[string]any {
 			res["ValidNotAfter"] = x.NotAfter.UTC().Format(time.RFC3339)
 		}
 	}
+	return res
+}
+
+// certLocationsPath is the CertificateService's CertificateLocations resource.
+const certLocationsPath = "/redfish/v1/CertificateService/CertificateLocations"
+
+// certificateLocations is the mockup's CertificateLocations with its links to virtual media
+// certificates replaced by the slots' live ones. The mockup links a certificate in its CD1 slot,
+// which the live slot (empty at start) does not hold, so the link answered 404 (ilorest's crawler
+// followed it). DSP2046 CertificateLocations.Links.Certificates: the Certificate resources installed
+// on this service.
+func (s *Server) certificateLocations() map[string]any {
+	res := clone(s.t.res[certLocationsPath])
+	links, _ := res["Links"].(map[string]any)
+	if links == nil {
+		links = map[string]any{}
+		res["Links"] = links
+	}
+	out := []any{}
+	for _, l := range asSlice(links["Certificates"]) {
+		if id, _ := l.(map[string]any)["@odata.id"].(string); !strings.Contains(id, "/VirtualMedia/") {
+			out = append(out, l)
+		}
+	}
+	s.mu.Lock()
+	var live []string
+	for _, sl := range s.slots {
+		for _, c := range sl.certs {
+			live = append(live, sl.path+"/Certificates/"+c.id)
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(live)
+	for _, id := range live {
+		out = append(out, map[string]any{"@odata.id": id})
+	}
+	links["Certificates"] = out
 	return res
 }
