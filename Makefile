@@ -14,15 +14,16 @@ KUBERNETES_VERSION := v1.34.4
 # Each stage (deps, build, every fixture, every suite) runs through test/stage.sh: timed, quiet unless V=1.
 STAGE := test/stage.sh
 
-# Debian packages the tests and the lab drive as real peers. redfishtool (DMTF), python3-sushy
-# (OpenStack/Ironic) and ilorest (HPE) are the third-party Redfish clients that check the lab's own
-# Redfish BMC emulator (test/redfishbmc).
+# Debian packages the tests and the lab drive as real peers. redfishtool (DMTF) and python3-sushy
+# (OpenStack/Ironic) are third-party Redfish clients that check the lab's own Redfish BMC emulator
+# (test/redfishbmc; HPE's ilorest was tried and cannot drive a non-HPE service: see its conformance
+# test); nbdkit's curl plugin streams its virtual media (InsertMedia TransferMethod Stream).
 DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
 	containernetworking-plugins libc-bin debian-archive-keyring gpgv \
 	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs \
-	redfishtool python3-sushy ilorest ipxe \
+	redfishtool python3-sushy nbdkit ipxe \
 	bind9-utils bind9-dnsutils \
 	grub2-common fdisk
 

@@ -6,7 +6,8 @@
 // Where the clients disagree the emulator follows the specification: DSP0266 (Redfish
 // Specification) and DSP2046 (Redfish Resource and Schema Guide); the comments name the section.
 //
-// HPE's ilorest (Debian package ilorest 3.6.0.0) is installed beside them but has no test here:
+// HPE's ilorest (Debian package ilorest 3.6.0.0, which LAB.md lists) was tried and has no test here
+// (nor a place in `make deps`):
 // `ilorest login https://ADDR -u USER -p … --https CA` fails with "ERROR: 'links'" because
 // redfish/ris/gen_compat.py reads the service root's JsonSchemas link, or HPE's legacy
 // links.Schemas, unconditionally, and JsonSchemas is optional in ServiceRoot (DSP2046; DMTF's

@@ -15,7 +15,9 @@
 //     (412 on a stale one), "Once" reverting to "Disabled" at the boot that used it;
 //   - VirtualMedia slots (under the System, the Manager or both, per profile): InsertMedia, which
 //     really fetches the image over HTTP(S), verifying TLS against the slot's Certificates when
-//     VerifyCertificate is on, and attaches it to the host as its CD; EjectMedia; the Certificates
+//     VerifyCertificate is on, and attaches it to the host as its CD: whole before the answer
+//     (TransferMethod Upload, the default) or read on demand through nbdkit's curl plugin
+//     (TransferMethod Stream); EjectMedia; the Certificates
 //     collection (POST, DELETE); answered at once, or with a task monitor (202, TaskService) when the
 //     profile says so (DSP0266 § "Asynchronous operations");
 //   - errors as DSP0266's extended error format, with messages from the mockup's own Base registry.
@@ -139,7 +141,8 @@ type slot struct {
 	verify     bool
 	certs      []cert
 	nextCert   int
-	file       string // the fetched image on the BMC's disk
+	file       string  // the fetched image on the BMC's disk (Upload)
+	stream     *stream // the image streamed to the host (Stream)
 	etag       int
 	busy       bool // an insert is running
 	mediaTypes []string

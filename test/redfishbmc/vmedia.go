@@ -80,7 +80,7 @@ func (s *Server) slotResourceLocked(sl *slot) (map[string]any, string) {
 	res["VerifyCertificate"] = sl.verify
 	res["Certificates"] = map[string]any{"@odata.id": sl.path + "/Certificates"}
 	insert := map[string]any{"target": sl.path + "/Actions/VirtualMedia.InsertMedia",
-		"TransferMethod@Redfish.AllowableValues":       []string{"Upload"},
+		"TransferMethod@Redfish.AllowableValues":       []string{"Stream", "Upload"},
 		"TransferProtocolType@Redfish.AllowableValues": []string{"HTTP", "HTTPS"}}
 	res["Actions"] = map[string]any{
 		"#VirtualMedia.InsertMedia": insert,
@@ -174,8 +174,8 @@ type insertRequest struct {
 
 // checkInsert validates InsertMedia's parameters (DSP2046 VirtualMedia.InsertMedia): Image is
 // required, an http or https URL; TransferMethod Upload (the BMC fetches the whole image before the
-// host sees it; Stream is not offered, so refused as DSP0266 says for a value outside the allowable
-// ones); TransferProtocolType HTTP or HTTPS, matching the URL. A value outside the offered ones is
+// host sees it; the default) or Stream (the host reads it through the BMC on demand: stream.go);
+// TransferProtocolType HTTP or HTTPS, matching the URL. A value outside the offered ones is
 // PropertyValueNotInList (value, parameter), as for ComputerSystem.Reset's ResetType (see reset):
 // the Base registry's ActionParameterNotSupported names an unsupported parameter, not a value.
 func (s *Server) checkInsert(body map[string]any, sl *slot) (insertRequest, *apiError) {
@@ -226,7 +226,7 @@ func (s *Server) checkInsert(body map[string]any, sl *slot) (insertRequest, *api
 		errs = append(errs, msg{"PropertyValueNotInList", []string{mt, "MediaType"}})
 	}
 	if tm, ok := str("TransferMethod"); ok {
-		if tm != "Upload" {
+		if tm != "Upload" && tm != "Stream" {
 			errs = append(errs, msg{"PropertyValueNotInList", []string{tm, "TransferMethod"}})
 		}
 		q.transfer = tm
@@ -275,28 +275,43 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request, sl *slot) *apiEr
 	sl.busy = true
 	var verify bool
 	pool := x509.NewCertPool()
+	var certsPEM []string
 	for _, c := range sl.certs {
 		pool.AppendCertsFromPEM([]byte(c.pem))
+		certsPEM = append(certsPEM, c.pem)
 	}
 	verify = sl.verify
 	s.mu.Unlock()
 
 	run := func() *apiError {
 		defer func() { s.mu.Lock(); sl.busy = false; s.mu.Unlock() }()
-		file := ""
+		file, media := "", ""
+		var st *stream
 		if q.inserted {
 			var err *apiError
 			if file, err = s.fetch(q, sl, verify, pool); err != nil {
 				return err
 			}
-			if err := s.m.SetMedia(file); err != nil {
-				_ = os.Remove(file)
+			media = file
+			if q.transfer == "Stream" {
+				var serr error
+				if st, serr = startStream(s.stateDir, q.image.String(), q.user, q.password, verify, certsPEM); serr != nil {
+					s.log.Error("stream the image", "error", serr)
+					return fail(http.StatusInternalServerError, "InternalError").withResolution("The BMC could not stream the image: " + serr.Error())
+				}
+				media = st.URI
+			}
+			if err := s.m.SetMedia(media); err != nil {
+				if file != "" {
+					_ = os.Remove(file)
+				}
+				st.stop()
 				s.log.Error("attach the CD", "error", err)
 				return fail(http.StatusInternalServerError, "InternalError").withResolution("The host did not take the image: " + err.Error())
 			}
 		}
 		s.mu.Lock()
-		sl.image, sl.inserted, sl.writeProt, sl.transfer, sl.protocol, sl.file = q.image.String(), q.inserted, q.writeProtected, q.transfer, q.protocol, file
+		sl.image, sl.inserted, sl.writeProt, sl.transfer, sl.protocol, sl.file, sl.stream = q.image.String(), q.inserted, q.writeProtected, q.transfer, q.protocol, file, st
 		sl.etag++
 		s.mu.Unlock()
 		return nil
@@ -314,9 +329,11 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request, sl *slot) *apiEr
 
 // fetch downloads q.image into the BMC's state directory (TransferMethod Upload), verifying an https
 // server against pool when verify is on (an empty pool trusts nothing) and not at all when it is
-// off, as BMCs do. Failures are the client's to fix (400): an untrusted certificate is
-// ResourceAtUriUnauthorized, an unreachable server CouldNotEstablishConnection, a non-2xx answer
-// AccessDenied or ResourceMissingAtURI.
+// off, as BMCs do. For TransferMethod Stream it fetches the first byte only (a range request, which
+// streaming needs: a server that answers it whole is SourceDoesNotSupportProtocol) and returns "".
+// Failures are the client's to fix (400): an untrusted certificate is ResourceAtUriUnauthorized, an
+// unreachable server CouldNotEstablishConnection, a non-2xx answer AccessDenied or
+// ResourceMissingAtURI.
 func (s *Server) fetch(q insertRequest, sl *slot, verify bool, pool *x509.CertPool) (string, *apiError) {
 	img := q.image.String()
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
@@ -334,6 +351,9 @@ func (s *Server) fetch(q insertRequest, sl *slot, verify bool, pool *x509.CertPo
 	}
 	if q.user != "" {
 		req.SetBasicAuth(q.user, q.password)
+	}
+	if q.transfer == "Stream" {
+		req.Header.Set("Range", "bytes=0-0")
 	}
 	start := time.Now()
 	resp, err := (&http.Client{Transport: tr}).Do(req)
@@ -356,6 +376,11 @@ func (s *Server) fetch(q insertRequest, sl *slot, verify bool, pool *x509.CertPo
 		return "", fail(http.StatusBadRequest, "ResourceMissingAtURI", img)
 	case resp.StatusCode/100 != 2:
 		return "", fail(http.StatusBadRequest, "AccessDenied", img).withResolution("The image server answered " + resp.Status + ".")
+	case q.transfer == "Stream" && resp.StatusCode != http.StatusPartialContent:
+		return "", fail(http.StatusBadRequest, "SourceDoesNotSupportProtocol", img, "HTTP range requests").withResolution("TransferMethod Stream reads the image in ranges and the server answered a range request " + resp.Status + ": serve the image with range support, or use TransferMethod Upload.")
+	case q.transfer == "Stream":
+		s.log.Info("image streamable", "image", q.image.Redacted(), "verified", verify)
+		return "", nil
 	}
 	f, err := os.CreateTemp(s.stateDir, "media-*.part")
 	if err != nil {
@@ -392,7 +417,7 @@ func (s *Server) eject(w http.ResponseWriter, r *http.Request, sl *slot) *apiErr
 		s.mu.Unlock()
 		return fail(http.StatusConflict, "ResourceInUse").withResolution("An insert into this slot is running: wait for its task.")
 	}
-	file, wasInserted := sl.file, sl.inserted
+	file, wasInserted, st := sl.file, sl.inserted, sl.stream
 	s.mu.Unlock()
 	if wasInserted {
 		if err := s.m.SetMedia(""); err != nil {
@@ -401,12 +426,13 @@ func (s *Server) eject(w http.ResponseWriter, r *http.Request, sl *slot) *apiErr
 		}
 	}
 	s.mu.Lock()
-	sl.image, sl.inserted, sl.file, sl.transfer, sl.protocol = "", false, "", "", ""
+	sl.image, sl.inserted, sl.file, sl.transfer, sl.protocol, sl.stream = "", false, "", "", "", nil
 	sl.etag++
 	s.mu.Unlock()
 	if file != "" {
 		_ = os.Remove(file)
 	}
+	st.stop()
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
