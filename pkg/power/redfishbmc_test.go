@@ -1,6 +1,7 @@
 package power
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"slices"
@@ -75,8 +76,10 @@ func TestRedfishLabBMCNoSessions(t *testing.T) {
 // refusing Inserted/WriteProtected (Supermicro), other ResetTypes (HPE iLO: no PowerCycle), and
 // InsertMedia run as a Task (202 and a task monitor, which bmclib does not follow: the read-back
 // waits for the task). In each: an image server signed by another CA is refused (and never fetched
-// over TLS), the right CA boots the CD once with TLS verified, a power cycle and a power off go
-// through the profile's ResetTypes, and the eject leaves the slot empty.
+// over TLS; the slot then still holds that CA, and the second call adds the right one), the right CA
+// boots the CD once with TLS verified (the slot reads back Inserted, the Image and VerifyCertificate),
+// a power cycle and a power off go through the profile's ResetTypes, the eject leaves the slot empty,
+// and a second eject with nothing inserted is no error.
 func TestVirtualMediaLabBMCProfiles(t *testing.T) {
 	var names []string
 	for n := range redfishbmc.Profiles {
@@ -126,12 +129,28 @@ func TestVirtualMediaLabBMCProfiles(t *testing.T) {
 			if st, err := c.PowerState(ctx); err != nil || st != StateOff {
 				t.Fatalf("after power off: %v, %v", st, err)
 			}
+			slot := func() map[string]any {
+				b, err := bmc.Get(r.Slot)
+				var v map[string]any
+				if err == nil {
+					err = json.Unmarshal(b, &v)
+				}
+				if err != nil {
+					t.Fatalf("read %s: %v", r.Slot, err)
+				}
+				return v
+			}
+			if s := slot(); s["Inserted"] != true || s["Image"] != image || s["VerifyCertificate"] != true {
+				t.Fatalf("slot before the eject: %v", s)
+			}
 			if err := vb.EjectVirtualMedia(ctx); err != nil {
 				t.Fatalf("EjectVirtualMedia: %v", err)
 			}
-			b, err := bmc.Get(r.Slot)
-			if err != nil || !strings.Contains(string(b), `"Inserted":false`) {
-				t.Fatalf("slot after the eject: %v\n%s", err, b)
+			if s := slot(); s["Inserted"] != false || s["Image"] != "" {
+				t.Fatalf("slot after the eject: Inserted %v, Image %v", s["Inserted"], s["Image"])
+			}
+			if err := vb.EjectVirtualMedia(ctx); err != nil {
+				t.Fatalf("EjectVirtualMedia with nothing inserted: %v", err)
 			}
 			reqs, err := bmc.Requests()
 			if err != nil {

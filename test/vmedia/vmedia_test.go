@@ -96,26 +96,9 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 	iso := buildISO(t, kernel, initrd, cmdline)
 
 	vb, rep, start := bootFromVirtualMedia(t, m, iso)
-	milestones := []milestone{
-		{"GRUB boots the ISO's entry", "Booting `vmedia'"},
-		{"kernel command line with the nonce", "vmedia.nonce=" + nonce},
-		{"init started", "LAB-INIT: start"},
-		{"callback sent", "LAB-TEST: sent hello"},
-	}
+	milestones := kitMilestones(nonce)
 	seen := waitConsole(t, m, start, milestones, "LAB-INIT: FAILED", 4*time.Minute)
-	want := "got hello from vmedia-" + nonce
-	got := false
-	for wait := time.After(30 * time.Second); !got; {
-		select {
-		case l, ok := <-probe.Lines:
-			if !ok {
-				t.Fatal("the listener in the namespace ended")
-			}
-			got = l == want
-		case <-wait:
-			t.Fatalf("the listener in %s never got %q", m.NS.Name, want)
-		}
-	}
+	waitCallback(t, m, probe, nonce)
 	logShares(t, rep, milestones, seen)
 
 	// The override was "Once" (DSP2046): the BMC reads it back Disabled after the boot that used it.
@@ -136,6 +119,36 @@ func TestVirtualMediaBootsVM(t *testing.T) {
 }
 
 type milestone struct{ name, text string }
+
+// kitMilestones are what the lab kit ISO's boot shows on the console, in order (buildISO's entry).
+func kitMilestones(nonce string) []milestone {
+	return []milestone{
+		{"GRUB boots the ISO's entry", "Booting `vmedia'"},
+		{"kernel command line with the nonce", "vmedia.nonce=" + nonce},
+		{"init started", "LAB-INIT: start"},
+		{"callback sent", "LAB-TEST: sent hello"},
+	}
+}
+
+// waitCallback waits (30 s at most, after the console showed it sent) for the VM's network callback
+// "hello from vmedia-NONCE" at the listener in the machine's namespace.
+func waitCallback(t *testing.T, m labredfish.Machine, probe *labns.Probe, nonce string) {
+	t.Helper()
+	want := "got hello from vmedia-" + nonce
+	for wait := time.After(30 * time.Second); ; {
+		select {
+		case l, ok := <-probe.Lines:
+			if !ok {
+				t.Fatal("the listener in the namespace ended")
+			}
+			if l == want {
+				return
+			}
+		case <-wait:
+			t.Fatalf("the listener in %s never got %q", m.NS.Name, want)
+		}
+	}
+}
 
 // bootFromVirtualMedia serves iso over HTTPS (a certificate of a CA of its own, which pkg/power hands
 // the BMC) and has pkg/power boot m from it through the lab's BMC: the BMC must fetch it over verified
@@ -334,25 +347,8 @@ func TestVirtualMediaStreamBootsVM(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), `"TransferMethod":"Stream"`) || !strings.Contains(string(b), `"Inserted":true`) {
 		t.Fatalf("the slot after a streamed insert: %v\n%s", err, b)
 	}
-	milestones := []milestone{
-		{"GRUB boots the ISO's entry", "Booting `vmedia'"},
-		{"kernel command line with the nonce", "vmedia.nonce=" + nonce},
-		{"init started", "LAB-INIT: start"},
-		{"callback sent", "LAB-TEST: sent hello"},
-	}
-	seen := waitConsole(t, m, start, milestones, "LAB-INIT: FAILED", 5*time.Minute)
-	want := "got hello from vmedia-" + nonce
-	for got, wait := false, time.After(30*time.Second); !got; {
-		select {
-		case l, ok := <-probe.Lines:
-			if !ok {
-				t.Fatal("the listener in the namespace ended")
-			}
-			got = l == want
-		case <-wait:
-			t.Fatalf("the listener in %s never got %q", m.NS.Name, want)
-		}
-	}
+	seen := waitConsole(t, m, start, kitMilestones(nonce), "LAB-INIT: FAILED", 5*time.Minute)
+	waitCallback(t, m, probe, nonce)
 	if ranged.Load() < 2 || whole.Load() != 0 {
 		t.Errorf("the image server saw %d range requests and %d whole-file GETs: a streamed image is read in ranges only", ranged.Load(), whole.Load())
 	}
