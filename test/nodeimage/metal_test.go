@@ -307,7 +307,7 @@ nodes:
 	}}
 	n2Track := &consoleTrack{console: n2.Console, poweredOn: func() time.Time {
 		if n2On.IsZero() {
-			if b, err := os.ReadFile(n2.Events); err == nil && bytes.Contains(b, []byte(" started ")) {
+			if b, err := os.ReadFile(n2.Events); err == nil && bytes.Contains(b, []byte(" started\n")) {
 				n2On = firstEvent(domainEvents(t, n2.Events), "started")
 			}
 		}
