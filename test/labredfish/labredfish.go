@@ -180,11 +180,28 @@ func start(t testing.TB, dir string, o Options, ip netip.Addr, ns *labns.NS, q *
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Pdeathsig: a test process that dies takes its BMC with it. The signal is tied to the thread
+	// that started the BMC, not the process (prctl PR_SET_PDEATHSIG): the BMC is started, and waited
+	// for, on a thread locked to that goroutine, so no other goroutine can end it. (labns.InNamespace
+	// ends the threads it locks; a BMC started from one of them was killed at a namespaced dial.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	exited := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // handed back only once the BMC has exited
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(exited)
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
 	ready := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -194,7 +211,6 @@ func start(t testing.TB, dir string, o Options, ip netip.Addr, ns *labns.NS, q *
 			}
 		}
 	}()
-	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		// SIGTERM: the BMC powers its host off (QEMU killed by PID) and exits.
 		_ = cmd.Process.Signal(syscall.SIGTERM)
