@@ -413,6 +413,16 @@ func decode(r *http.Request) (map[string]any, *apiError) {
 	return v, nil
 }
 
+// decodePatch reads a PATCH body: a JSON object with at least one property (an empty one is
+// EmptyJSON, DSP0266 § "Modification requests").
+func decodePatch(r *http.Request) (map[string]any, *apiError) {
+	body, err := decode(r)
+	if err == nil && len(body) == 0 {
+		err = fail(http.StatusBadRequest, "EmptyJSON")
+	}
+	return body, err
+}
+
 func newToken() string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)

@@ -59,12 +59,9 @@ func (s *Server) system(w http.ResponseWriter, r *http.Request) *apiError {
 // PropertyValueNotInList or PropertyValueTypeError, all in one 400 that changes nothing. A stale
 // If-Match is 412.
 func (s *Server) patchSystem(w http.ResponseWriter, r *http.Request) *apiError {
-	body, aerr := decode(r)
+	body, aerr := decodePatch(r)
 	if aerr != nil {
 		return aerr
-	}
-	if len(body) == 0 {
-		return fail(http.StatusBadRequest, "EmptyJSON")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

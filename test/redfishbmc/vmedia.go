@@ -121,12 +121,9 @@ func (s *Server) vmedia(w http.ResponseWriter, r *http.Request, sl *slot, rest s
 
 // patchSlot sets VerifyCertificate (VirtualMedia v1.4.0); every other property is refused.
 func (s *Server) patchSlot(w http.ResponseWriter, r *http.Request, sl *slot) *apiError {
-	body, aerr := decode(r)
+	body, aerr := decodePatch(r)
 	if aerr != nil {
 		return aerr
-	}
-	if len(body) == 0 {
-		return fail(http.StatusBadRequest, "EmptyJSON")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
