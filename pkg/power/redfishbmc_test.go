@@ -92,11 +92,7 @@ func TestVirtualMediaLabBMCProfiles(t *testing.T) {
 			bmc := labredfish.Start(t, labredfish.Options{Profile: name})
 			image, ca, gets := isoServer(t)
 			ctx := t.Context()
-			c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := labBMCController(t, bmc)
 			vb := c.(VirtualMediaBooter)
 			otherCA, _ := pkitest.Issue(t)
 			if _, err := vb.BootVirtualMedia(ctx, VirtualMediaOptions{Image: image, CAPEM: otherCA}); !errors.Is(err, ErrVirtualMediaNotInserted) || !strings.Contains(err.Error(), "trusts the appliance CA") {
@@ -174,4 +170,16 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// labBMCController is the product's Redfish controller for a lab BMC on 127.0.0.1 (its CA pinned,
+// 20 s per operation), closed at the end of the test.
+func labBMCController(t *testing.T, bmc labredfish.BMC) Controller {
+	t.Helper()
+	c, err := NewBMC(t.Context(), BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

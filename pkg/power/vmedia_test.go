@@ -48,11 +48,7 @@ func TestVirtualMediaFinishLabBMC(t *testing.T) {
 	bmc := labredfish.Start(t, labredfish.Options{})
 	image, ca, _ := isoServer(t)
 	ctx := t.Context()
-	c, err := NewBMC(ctx, BMCOptions{Kind: KindRedfish, Host: "127.0.0.1", Port: bmc.Port, Username: bmc.User, Password: bmc.Password, CAPEM: bmc.CAPEM, Timeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := labBMCController(t, bmc)
 	vb := c.(VirtualMediaBooter)
 	r, err := vb.BootVirtualMedia(ctx, VirtualMediaOptions{Image: image, CAPEM: ca})
 	if err != nil {

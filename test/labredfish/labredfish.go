@@ -35,6 +35,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 	"github.com/airgap-appliance/appliance/test/labns"
 	"github.com/airgap-appliance/appliance/test/redfishbmc"
@@ -114,11 +116,6 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func randomUUID() string {
-	h := randomHex(16)
-	return h[0:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:32]
-}
-
 // start runs one BMC process from dir (its tree, TLS files, configuration, state and log live
 // there), listening on ip (port 443 inside ns, an ephemeral one in the root namespace), with host
 // q (nil: none), whose firmware is UEFI when uefi is set.
@@ -132,7 +129,7 @@ func start(t testing.TB, dir string, o Options, ip netip.Addr, ns *labns.NS, q *
 		t.Fatalf("labredfish: profile %q is not one of redfishbmc.Profiles", o.Profile)
 	}
 	if o.SystemID == "" {
-		o.SystemID = randomUUID()
+		o.SystemID = uuid.NewString()
 	}
 	tree := filepath.Join(dir, "tree")
 	if err := redfishbmc.PrepareTree(mockup, tree, o.SystemID); err != nil {

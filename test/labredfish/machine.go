@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/airgap-appliance/appliance/test/labns"
 	"github.com/airgap-appliance/appliance/test/redfishbmc"
 )
@@ -93,7 +95,7 @@ func StartMachine(t testing.TB, o MachineOptions) Machine {
 		}
 	}
 	if o.UUID == "" {
-		o.UUID = randomUUID()
+		o.UUID = uuid.NewString()
 	}
 	o.SystemID = o.UUID
 	ns := labns.New(t, "vmedia")

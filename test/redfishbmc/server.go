@@ -85,8 +85,9 @@ var Profiles = map[string]Profile{
 		ResetTypes: []string{"On", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRestart", "Nmi", "ForceOn", "PushPowerButton", "PowerCycle"}},
 }
 
-// bootTargets are the BootSourceOverrideTarget values the emulated firmware can act on; the mockup's
-// other allowable values are accepted and boot the machine's own order.
+// overrideEnabled are BootSourceOverrideEnabled's values (DSP2046). Of the mockup's allowable
+// BootSourceOverrideTarget values, Pxe, Cd and Hdd move that device first; the others are accepted
+// and boot the machine's own order.
 var overrideEnabled = []string{"Disabled", "Once", "Continuous"}
 
 // sessionTimeout is SessionService.SessionTimeout, in seconds, that the emulator serves and enforces.
