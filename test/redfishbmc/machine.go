@@ -37,7 +37,6 @@ type powerOnly struct {
 	mu       sync.Mutex
 	on       bool
 	nextBoot func() Boot
-	media    string
 }
 
 func (m *powerOnly) PowerState() string {
@@ -79,11 +78,7 @@ func (m *powerOnly) Reset(rt string) error {
 	return nil
 }
 
-func (m *powerOnly) SetMedia(path string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.media = path
-	return nil
-}
+// SetMedia has nothing to attach the image to: the slot's state is the Server's.
+func (m *powerOnly) SetMedia(string) error { return nil }
 
 func (m *powerOnly) Close() error { return nil }
