@@ -177,6 +177,7 @@ func pxeBootVM(t *testing.T, ns *labns.NS, qemu, rom, mac, nonce string) (string
 		// modern-only or SeaBIOS skips the ROM; bootindex puts the NIC first.
 		"-device", "virtio-net-pci,disable-legacy=on,netdev=n0,mac="+mac+",romfile="+rom+",bootindex=1",
 		"-debugcon", "file:"+filepath.Join(dir, "seabios.log"), "-global", "isa-debugcon.iobase=0x402")
+	labns.MachineSession(cmd)
 	var qout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &qout, &qout
 	start := time.Now()

@@ -78,6 +78,7 @@ func TestLabQEMUPXEBoot(t *testing.T) {
 		"-device", "virtio-net-pci,disable-legacy=on,netdev=n0,mac="+mac+",romfile="+rom+",bootindex=1",
 		// SeaBIOS's own log (iPXE prints to the absent VGA), shown when the boot fails.
 		"-debugcon", "file:"+filepath.Join(dir, "seabios.log"), "-global", "isa-debugcon.iobase=0x402")
+	labns.MachineSession(cmd)
 	var qout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &qout, &qout
 	start := time.Now()

@@ -201,6 +201,7 @@ func Boot(t testing.TB, o Options) *VM {
 		v.cmd = exec.Command("ip", append([]string{"netns", "exec", o.NetNS}, args...)...)
 	}
 	v.cmd.Stdout, v.cmd.Stderr = &v.output, &v.output
+	labns.MachineSession(v.cmd) // its CPU share is a session's, not the caller's niced one
 	if err := v.cmd.Start(); err != nil {
 		t.Fatalf("qemu: %v", err)
 	}

@@ -324,6 +324,7 @@ func startVM(t *testing.T, ns *labns.NS, qemu, console string, devices []string)
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-chardev", "file,id=con,path=" + console + ",append=on", "-serial", "chardev:con"}, devices...)
 	cmd := ns.Command(append([]string{qemu}, args...)...)
+	labns.MachineSession(cmd) // its CPU share is a session's, not the caller's niced one
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	v := &vmProc{cmd: cmd, start: time.Now(), exited: make(chan struct{}), out: &out}

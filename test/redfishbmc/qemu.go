@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
+
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // QEMUConfig is the host a BMC drives: a QEMU virtual machine (TCG: "-enable-kvm hangs here",
@@ -281,6 +283,7 @@ func (m *qemuMachine) startLocked() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A BMC killed outright takes its host down with it, not leaving QEMU behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	labns.MachineSession(cmd) // its CPU share is a session's, not the caller's niced one
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start QEMU: %w", err)
 	}
