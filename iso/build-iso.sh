@@ -158,9 +158,8 @@ else
 	log "mksquashfs took $(($(date +%s) - t0)) s"
 	rm -rf --one-file-system "$rootfs" "$ir"
 	mv -T "$tmp" "$sys"
-	for old in "$cache"/iso-system-*; do # older systems are dead weight (each ~400 MB)
-		[[ $old == "$sys"* ]] || rm -rf --one-file-system "$old"
-	done
+	# Older systems are dead weight (each ~400 MB) but the newest of them (test/fixtures/prune.sh).
+	"$root/test/fixtures/prune.sh" "$cache" 'iso-system-*' "$sys"
 	printf 'kernel=%s squashfs=%s initrd=%s built=%s seconds=%s\n' "$kver" "$(du -h "$sys/system.squashfs" | cut -f1)" \
 		"$(du -h "$sys/initrd.img" | cut -f1)" "$(date -u +%FT%TZ)" "$(($(date +%s) - start))" >"$sys.stamp"
 	log "built the system $sys ($(cat "$sys.stamp"))"
@@ -207,6 +206,8 @@ grub-mkrescue -o "$out.tmp" "$stage" -- -volid APPLIANCE -map "$bundle" /bundle 
 rm -f "$stage.log"
 mv -f "$out.tmp" "$out"
 echo "$iso_key" >"$out.key"
+# ISOs of other versions (~900 MB each) but the newest of them (test/fixtures/prune.sh).
+"$root/test/fixtures/prune.sh" "$(dirname "$out")" 'appliance-*-amd64.iso' "$out"
 # Older builds of the default name pattern are dead weight (each ~500 MB).
 for old in "$(dirname "$out")"/appliance-*-amd64.iso; do
 	[[ $old == "$out" || $old == */appliance-test-amd64.iso ]] || rm -f "$old" "$old.key" "$old.lock"

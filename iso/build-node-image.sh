@@ -197,9 +197,8 @@ else
 	log "mksquashfs took $(($(date +%s) - t0)) s"
 	rm -rf --one-file-system "$rootfs"
 	mv -T "$tmp" "$sys"
-	for old in "$cache"/node-system-*; do # older systems are dead weight (each ~400 MB)
-		[[ $old == "$sys"* ]] || rm -rf --one-file-system "$old"
-	done
+	# Older systems are dead weight (each ~400 MB) but the newest of them (test/fixtures/prune.sh).
+	"$root/test/fixtures/prune.sh" "$cache" 'node-system-*' "$sys"
 	printf 'kernel=%s squashfs=%s packages=%s built=%s seconds=%s\n' "$kver" "$(du -h "$sys/rootfs.squashfs" | cut -f1)" \
 		"$(echo "${pins[*]}" | tr ' ' ,)" "$(date -u +%FT%TZ)" "$(($(date +%s) - start))" >"$sys.stamp"
 	log "node image system built in $(($(date +%s) - start)) s: $sys ($(cat "$sys.stamp"))"

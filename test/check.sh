@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# check.sh — `make check`: every suite `make test` and `make e2e` run, arranged for a 2-core machine.
-# (test/nodeimage and test/iso are `make e2e` suites: -tags e2e.)
+# check.sh — `make check` (CHECK_TIER=check, the default) and `make check-full` (CHECK_TIER=full):
+# every suite, arranged for a 2-core machine. (test/nodeimage and test/iso are -tags e2e suites.)
+#
+# The tiers (README, "Tests"): `make check` is `make test` without -short (so with the VM tests) plus
+# one end-to-end proof of every capability; `make check-full` adds, as phase 4, what proves a
+# capability a second time: the tests named in $FULL_ONLY (the Makefile's FULL_ONLY: a go test -run
+# pattern without anchors; make check passes it to -skip), then `make bench` (every speed benchmark,
+# the fleet and the soak), so that neither rots.
 #
 # `make test` then `make e2e` run everything one thing at a time; most of that time one core idles
 # (the lab tests wait on VRRP timers, kubelet, a booting kernel), and the TCG VMs are the only suites
@@ -35,11 +41,18 @@
 # and the budget (test/budget.sh, test/budget.tsv; informational). Exit status: 0 when every stage
 # passed, else 1.
 #
-# Environment: GO (default go), MAKE (default make), APPLIANCE_CACHE (the fixture cache).
+# Environment: GO (default go), MAKE (default make), APPLIANCE_CACHE (the fixture cache), CHECK_TIER
+# (check or full), FULL_ONLY (the second proofs' test names, an alternation).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 MAKE=${MAKE:-make}
+CHECK_TIER=${CHECK_TIER:-check}
+FULL_ONLY=${FULL_ONLY:-TestNodeImageISOInstallUEFI|TestISOBootUEFI}
+case $CHECK_TIER in
+check | full) ;;
+*) echo "check.sh: CHECK_TIER=$CHECK_TIER: want check or full" >&2; exit 2 ;;
+esac
 STAGE=test/stage.sh
 export PATH
 failed=()
@@ -52,6 +65,12 @@ if [[ -z ${STAGE_TIMES:-} ]]; then
 	export STAGE_TIMES
 fi
 trap 'test/budget.sh "$STAGE_TIMES" $(($(date +%s) - check_start)) >&2' EXIT
+
+# phase NAME START: a row for the phase that began at START (epoch seconds) in $STAGE_TIMES, compared
+# with the budget like a stage.
+phase() {
+	printf '%s\t%d\tok\n' "$1" $(($(date +%s) - $2)) >>"$STAGE_TIMES"
+}
 
 # run NAME CMD...: a stage run in the foreground; records a failure instead of stopping.
 run() {
@@ -84,6 +103,7 @@ export -f compile_tests
 run deps "$MAKE" --no-print-directory deps
 
 # Phase 1: the fixtures beside build and compile-tests (nice 19: off the longest path).
+p1=$(date +%s)
 nice -n 19 "$MAKE" --no-print-directory build &
 build=$!
 nice -n 19 "$STAGE" compile-tests -- bash -c compile_tests &
@@ -95,12 +115,14 @@ if ((${#failed[@]})); then
 	echo "check: ${failed[*]} failed; the suites need them: stopping" >&2
 	exit 1
 fi
+phase phase-1-fixtures "$p1"
 
-# Phase 2: the vm lane beside the test lane.
+# Phase 2: the vm lane beside the test lane. The second proofs ($FULL_ONLY) wait for phase 4.
+p2=$(date +%s)
 (
 	rc=0
-	nice -n 10 "$STAGE" suite-nodeimage --show -- bash -c 'verbose "$@"' verbose -race -timeout 30m ./test/nodeimage/ || rc=1
-	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m ./test/iso/ || rc=1
+	nice -n 10 "$STAGE" suite-nodeimage --show -- bash -c 'verbose "$@"' verbose -race -timeout 30m -skip "^($FULL_ONLY)\$" ./test/nodeimage/ || rc=1
+	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m -skip "^($FULL_ONLY)\$" ./test/iso/ || rc=1
 	nice -n 10 "$STAGE" suite-iso-journey --show -- bash -c 'verbose "$@"' verbose -timeout 40m -run 'TestISOJourney' ./test/integration/ || rc=1
 	exit $rc
 ) &
@@ -112,9 +134,20 @@ run suite-test "$STAGE" suite-test --show -- "$GO" test -race -count=1 -p 1 -tim
 run suite-kubernetes-fixture "$STAGE" suite-kubernetes-fixture --show -- "$GO" test -tags e2e -count=1 -p 1 -timeout 60m ./test/fixtures/kubernetes/
 run suite-e2e "$STAGE" suite-e2e --show -- bash -c 'verbose "$@"' verbose -timeout 60m -run 'TestKubernetesE2E' ./test/integration/
 wait "$vmlane" || failed+=("vm lane")
+phase phase-2-suites "$p2"
 
 # Phase 3: alone.
+p3=$(date +%s)
 run suite-vrrp "$STAGE" suite-vrrp --show -- "$GO" test -race -count=1 -p 1 -timeout 20m "${vrrp[@]}"
+phase phase-3-vrrp "$p3"
+
+# Phase 4 (make check-full): the second proofs, then every benchmark, one at a time.
+if [[ $CHECK_TIER == full ]]; then
+	p4=$(date +%s)
+	run suite-second-proofs "$STAGE" suite-second-proofs --show -- bash -c 'verbose "$@"' verbose -timeout 40m -run "^($FULL_ONLY)\$" ./test/nodeimage/ ./test/iso/
+	run bench "$STAGE" bench --show -- "$MAKE" --no-print-directory bench
+	phase phase-4-full "$p4"
+fi
 
 if ((${#failed[@]})); then
 	echo "check: failed: ${failed[*]}" >&2

@@ -5,6 +5,7 @@
 #   quiet (default)  CMD's output goes to $STAGE_LOG_DIR/NAME.log only; every 60 s a heartbeat line says
 #                    the stage still runs, for how long, and the log's last line (so a 10-minute compile
 #                    is never silent); on failure the log's last 40 lines are printed with its path.
+#   on failure       also the command that reruns the stage alone, from the directory it ran in.
 #   --show or V=1    CMD's output goes to the terminal too (test suites use --show: their results are
 #                    the point).
 #
@@ -65,6 +66,9 @@ else
 		tail -n 40 "$log" | sed 's/^/    /' >&2
 	fi
 	echo "[stage] $name FAILED (exit $rc) after $t s; full log: $log" >&2
+	printf '[stage] %s: to rerun it alone (from %s):' "$name" "$PWD" >&2
+	printf ' %q' "$@" >&2
+	echo >&2
 	[[ -n ${STAGE_TIMES:-} ]] && printf '%s\t%s\tfailed\n' "$name" "$t" >>"$STAGE_TIMES"
 fi
 exit "$rc"

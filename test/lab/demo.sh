@@ -2,7 +2,7 @@
 # `make demo`: bootstrap the appliance inside the lab's bootstrap namespace: it installs Kubernetes on
 # three control planes and a worker (systemd-nspawn hosts reached over SSH) from its own package repo
 # and registry and drives kubeadm to an HA cluster behind the keepalived VIP; then show the cluster
-# through the VIP and use the appliance from a node the way a node does. Assumes `make build fixtures
+# through the VIP and use the appliance from a node the way a node does. Assumes `make build fixtures-demo
 # lab-up` ran (the Makefile does that, with LAB_WORKER_KIND=nspawn).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
