@@ -11,11 +11,15 @@
 //	power     phase_power.go     nodes brought under hostagent (SSH, or BMC boot device + power on)
 //	converge  phase_converge.go  hostagents ready, then Kubernetes Nodes Ready and static pods running
 //	upgrade   phase_upgrade.go   nodes on another hostagent build re-provisioned with this one, one at a time
+//	handoff   phase_handoff.go   the registry mirror and package repo moved into the cluster (when asked)
 //
 // The runner (runner.go) loads the configuration, then takes the state directory's lock and opens its
 // journal before any other phase runs. A skipped phase that produces something later phases use
-// (Loader) reads it back from the state directory instead. With Options.DryRun every phase runs its
-// checks and reports what it would change, and nothing is changed.
+// (Loader) reads it back from the state directory instead. A phase that needs converged nodes
+// (upgrade, handoff) skips itself, with the reason (Result.Skipped), when converge was skipped in this
+// run and the nodes have not converged (needsConverge, converged.go); a converge that ran and failed
+// stops the run before them. With Options.DryRun every phase runs its checks and reports what it
+// would change, and nothing is changed.
 //
 // Every phase checks the real world first (is the CA there and valid? is the rule set live? is the
 // server healthy with the current generation?) and acts only on the difference, so a second run
@@ -35,6 +39,10 @@ type Result struct {
 	Changed bool
 	// Detail is one line for people, e.g. "reused CA (expires 2036-11-20), issued serving cert (4 SANs)".
 	Detail string
+	// Skipped, when not empty, says why the phase found nothing it may do in this run and did nothing
+	// (e.g. "needs converge, which --skip-phases skipped; …"). The runner reports the phase as
+	// skipped with this reason, not as done and not as failed.
+	Skipped string
 }
 
 // Phase is one step of the bootstrap flow.

@@ -144,7 +144,10 @@ func handoffInputs(st *State) (*plan.Handoff, error) {
 //  3. done: recorded; from then on nothing a node needs comes from the bootstrap host.
 //
 // Refused before anything changes when the cluster is not healthy (a configured node not ready in
-// Kubernetes' terms). A rerun after the hand-off reports it and changes nothing.
+// Kubernetes' terms). Skipped, with the reason, when converge was skipped in this run and a node's
+// hostagent is not ready (needsConverge): asked on an ISO's first boot, which skips power and
+// converge, it waits for the bootstrap that brings the nodes up. A rerun after the hand-off reports
+// it and changes nothing.
 type handoffPhase struct{}
 
 func (handoffPhase) Name() string { return "handoff" }
@@ -163,6 +166,9 @@ func (handoffPhase) Run(ctx context.Context, st *State) (Result, error) {
 	}
 	if !st.Config.Kubernetes.IsEnabled() {
 		return Result{}, errors.New("handoff: kubernetes is not enabled: there is no cluster to hand off to")
+	}
+	if why := needsConverge(st, "nothing handed off"); why != "" {
+		return Result{Skipped: why}, nil
 	}
 	cps := st.Config.ControlPlaneNodes()
 	if st.Options.DryRun {

@@ -24,10 +24,11 @@ import (
 // than the one this appliance serves (a newer `appliance` + `hostagent` rerunning bootstrap over a
 // cluster an older one brought up): a node runs the hostagent of the appliance that serves it.
 //
-// It runs after converge, so every node is ready when it starts. Which nodes and in what order is
-// planUpgrade's decision: workers first, then the control planes in reverse order of nodes[] (the
-// first one, kubeadm's init node with the highest VRRP priority and normally the VIP holder, last
-// of all). For each node in turn:
+// It runs after converge, so every node is ready when it starts; when converge was skipped in this
+// run and a node is not ready, it skips itself with the reason and upgrades nothing (needsConverge).
+// Which nodes and in what order is planUpgrade's decision: workers first, then the control planes in
+// reverse order of nodes[] (the first one, kubeadm's init node with the highest VRRP priority and
+// normally the VIP holder, last of all). For each node in turn:
 //
 //   - ssh nodes: the node's record is set to booting ("upgrading hostagent from A to B": its step
 //     reports start anew), then the same path that installed hostagent (pkg/provision over SSH)
@@ -61,6 +62,9 @@ func (upgradePhase) Name() string { return "upgrade" }
 func (upgradePhase) Run(ctx context.Context, st *State) (Result, error) {
 	if st.Options.HostagentBinary == "" {
 		return Result{Detail: "no hostagent binary served: nothing to compare nodes with"}, nil
+	}
+	if why := needsConverge(st, "nothing upgraded"); why != "" {
+		return Result{Skipped: why}, nil
 	}
 	sum, err := st.hostagentSHA256()
 	if err != nil {

@@ -3,15 +3,10 @@ package bootstrap
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"encoding/pem"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
@@ -190,30 +185,7 @@ func TestUpgradePhaseStopsAtAFailingNode(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("hostagent build 2"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, priv, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(dir, "id_ed25519")
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String() // nothing listens there once closed: connections are refused
-	l.Close()
-	power := config.Power{Kind: config.PowerSSH, Address: closed, PrivateKeyFile: keyFile,
-		HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))}
+	power := unreachableSSH(t, dir)
 	off := false
 	cfg := &config.BootstrapConfiguration{Kubernetes: config.Kubernetes{Enabled: &off}, Nodes: []config.Node{
 		{Name: "cp1", Roles: []config.Role{config.RoleControlPlane}, Power: power},
@@ -229,7 +201,7 @@ func TestUpgradePhaseStopsAtAFailingNode(t *testing.T) {
 	}
 	cp1Before, _ := os.ReadFile(filepath.Join(statedir.Nodes(dir), "cp1", nodestate.StatusFile))
 	st := &State{StateDir: dir, Config: cfg, Options: Options{HostagentBinary: bin}}
-	_, err = upgradePhase{}.Run(context.Background(), st)
+	_, err := upgradePhase{}.Run(context.Background(), st)
 	if err == nil {
 		t.Fatal("the upgrade succeeded with w1 unreachable")
 	}

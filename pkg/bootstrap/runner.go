@@ -138,7 +138,11 @@ func runPhases(ctx context.Context, o Options, phases []Phase) (*Summary, error)
 			line := fmt.Sprintf("[%d/%d] %s: ", ev.Index, ev.Total, ev.Phase)
 			switch ev.Status {
 			case StatusSkipped:
-				line += "skipped (--skip-phases)"
+				if ev.Detail != "" {
+					line += "skipped: " + ev.Detail // the phase skipped itself and says why
+				} else {
+					line += "skipped (--skip-phases)"
+				}
 			case StatusFailed:
 				line += "FAILED: " + ev.Error
 			default:
@@ -185,6 +189,9 @@ func runPhases(ctx context.Context, o Options, phases []Phase) (*Summary, error)
 			return fmt.Errorf("phase %s: %w", p.Name(), err)
 		}
 		ev.Status, ev.Changed, ev.Detail = StatusDone, res.Changed, res.Detail
+		if res.Skipped != "" {
+			ev.Status, ev.Detail = StatusSkipped, res.Skipped
+		}
 		sum.Changed = sum.Changed || res.Changed
 		emit(ev)
 		return nil

@@ -4,7 +4,8 @@
 //
 //	fleet config -in test/lab/bootstrap.yaml -out FILE -nodes N -lab-dir DIR
 //	    writes the lab's configuration with N extra pre-installed workers sim0001..simN (power kind
-//	    ssh, never powered: bootstrap runs with --skip-phases power,converge), in the extra node
+//	    ssh, never powered nor upgraded: bootstrap runs with --skip-phases power,converge, and the
+//	    phases that need converged nodes, upgrade and handoff, then skip themselves), in the extra node
 //	    networks 10.110.0.0/16 and 10.210.0.0/16, so that tokens, Ignition configs and node configs
 //	    are rendered for each.
 //	fleet run -state DIR [-duration 40s] [-pullers 2] [-out results.jsonl]
