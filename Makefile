@@ -72,16 +72,18 @@ fixtures-bundle:
 fixtures-rootfs:
 	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
 
-# The second proofs: tests that prove a capability make check already proves once (the other
-# firmware variant of a boot). make check skips them (go test -skip), make check-full runs them.
-FULL_ONLY := TestNodeImageISOInstallUEFI|TestISOBootUEFI
+# The second proofs: tests that prove a capability make check already proves once. The node image's
+# UEFI install (make check: its BIOS install, n2 of TestBareMetalWorkerJoinsCluster) and the ISO's
+# boots (make check: TestISOJourney boots it with BIOS and reboots it with UEFI, state kept). make
+# check skips them (go test -skip), make check-full runs them.
+FULL_ONLY := TestNodeImageISOInstallUEFI|TestISOBoot
 
 .PHONY: check
 check: ## CI's tier (.ci/run): make test's packages with their VM tests, plus one end-to-end proof of every capability, arranged for 2 cores (test/check.sh; budget 40 min warm, 70 min cold)
 	@GO=$(GO) MAKE=$(MAKE) CHECK_TIER=check FULL_ONLY='$(FULL_ONLY)' test/check.sh
 
 .PHONY: check-full
-check-full: ## make check, then the second proofs (the UEFI variants of the boots) and every benchmark (make bench)
+check-full: ## make check, then the second proofs (FULL_ONLY: the node image's UEFI install, the ISO's boots) and every benchmark (make bench)
 	@GO=$(GO) MAKE=$(MAKE) CHECK_TIER=full FULL_ONLY='$(FULL_ONLY)' test/check.sh
 
 .PHONY: test

@@ -48,7 +48,7 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 MAKE=${MAKE:-make}
 CHECK_TIER=${CHECK_TIER:-check}
-FULL_ONLY=${FULL_ONLY:-TestNodeImageISOInstallUEFI|TestISOBootUEFI}
+FULL_ONLY=${FULL_ONLY:-TestNodeImageISOInstallUEFI|TestISOBoot}
 case $CHECK_TIER in
 check | full) ;;
 *) echo "check.sh: CHECK_TIER=$CHECK_TIER: want check or full" >&2; exit 2 ;;

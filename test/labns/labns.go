@@ -227,3 +227,19 @@ func MachineSession(cmd *exec.Cmd) {
 	}
 	cmd.SysProcAttr.Setsid = true
 }
+
+// NotInShort marks t as one of make check's heavier proofs, which make test's quick loop (go test
+// -short) leaves out: a test that boots a TCG VM or runs Kubernetes components, or holds a timer for
+// a minute. what says which (e.g. "boots a TCG VM"). Under -short the test is skipped loudly; under CI
+// (CI=true), which runs make check without -short, -short is a setup error and fails the test, as
+// CI must never skip.
+func NotInShort(t testing.TB, what string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	if InCI() {
+		t.Fatalf("%s %s and is not skipped under CI: run CI without -short (make check)", t.Name(), what)
+	}
+	t.Skipf("SKIPPED UNDER -short (make test): %s %s; make check runs it", t.Name(), what)
+}
