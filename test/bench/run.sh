@@ -20,9 +20,7 @@ bench "registry: blob GET throughput, 50 concurrent pullers over TLS (vs nginx)"
 bench "ignition endpoint: 200 concurrent clients over TLS (vs nginx static)" test/bench/ignition.sh
 bench "fleet: N simulated nodes (real agent protocol) + image pullers against one appliance, N = 100..1000" test/bench/fleet.sh
 bench "soak: fleet load at N = 250 for SOAK_SECONDS (600) with serve killed -9 every 60 s" test/bench/soak.sh
-for extra in test/bench/power-fanout.sh test/bench/vip-failover.sh; do
-	if [ -x "$extra" ]; then bench "$(basename "$extra" .sh)" "$extra"; fi
-done
+bench "VIP failover after SIGKILL of the holder (keepalived, three unicast speakers)" test/bench/vip-failover.sh
 if ((${#failed[@]})); then
 	echo "make bench: ${#failed[@]} failed: ${failed[*]}"
 	exit 1
