@@ -5,8 +5,9 @@
 # The tiers (README, "Tests"): `make check` is `make test` without -short (so with the VM tests) plus
 # one end-to-end proof of every capability; `make check-full` adds, as phase 4, what proves a
 # capability a second time: the tests named in $FULL_ONLY (the Makefile's FULL_ONLY: a go test -run
-# pattern without anchors; make check passes it to -skip), then `make bench` (every speed benchmark,
-# the fleet and the soak), so that neither rots.
+# pattern without anchors; make check passes it to -skip), then TestMakeDepsOnBareDebian (make deps in
+# a fresh debootstrap, reaching only the Debian mirror), then `make bench` (every speed benchmark, the
+# fleet and the soak), so that none of them rots.
 #
 # `make test` then `make e2e` run everything one thing at a time; most of that time one core idles
 # (the lab tests wait on VRRP timers, kubelet, a booting kernel), and the TCG VMs are the only suites
@@ -141,10 +142,11 @@ p3=$(date +%s)
 run suite-vrrp "$STAGE" suite-vrrp --show -- "$GO" test -race -count=1 -p 1 -timeout 20m "${vrrp[@]}"
 phase phase-3-vrrp "$p3"
 
-# Phase 4 (make check-full): the second proofs, then every benchmark, one at a time.
+# Phase 4 (make check-full): the second proofs, make deps on a bare Debian 12, then every benchmark, one at a time.
 if [[ $CHECK_TIER == full ]]; then
 	p4=$(date +%s)
 	run suite-second-proofs "$STAGE" suite-second-proofs --show -- bash -c 'verbose "$@"' verbose -timeout 40m -run "^($FULL_ONLY)\$" ./test/nodeimage/ ./test/iso/
+	run suite-deps-bare-debian "$STAGE" suite-deps-bare-debian --show -- bash -c 'verbose "$@"' verbose -timeout 45m -run '^TestMakeDepsOnBareDebian$' ./test/deps/
 	run bench "$STAGE" bench --show -- "$MAKE" --no-print-directory bench
 	phase phase-4-full "$p4"
 fi
