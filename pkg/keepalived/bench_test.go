@@ -100,7 +100,8 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 //
 // Two holders are counted two ways, kept apart for the failover (kill → new holder) and the
 // preemption back (restart → settled): 50 ms samples of every node's addresses (netlink; the nodes
-// are read one after another, so a move between two reads can show as two holders), and netlink
+// are read one after another, twice, and only two holders seen at one instant count, see sampler;
+// torn reads are counted apart), and netlink
 // address events (claimWatcher), which see overlaps of any length and time them as the events
 // arrive. Preemption has a short overlap by design of VRRP: the returning higher-priority speaker
 // adds the VIP and advertises, the old master drops it when that advertisement arrives (measured
@@ -124,12 +125,13 @@ func BenchmarkFailover(b *testing.B) {
 			s := l.startSampler()
 			var took, linger, preemptBoth []time.Duration
 			failoverOverlap, preemptOverlap := 0, 0 // iterations whose address events saw two holders
-			failoverDoubles, preemptDoubles := 0, 0 // 50 ms samples with two holders in each phase
+			// 50 ms samples with two holders at once in each phase (torn reads counted apart)
+			failoverDoubles, preemptDoubles, tornReads := 0, 0, 0
 			b.ResetTimer()
 			for range b.N {
 				h := s.waitSingle(b)
 				w.resetMost()
-				d0 := s.doublesSoFar()
+				d0, torn0 := s.doublesSoFar()
 				t0 := time.Now()
 				if err := l.nodes[h].proc.Kill(); err != nil { // returns once the exit is reaped
 					b.Fatal(err)
@@ -142,7 +144,7 @@ func BenchmarkFailover(b *testing.B) {
 				if most, _ := w.snapshot(); most > 1 {
 					failoverOverlap++
 				}
-				d1 := s.doublesSoFar()
+				d1, _ := s.doublesSoFar()
 				failoverDoubles += d1 - d0
 				w.resetMost()
 				l.restart(h)
@@ -152,10 +154,12 @@ func BenchmarkFailover(b *testing.B) {
 					preemptOverlap++
 					preemptBoth = append(preemptBoth, w.overlapped())
 				}
-				preemptDoubles += s.doublesSoFar() - d1
+				d2, torn2 := s.doublesSoFar()
+				preemptDoubles += d2 - d1
+				tornReads += torn2 - torn0
 			}
 			b.StopTimer()
-			samples, doubles := s.Stop()
+			samples, doubles, _ := s.Stop()
 			slices.Sort(took)
 			slices.Sort(linger)
 			sec := func(d time.Duration) float64 { return d.Seconds() }
@@ -172,11 +176,11 @@ func BenchmarkFailover(b *testing.B) {
 					preemptBoth[len(preemptBoth)-1].Round(10*time.Microsecond))
 			}
 			b.Logf("%s: failover after SIGKILL median %.2fs, p90 %.2fs (min %.2fs, max %.2fs, n=%d); "+
-				"dead node's VIP removed after %v median (max %v); %d of %d samples (50 ms) with two holders (%d during failovers, %d during preemptions back); "+
+				"dead node's VIP removed after %v median (max %v); %d of %d samples (50 ms) with two holders at once (%d during failovers, %d during preemptions back; %d torn reads); "+
 				"address events saw two holders in %d of %d failovers and %d of %d preemptions back (both holding: %s); load %s -> %s",
 				tc.name, sec(percentile(took, 0.5)), sec(percentile(took, 0.9)), sec(took[0]), sec(took[len(took)-1]), len(took),
 				percentile(linger, 0.5).Round(time.Millisecond), linger[len(linger)-1].Round(time.Millisecond),
-				doubles, samples, failoverDoubles, preemptDoubles, failoverOverlap, len(took), preemptOverlap, len(took), both, loadBefore, loadavg())
+				doubles, samples, failoverDoubles, preemptDoubles, tornReads, failoverOverlap, len(took), preemptOverlap, len(took), both, loadBefore, loadavg())
 		})
 	}
 }
