@@ -72,6 +72,13 @@ fixtures-bundle:
 fixtures-rootfs:
 	@$(STAGE) fixture-rootfs -- test/fixtures/build-rootfs.sh
 
+.PHONY: test
+test: deps build fixtures ## the contributor's loop: unit, real-peer and privileged lab tests, -short: no VM, no Kubernetes component, no minute-long timer (those say SKIPPED UNDER -short; make check runs them)
+	@# Compile every test binary in parallel first, then run the packages one at a time: the lab
+	@# tests share host-wide resources (the /run/systemd/nspawn tmpfs, fixture caches, CPU).
+	@$(STAGE) compile-tests -- $(GO) test -race -count=1 -run '^$$' ./...
+	@$(STAGE) suite-test --show -- $(GO) test -race -short -count=1 -p 1 -timeout 40m ./...
+
 # The second proofs: tests that prove a capability make check already proves once. The node image's
 # UEFI install (make check: its BIOS install, n2 of TestBareMetalWorkerJoinsCluster) and the ISO's
 # boots (make check: TestISOJourney boots it with BIOS and reboots it with UEFI, state kept). make
@@ -85,13 +92,6 @@ check: ## CI's tier (.ci/run): make test's packages with their VM tests, plus on
 .PHONY: check-full
 check-full: ## make check, then the second proofs (FULL_ONLY: the node image's UEFI install, the ISO's boots) and every benchmark (make bench)
 	@GO=$(GO) MAKE=$(MAKE) CHECK_TIER=full FULL_ONLY='$(FULL_ONLY)' test/check.sh
-
-.PHONY: test
-test: deps build fixtures ## unit, real-peer and privileged tests (no Kubernetes cluster; ~5 min warm)
-	@# Compile every test binary in parallel first, then run the packages one at a time: the lab
-	@# tests share host-wide resources (the /run/systemd/nspawn tmpfs, fixture caches, CPU for VMs).
-	@$(STAGE) compile-tests -- $(GO) test -race -count=1 -run '^$$' ./...
-	@$(STAGE) suite-test --show -- $(GO) test -race -count=1 -p 1 -timeout 40m ./...
 
 .PHONY: e2e
 e2e: deps build fixtures ## the end to end suites: blank TCG machines to Kubernetes nodes (PXE behind ipmi_sim, Redfish virtual media behind the lab's own Redfish BMC); the appliance ISO booted in QEMU (BIOS, UEFI, refusals); lab up → bundle → appliance bootstrap → HA cluster proofs → lab down

@@ -52,6 +52,7 @@ func TestLabServeNetbootQEMU(t *testing.T) { testServeQEMU(t, false) }
 func TestLabServeNetbootQEMUProxy(t *testing.T) { testServeQEMU(t, true) }
 
 func testServeQEMU(t *testing.T, proxy bool) {
+	labns.NotInShort(t, "network-boots a TCG VM")
 	labns.RequireRoot(t)
 	qemu := labns.RequireTool(t, "qemu-system-x86_64")
 	const rom = "/usr/lib/ipxe/qemu/pxe-virtio.rom"

@@ -175,6 +175,7 @@ func holdersOf(t *testing.T, hosts map[string]*labns.NS, vip netip.Addr) []strin
 // VRID on a host whose address a still lists as a control plane (so a's advertisements reach it),
 // and one forced onto a's VIP.
 func TestTwoClustersOneSegment(t *testing.T) {
+	labns.NotInShort(t, "holds two clusters' VIPs on one segment for 60 s")
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "keepalived")
 	l := &tcLab{t: t, fabric: labns.New(t, "tcfab")}

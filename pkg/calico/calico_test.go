@@ -178,6 +178,7 @@ func TestManifestErrors(t *testing.T) {
 // does: every object is accepted, a second apply changes nothing, and the CRDs take Calico's own
 // objects (an IPPool as calico-node creates it, a namespaced Calico NetworkPolicy).
 func TestManifestAppliesToRealAPIServer(t *testing.T) {
+	labns.NotInShort(t, "runs kube-apiserver and etcd")
 	labns.RequireRoot(t)
 	s := kubetest.StartAPIServer(t, kubetest.Options{})
 	kubectl := labns.KubernetesBin(t, "kubectl")

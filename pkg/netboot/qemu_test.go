@@ -39,6 +39,7 @@ func vmKit(t *testing.T) (kernel, initrd string) {
 // lab VM kit's kernel and initrd over HTTP and boots it; the console must show the kernel command
 // line the script carries (with a nonce of this run) and the kit's /init starting.
 func TestLabQEMUPXEBoot(t *testing.T) {
+	labns.NotInShort(t, "network-boots a TCG VM")
 	labns.RequireRoot(t)
 	qemu := labns.RequireTool(t, "qemu-system-x86_64")
 	const rom = "/usr/lib/ipxe/qemu/pxe-virtio.rom"

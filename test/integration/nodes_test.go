@@ -20,6 +20,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/test/labns"
 )
 
 // nodeLab is a lab whose node namespaces are real hosts (test/lab/nodes.sh): cp1..cp3 are
@@ -217,6 +218,7 @@ func (n *nodeLab) singleHolder(t *testing.T, d time.Duration) string {
 // credentials failing alone, and that hostagent restarts, appliance restarts and node reboots all
 // converge again without manual steps.
 func TestNodesConverge(t *testing.T) {
+	labns.NotInShort(t, "boots a TCG VM behind ipmi_sim beside three SSH hosts")
 	n := newNodeLab(t, "in")
 	ctx := context.Background()
 

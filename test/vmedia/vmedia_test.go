@@ -79,6 +79,7 @@ func recv(args []string) int {
 // It prints the shares: insert (slot, CA, BMC download, read-back), boot override, power on, and
 // power-on → GRUB → kernel → init → callback.
 func TestVirtualMediaBootsVM(t *testing.T) {
+	labns.NotInShort(t, "boots a TCG VM from the lab BMC's virtual media")
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "grub-mkrescue")
 	labns.RequireTool(t, "xorriso")
@@ -298,6 +299,7 @@ func tail(b []byte, n int) []byte {
 // (the BMC never fetches the image whole) and the VM's console shows the ISO booting to its network
 // callback; the eject then leaves the slot empty.
 func TestVirtualMediaStreamBootsVM(t *testing.T) {
+	labns.NotInShort(t, "boots a TCG VM from the lab BMC's streamed virtual media")
 	labns.RequireRoot(t)
 	labns.RequireTool(t, "grub-mkrescue")
 	labns.RequireTool(t, "nbdkit")
