@@ -148,9 +148,10 @@ func TestKubeadmInitPhasesInChroot(t *testing.T) {
 	}
 	expect := map[string][]string{
 		"etc/kubernetes/manifests/kube-controller-manager.yaml": {"- --allocate-node-cidrs=false", "- --cluster-cidr=10.233.0.0/16", "- --service-cluster-ip-range=10.96.0.0/16", "- --cluster-name=lab"},
-		"etc/kubernetes/manifests/kube-apiserver.yaml":          {"- --advertise-address=10.100.0.11", "- --secure-port=6443", "- --service-cluster-ip-range=10.96.0.0/16"},
-		"etc/kubernetes/manifests/etcd.yaml":                    {"- --data-dir=/var/lib/etcd", "- --advertise-client-urls=https://10.100.0.11:2379"},
-		"var/lib/kubelet/kubeadm-flags.env":                     {"--node-ip=10.100.0.11", "--hostname-override=cp1"},
+		"etc/kubernetes/manifests/kube-apiserver.yaml": {"- --advertise-address=10.100.0.11", "- --secure-port=6443", "- --service-cluster-ip-range=10.96.0.0/16",
+			"- --shutdown-delay-duration=" + km.APIServerShutdownDelay.String()},
+		"etc/kubernetes/manifests/etcd.yaml": {"- --data-dir=/var/lib/etcd", "- --advertise-client-urls=https://10.100.0.11:2379"},
+		"var/lib/kubelet/kubeadm-flags.env":  {"--node-ip=10.100.0.11", "--hostname-override=cp1"},
 		"var/lib/kubelet/config.yaml": {"cgroupDriver: systemd\n", "failCgroupV1: false\n", "failSwapOn: false\n", "serverTLSBootstrap: true\n",
 			"containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n", "clusterDomain: cluster.local\n", "- 10.96.0.10\n"},
 	}

@@ -39,6 +39,16 @@ const (
 	// BootstrapTokenGroup is the group kubeadm's RBAC rules grant node bootstrap (CSR creation and
 	// auto-approval, kubeadm-certs download for control planes).
 	BootstrapTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
+	// APIServerShutdownDelay is every kube-apiserver's --shutdown-delay-duration (apiServer.extraArgs):
+	// told to stop (kubelet stopping its static pod, a node's shutdown), it answers /readyz with
+	// "[-]shutdown failed" at once but keeps accepting and serving requests for this long, and only
+	// then closes its listener and drains. The control planes' API load balancer (pkg/haproxy) takes
+	// a server whose /readyz fails out of the rotation within haproxy.Config.DrainWithin (4 s with its
+	// defaults), so no connection is handed to an apiserver that no longer serves it. kube-apiserver's
+	// default, 0, closed the listener at once and cut the connections it had just accepted: an
+	// "unexpected EOF" or a 503 "apiserver is shutting down" through the VIP. It must stay below the
+	// pod's termination grace period (30 s) and the nodes' stop timeouts.
+	APIServerShutdownDelay = 5 * time.Second
 )
 
 // Cluster is what every node's kubeadm configuration shares. Both InitConfig and JoinConfig validate
@@ -147,7 +157,8 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 				ServiceSubnet: c.ServiceSubnet.String(),
 				DNSDomain:     v.dnsDomain,
 			},
-			APIServer: apiServer{CertSANs: v.certSANs},
+			APIServer: apiServer{CertSANs: v.certSANs,
+				ExtraArgs: []arg{{Name: "shutdown-delay-duration", Value: APIServerShutdownDelay.String()}}},
 			// The appliance assigns each node's pod /24 itself (bridge CNI with host-local IPAM), so
 			// the node IPAM controller must not.
 			ControllerManager: controlPlaneProcess{ExtraArgs: []arg{{Name: "allocate-node-cidrs", Value: "false"}}},

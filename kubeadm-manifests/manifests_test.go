@@ -108,6 +108,8 @@ func TestGoldenContent(t *testing.T) {
 		"criSocket: unix:///run/containerd/containerd.sock",
 		"- name: node-ip\n      value: 10.100.0.11",
 		"- name: allocate-node-cidrs\n      value: \"false\"",
+		// The balancer takes a stopping apiserver out before it stops accepting (pkg/haproxy).
+		"apiServer:\n  certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n  extraArgs:\n    - name: shutdown-delay-duration\n      value: 5s\n",
 		"certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n",
 		"ignorePreflightErrors:\n    - swap\n    - systemverification\n",
 		"dnsDomain: cluster.local", "podSubnet: 10.233.0.0/16", "serviceSubnet: 10.96.0.0/16",

@@ -74,7 +74,8 @@ type networking struct {
 }
 
 type apiServer struct {
-	CertSANs []string `yaml:"certSANs,omitempty"`
+	CertSANs  []string `yaml:"certSANs,omitempty"`
+	ExtraArgs []arg    `yaml:"extraArgs,omitempty"`
 }
 
 type controlPlaneProcess struct {

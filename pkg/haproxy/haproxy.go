@@ -39,6 +39,10 @@ const (
 	DefaultRise          = 1
 )
 
+// CheckTimeout bounds one health check's answer ("timeout check"): a check not answered in time
+// counts as failed.
+const CheckTimeout = 2 * time.Second
+
 // Server is one kube-apiserver behind the balancer.
 type Server struct {
 	// Name identifies the server in statistics and logs (the node name).
@@ -58,7 +62,8 @@ type Config struct {
 	// Servers are the kube-apiservers, in the order they are tried (balance roundrobin). At least one.
 	Servers []Server
 	// HealthPath is the HTTP path of the health check; "" = "/readyz" (kube-apiserver's readiness, which
-	// fails while it drains at shutdown: --shutdown-delay-duration).
+	// fails from the moment it is told to stop, while it keeps serving for its
+	// --shutdown-delay-duration: longer than DrainWithin, see kubeadm-manifests.APIServerShutdownDelay).
 	HealthPath string
 	// CheckInterval, Fall and Rise tune the health check; zero values select the defaults above.
 	CheckInterval time.Duration
@@ -97,7 +102,7 @@ defaults
 	# API watches live long; kube-apiserver ends them itself (--min-request-timeout, 30-60 min).
 	timeout client 24h
 	timeout server 24h
-	timeout check 2s
+	timeout check {{.CheckTimeout}}
 	retries 3
 	option redispatch
 
@@ -145,6 +150,24 @@ listen stats
 	stats uri /stats
 	stats refresh 0
 `))
+
+// DrainWithin bounds how long the balancer keeps handing new connections to a server whose health
+// check starts failing, as a kube-apiserver's /readyz does the moment it is told to stop: the next
+// check starts within one interval, Fall failed checks an interval apart take it out, and the last
+// one answers within CheckTimeout: Fall × CheckInterval + CheckTimeout (4 s with the defaults). A
+// server must keep serving at least that long after its check fails (kube-apiserver:
+// --shutdown-delay-duration, kubeadm-manifests.APIServerShutdownDelay), or the connections handed to
+// it in between are cut: TCP passthrough cannot replay them elsewhere.
+func (c Config) DrainWithin() time.Duration {
+	inter, fall := c.CheckInterval, c.Fall
+	if inter <= 0 {
+		inter = DefaultCheckInterval
+	}
+	if fall <= 0 {
+		fall = DefaultFall
+	}
+	return time.Duration(fall)*inter + CheckTimeout
+}
 
 // Render returns the haproxy.cfg of c. Errors: no port, no server, a server without a name or with an
 // invalid address, two servers with one name, a health path that is not an absolute path.
@@ -240,6 +263,7 @@ func Render(c Config) ([]byte, error) {
 	err := cfgTemplate.Execute(&b, map[string]any{
 		"Bind": bind, "Path": path, "Servers": c.Servers, "StatsPort": stats, "Passthrough": pts,
 		"Inter": fmt.Sprintf("%dms", inter.Milliseconds()), "Fall": fall, "Rise": rise,
+		"CheckTimeout": fmt.Sprintf("%ds", int(CheckTimeout/time.Second)), // whole seconds: "2s"
 	})
 	return b.Bytes(), err
 }

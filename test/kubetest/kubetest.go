@@ -84,6 +84,9 @@ type Options struct {
 	// directories are made 0700), e.g. STATE/kubernetes/admin.conf where kubeadm writes its
 	// admin.conf. Empty: admin.conf in a temporary directory.
 	AdminKubeconfig string
+	// APIServerArgs are further kube-apiserver flags, appended to the others, e.g. the
+	// --shutdown-delay-duration the appliance's kubeadm configuration gives every control plane.
+	APIServerArgs []string
 }
 
 // APIServer is a running etcd + kube-apiserver, killed by PID when the test ends.
@@ -99,6 +102,8 @@ type APIServer struct {
 	// and Client a client loaded from it (AdminUser in AdminGroup).
 	AdminKubeconfig string
 	Client          *kubeapi.Client
+
+	proc *process // the kube-apiserver
 }
 
 // StartAPIServer runs etcd and kube-apiserver v1.34 (labns.KubernetesVersion) of the Kubernetes
@@ -154,10 +159,11 @@ func StartAPIServer(t testing.TB, opts Options) *APIServer {
 	if len(opts.DisableAdmissionPlugins) > 0 {
 		argv = append(argv, "--disable-admission-plugins="+strings.Join(opts.DisableAdmissionPlugins, ","))
 	}
-	start(t, dir, exited, "kube-apiserver", argv...)
+	argv = append(argv, opts.APIServerArgs...)
+	api := start(t, dir, exited, "kube-apiserver", argv...)
 
 	s := &APIServer{URL: "https://127.0.0.1:" + port, CA: ca, CAFile: filepath.Join(pkiDir, pki.CACertFile),
-		AdminKubeconfig: opts.AdminKubeconfig}
+		AdminKubeconfig: opts.AdminKubeconfig, proc: api}
 	s.Port, _ = strconv.Atoi(port)
 	if s.AdminKubeconfig == "" {
 		s.AdminKubeconfig = filepath.Join(dir, "admin.conf")
@@ -182,6 +188,13 @@ func StartAPIServer(t testing.TB, opts Options) *APIServer {
 		}
 	}
 }
+
+// Signal sends sig to the kube-apiserver, e.g. SIGTERM as kubelet sends it to stop a control plane's
+// static pod (etcd keeps running). Exited says when it has exited.
+func (s *APIServer) Signal(sig os.Signal) error { return s.proc.cmd.Process.Signal(sig) }
+
+// Exited is closed once the kube-apiserver has exited.
+func (s *APIServer) Exited() <-chan struct{} { return s.proc.done }
 
 // ClientCert issues a client certificate from the cluster CA for user (CN) in groups (O), which is
 // how the API server names and groups a client (kubelets are CN=system:node:NAME, O=system:nodes),
@@ -290,10 +303,16 @@ func freePort(t testing.TB) string {
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
 
+// process is a command start runs; done is closed when it has exited.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
 // start runs argv until the test ends, its output in dir/NAME.log; a line on exited says when it
 // exits. At cleanup it kills the process by PID, waits for it and, when the test failed, logs the
 // last 3000 bytes of its output.
-func start(t testing.TB, dir string, exited chan<- string, name string, argv ...string) {
+func start(t testing.TB, dir string, exited chan<- string, name string, argv ...string) *process {
 	t.Helper()
 	log, err := os.Create(filepath.Join(dir, name+".log"))
 	if err != nil {
@@ -320,4 +339,5 @@ func start(t testing.TB, dir string, exited chan<- string, name string, argv ...
 			t.Logf("%s log (tail):\n%s", name, b[max(0, len(b)-3000):])
 		}
 	})
+	return &process{cmd: cmd, done: done}
 }
