@@ -46,7 +46,8 @@
 #
 #   vm  — wI (the default LAB_WORKER_KIND): bare metal behind a BMC (the appliance powers it on over
 #         IPMI): namespace P-bmcI holds the BMC address 10.100.0.(120+I) on a veth into the fabric's br-cp, and an OpenIPMI ipmi_sim
-#         serving IPMI-over-LAN (RMCP+, cipher suite 3) with user admin / LAB_DIR/bmc/wI.password.
+#         serving IPMI-over-LAN (RMCP+, cipher suite 3) with user admin / LAB_DIR/bmc/wI.password; its
+#         PID in ipmi_sim.pid is the process bound to the port, checked with ss -p (setsid(1) may fork).
 #         Its chassis_control program is test/lab/vm/chassis.sh, which starts a QEMU VM (TCG) inside
 #         P-wI on power-on and kills it on power-off. Inside P-wI, bridges br0 (eth0 + tap0) and br1
 #         (eth1 + tap1) hand both planes to the VM, which owns 10.100.0.(20+I) and 10.200.0.(20+I);
@@ -129,11 +130,12 @@ running() {
 	[[ -n $st && ${st%% *} != Z ]]
 }
 
-# wait_gone PID SECONDS: wait until PID has exited; 1 if it still runs after SECONDS.
+# wait_gone PID SECONDS: wait until PID has exited (a zombie has: whoever reaps orphans here may
+# take a while); 1 if it still runs after SECONDS.
 wait_gone() {
 	local pid=$1 deadline=$((SECONDS + $2))
-	while [[ -e /proc/$pid ]] && ((SECONDS < deadline)); do sleep 0.2; done
-	[[ ! -e /proc/$pid ]]
+	while running "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+	! running "$pid"
 }
 
 # All lab nodes: every P-cpI / P-wI namespace lab.sh created.
@@ -451,9 +453,10 @@ bmc_up() {
 	i=$(node_index "$node")
 	mkdir -p "$d/ipmi-state"
 	bmc_net "$node"
-	if alive "$d/ipmi_sim.pid" ipmi_sim; then
-		return 0
-	fi
+	bmc_serving "$node" && return 0
+	# Whatever is left of an earlier BMC (one being killed, or one whose PID file was lost) goes first:
+	# it would serve the port beside the new one.
+	bmc_stop "$node"
 	pw=$(<"$LABDIR/bmc/$node.password")
 	[[ ${#pw} -le 20 && $pw =~ ^[A-Za-z0-9+/=._-]+$ ]] || die "$LABDIR/bmc/$node.password: want 1-20 characters of [A-Za-z0-9+/=._-]"
 	# What chassis.sh needs to start the VM (no secrets).
@@ -498,31 +501,97 @@ bmc_up() {
 		mc_enable 0x20
 	EMU
 	: >"$d/ipmi_sim.log"
+	local pid owner rc deadline=$((SECONDS + 10))
 	nsenter --net="/run/netns/$(bmc_ns "$node")" -- setsid ipmi_sim -n -p -c "$d/lan.conf" -f "$d/bmc.emu" \
 		-s "$d/ipmi-state" >>"$d/ipmi_sim.log" 2>&1 </dev/null 8>&- &
-	echo $! >"$d/ipmi_sim.pid"
-	# Ready once the LAN port is bound (bounded wait).
-	local deadline=$((SECONDS + 10))
-	until ip netns exec "$(bmc_ns "$node")" ss -Hlun "sport = :623" | grep -q .; do
-		running "$(<"$d/ipmi_sim.pid")" || die "$node: ipmi_sim exited; see $d/ipmi_sim.log:$(echo; tail -n 20 "$d/ipmi_sim.log")"
-		((SECONDS < deadline)) || die "$node: ipmi_sim did not bind $(bmc_ip "$node"):623; see $d/ipmi_sim.log"
+	pid=$!
+	echo "$pid" >"$d/ipmi_sim.pid"
+	# Ready once the LAN port is bound (bounded wait). $! is nsenter, which execs setsid, which execs
+	# ipmi_sim; setsid(1) forks instead when it starts as a process-group leader (a shell with job
+	# control), and then $! exits at once while ipmi_sim runs on: so ipmi_sim has exited only when $!
+	# is gone and the BMC namespace (emptied by bmc_stop above) holds no process either.
+	until owner=$(bmc_owner "$node") && [[ -n $owner ]]; do
+		if ! running "$pid" && [[ -z $(bmc_pids "$node") ]]; then
+			rc=0
+			wait "$pid" || rc=$?
+			bmc_fail "$node" "ipmi_sim exited ($(exit_reason "$rc"))"
+		fi
+		((SECONDS < deadline)) || bmc_fail "$node" "ipmi_sim did not bind $(bmc_ip "$node"):623 within 10 s"
 		sleep 0.1
 	done
-	log "$node: BMC at $(bmc_ip "$node") (ipmi_sim pid $(<"$d/ipmi_sim.pid")); the VM is off"
+	# The PID file names the process that serves the port (so that down stops that one): $! itself, or
+	# the ipmi_sim a forking setsid started.
+	[[ $owner =~ ^[0-9]+$ ]] || bmc_fail "$node" "more than one process bound $(bmc_ip "$node"):623 ($(echo $owner))"
+	tr '\0' ' ' <"/proc/$owner/cmdline" 2>/dev/null | grep -qF -- "ipmi_sim -n -p -c $d/lan.conf " ||
+		bmc_fail "$node" "$(bmc_ip "$node"):623 is bound by process $owner, not by the ipmi_sim started here ($pid)"
+	echo "$owner" >"$d/ipmi_sim.pid"
+	log "$node: BMC at $(bmc_ip "$node") (ipmi_sim pid $owner); the VM is off"
+}
+
+# bmc_pids NODE: the processes in the node's BMC namespace: its ipmi_sim and the chassis.sh that one
+# runs (nodes.sh made the namespace, so whatever runs there is the lab's).
+bmc_pids() {
+	[[ -e /run/netns/$(bmc_ns "$1") ]] || return 0
+	ip netns pids "$(bmc_ns "$1")" 2>/dev/null || true
+}
+
+# bmc_owner NODE: the PIDs of the processes bound to the BMC's UDP port 623, one a line (ss -p).
+bmc_owner() {
+	[[ -e /run/netns/$(bmc_ns "$1") ]] || return 0
+	nsenter --net="/run/netns/$(bmc_ns "$1")" -- ss -Hlunp "sport = :623" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un
+}
+
+# bmc_serving NODE: the ipmi_sim that ipmi_sim.pid names runs and is the one process bound to the
+# BMC's port (not one being killed, nor one beside an untracked ipmi_sim).
+bmc_serving() {
+	local d
+	d=$(nodedir "$1")
+	alive "$d/ipmi_sim.pid" ipmi_sim && [[ $(bmc_owner "$1") == "$(<"$d/ipmi_sim.pid")" ]]
+}
+
+# bmc_stop NODE: stop the node's ipmi_sim — the one ipmi_sim.pid names and any other process in its
+# namespace — and wait until each is gone, so the port is free and the namespace empty before it is
+# deleted or a new ipmi_sim starts. An ipmi_sim left running is not refused by the next one's bind:
+# Debian's ipmi_sim binds its LAN port with SO_REUSEADDR, so both would serve 10.100.0.(120+I):623.
+bmc_stop() {
+	local node=$1 d pids pid
+	d=$(nodedir "$node")
+	pids=$({ if alive "$d/ipmi_sim.pid" ipmi_sim; then pid_of "$d/ipmi_sim.pid"; fi; bmc_pids "$node"; } | sort -un)
+	if [[ -n $pids ]]; then
+		kill -TERM $pids 2>/dev/null || true
+		for pid in $pids; do
+			wait_gone "$pid" 5 || { kill -KILL "$pid" 2>/dev/null || true; wait_gone "$pid" 5 || log "$node: process $pid survived SIGKILL"; }
+		done
+	fi
+	rm -f "$d/ipmi_sim.pid"
+}
+
+# bmc_fail NODE MESSAGE: stop with MESSAGE, ipmi_sim's log (with -n it writes only its startup errors
+# there; later ones go to syslog, which the lab has not) and what holds the BMC's namespace and port.
+# The caller's output is what a test shows when up fails: the log file itself is purged with the lab.
+bmc_fail() {
+	local node=$1 d tail pids owner
+	d=$(nodedir "$node")
+	tail=$(tail -n 20 "$d/ipmi_sim.log" 2>/dev/null | sed 's/^/    /')
+	pids=$(echo $(bmc_pids "$node"))
+	owner=$(echo $(bmc_owner "$node"))
+	die "$node: $2; ipmi_sim.log's last lines (${d}/ipmi_sim.log):
+${tail:-    (empty)}
+  processes in $(bmc_ns "$node"): ${pids:-none}; bound to $(bmc_ip "$node"):623: ${owner:-none}"
+}
+
+# exit_reason STATUS: a wait status for people: "status 1" or "killed by SIGKILL".
+exit_reason() {
+	if (($1 > 128)); then echo "killed by SIG$(kill -l $(($1 - 128)))"; else echo "status $1"; fi
 }
 
 bmc_down() {
-	local node=$1 d pid
+	local node=$1 d
 	d=$(nodedir "$node")
 	if [[ -f $d/chassis.env ]]; then
 		"$HERE/vm/chassis.sh" "$d" set power 0 || log "$node: chassis power off failed"
 	fi
-	if alive "$d/ipmi_sim.pid" ipmi_sim; then
-		pid=$(pid_of "$d/ipmi_sim.pid")
-		kill -TERM "$pid" 2>/dev/null || true
-		wait_gone "$pid" 5 || { kill -KILL "$pid" 2>/dev/null || true; wait_gone "$pid" 5 || true; }
-	fi
-	rm -f "$d/ipmi_sim.pid"
+	bmc_stop "$node"
 	[[ -e /run/netns/$(bmc_ns "$node") ]] && ip netns del "$(bmc_ns "$node")"
 	ip -n "$P-fabric" link del "bmc$(node_index "$node")-c" 2>/dev/null || true
 	return 0
@@ -609,15 +678,18 @@ down() {
 		[[ $(kind_of "$node") == nspawn ]] && alive "$(nodedir "$node")/supervisor.pid" "_run $node" &&
 			kill -TERM "$(pid_of "$(nodedir "$node")/supervisor.pid")" 2>/dev/null
 	done
+	local nspawn=$((!$#))
 	for node in "${list[@]}"; do
 		[[ $node =~ ^(cp[1-9]|w[1-9][0-9]?)$ ]] || die "unknown node '$node'"
 		case $(kind_of "$node") in
-		nspawn) ct_down "$node" ;;
+		nspawn) ct_down "$node"; nspawn=1 ;;
 		vm) bmc_down "$node" ;;
 		esac
 		echo "stopped $node"
 	done
-	release_nspawn_run
+	# The host's nspawn tmpfs is shared by every lab: `down` of VM nodes only leaves it alone.
+	((nspawn)) && release_nspawn_run
+	return 0
 }
 
 status() {
