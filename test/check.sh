@@ -24,9 +24,9 @@
 #      bundle build competes with compile-tests instead. All of phase 1 is CPU;
 #   2. two lanes side by side:
 #        vm lane   (nice 10)  suite-nodeimage (TestBareMetalWorkerJoinsCluster: blank TCG machines
-#                             to Kubernetes nodes, PXE and Redfish virtual media), suite-iso
-#                             (TestISORefusals), suite-iso-journey (TestISOJourney: the lab
-#                             bootstrapped from the ISO), then, not niced, suite-vrrp (pkg/keepalived,
+#                             to Kubernetes nodes, PXE and Redfish virtual media), suite-iso-journey
+#                             (TestISOJourney: the lab bootstrapped from the ISO), suite-iso
+#                             (TestISORefusals), then, not niced, suite-vrrp (pkg/keepalived,
 #                             pkg/vipcheck: VRRP failover and pre-flight windows at 250 ms adverts)
 #        test lane            suite-test: every other package, one at a time (-p 1: the lab tests
 #                             share host-wide resources); then suite-kubernetes-fixture and suite-e2e
@@ -35,7 +35,10 @@
 #      are each the leader of a session of their own (labns.MachineSession), as this kernel shares
 #      the CPU between sessions first (CFS autogroups) and nice weighs only within one: a VM in this
 #      session at nice 10 got 3 % of a core. Namespaces are per test (test/labns) and lab prefixes per
-#      package and per e2e (ke, kiso), so the lanes never share a name. suite-vrrp ran alone in a
+#      package and per e2e (ke, kiso), so the lanes never share a name; the two Kubernetes labs (ke,
+#      kiso) never run at once (test/integration lockK8sLab: together they use up root's inotify
+#      instances), so the journey comes right after suite-nodeimage, done or nearly when the test
+#      lane reaches the e2e. suite-vrrp ran alone in a
 #      third phase while a SIGTERM handover beside the TCG lane once showed two VIP holders in one
 #      50 ms sample: the sampler's reads of the nodes one after another were torn by a move, which
 #      keepalived's order (priority-0 advert, then the VIP deleted at once, the backup taking over a
@@ -130,8 +133,8 @@ vrrp=("$mod/pkg/keepalived" "$mod/pkg/vipcheck")
 (
 	rc=0
 	nice -n 10 "$STAGE" suite-nodeimage --show -- bash -c 'verbose "$@"' verbose -race -timeout 30m -skip "^($FULL_ONLY)\$" ./test/nodeimage/ || rc=1
-	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m -skip "^($FULL_ONLY)\$" ./test/iso/ || rc=1
 	nice -n 10 "$STAGE" suite-iso-journey --show -- bash -c 'verbose "$@"' verbose -timeout 40m -run 'TestISOJourney' ./test/integration/ || rc=1
+	nice -n 10 "$STAGE" suite-iso --show -- bash -c 'verbose "$@"' verbose -timeout 30m -skip "^($FULL_ONLY)\$" ./test/iso/ || rc=1
 	"$STAGE" suite-vrrp --show -- "$GO" test -race -count=1 -p 1 -timeout 20m "${vrrp[@]}" || rc=1
 	exit $rc
 ) &

@@ -89,9 +89,41 @@ func newK8sLab(t *testing.T, prefix string) *k8sLab {
 	return newK8sLabCNI(t, prefix, e2eCNI(t))
 }
 
+// k8sLabLock is the host-wide lock that one Kubernetes lab (TestKubernetesE2E's ke, TestISOJourney's
+// kiso) holds from before its namespaces exist until after they are gone.
+const k8sLabLock = "/run/lock/appliance-k8s-lab.lock"
+
+// lockK8sLab waits until no other Kubernetes lab runs on this host and holds k8sLabLock until t's
+// cleanups have run (it is registered first, so it runs last). Why: every nspawn node's systemd,
+// containerd and kubelet take inotify instances from root's fs.inotify.max_user_instances (128 here),
+// and two such labs at once use them up: make check's lanes once ran the journey's four nodes beside
+// the e2e's and w2 failed to start ("129 in use of 128", nodes.sh's inotify_check; systemd-nspawn
+// exited). A wait is logged with its length.
+func lockK8sLab(t *testing.T, prefix string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(k8sLabLock), 0o755); err != nil {
+		t.Fatalf("the Kubernetes lab lock: %v", err)
+	}
+	f, err := os.OpenFile(k8sLabLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("the Kubernetes lab lock: %v", err)
+	}
+	t.Cleanup(func() { _ = f.Close() }) // closing releases the lock
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return
+	}
+	t.Logf("lab %s: another Kubernetes lab runs on this host (%s held): waiting for it, as two would use up root's inotify instances", prefix, k8sLabLock)
+	start := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("the Kubernetes lab lock: %v", err)
+	}
+	t.Logf("lab %s: waited %.0f s for the other Kubernetes lab", prefix, time.Since(start).Seconds())
+}
+
 // newK8sLabCNI makes the lab with networks.cni cni: the two-subnet lab unless cni is bridge.
 func newK8sLabCNI(t *testing.T, prefix, cni string) *k8sLab {
 	t.Helper()
+	lockK8sLab(t, prefix)
 	l := newLab(t, prefix)
 	l.skip = nil
 	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
