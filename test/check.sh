@@ -76,9 +76,11 @@ fi
 trap 'test/budget.sh "$STAGE_TIMES" $(($(date +%s) - check_start)) >&2' EXIT
 
 # phase NAME START: a row for the phase that began at START (epoch seconds) in $STAGE_TIMES, compared
-# with the budget like a stage.
+# with the budget like a stage; "failed" once any stage so far has failed.
 phase() {
-	printf '%s\t%d\tok\n' "$1" $(($(date +%s) - $2)) >>"$STAGE_TIMES"
+	local state=ok
+	((${#failed[@]} == 0)) || state=failed
+	printf '%s\t%d\t%s\n' "$1" $(($(date +%s) - $2)) "$state" >>"$STAGE_TIMES"
 }
 
 # run NAME CMD...: a stage run in the foreground; records a failure instead of stopping.
