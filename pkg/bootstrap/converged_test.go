@@ -3,52 +3,18 @@ package bootstrap
 import (
 	"bytes"
 	"context"
-	"crypto/ed25519"
-	"encoding/pem"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/config/configtest"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
-
-// unreachableSSH is an ssh power section whose address refuses connections (a loopback port that
-// was listened on and closed), with a real key pair written under dir.
-func unreachableSSH(t *testing.T, dir string) config.Power {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(dir, "id_ed25519")
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String() // nothing listens there once closed: connections are refused
-	l.Close()
-	return config.Power{Kind: config.PowerSSH, Address: closed, PrivateKeyFile: keyFile,
-		HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))}
-}
 
 // TestPhasesThatNeedConvergeSkipWithoutIt runs the real upgrade and hand-off phases through the runner
 // after stand-ins for power and converge, on a state directory where cp1 reported ready on an old
@@ -88,7 +54,7 @@ func TestPhasesThatNeedConvergeSkipWithoutIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		power := unreachableSSH(t, r.dir)
+		power := configtest.UnreachableSSH(t, r.dir)
 		cfg := &config.BootstrapConfiguration{Nodes: []config.Node{ // Kubernetes enabled (the default)
 			{Name: "cp1", Roles: []config.Role{config.RoleControlPlane}, Power: power},
 			{Name: "w1", Roles: []config.Role{config.RoleWorker}, Power: power},

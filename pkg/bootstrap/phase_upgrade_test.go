@@ -10,6 +10,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/config/configtest"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
@@ -185,7 +186,7 @@ func TestUpgradePhaseStopsAtAFailingNode(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("hostagent build 2"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	power := unreachableSSH(t, dir)
+	power := configtest.UnreachableSSH(t, dir)
 	off := false
 	cfg := &config.BootstrapConfiguration{Kubernetes: config.Kubernetes{Enabled: &off}, Nodes: []config.Node{
 		{Name: "cp1", Roles: []config.Role{config.RoleControlPlane}, Power: power},

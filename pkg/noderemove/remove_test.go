@@ -2,13 +2,9 @@ package noderemove
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/config/configtest"
 	"github.com/airgap-appliance/appliance/pkg/kubeapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/power"
@@ -93,33 +88,11 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 
 	// The configuration: five SSH nodes whose sshd is a closed port on 127.0.0.1.
 	dir := t.TempDir()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(dir, "id_ed25519")
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sshPub, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
+	power := configtest.UnreachableSSH(t, dir)
 	cfg := config.Example()
 	cfg.StateDir = stateDir
 	for i := range cfg.Nodes {
-		cfg.Nodes[i].Power = config.Power{Kind: config.PowerSSH, Address: closed, Username: "root", PrivateKeyFile: keyFile,
-			HostKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub)))}
+		cfg.Nodes[i].Power = power
 	}
 	opts := func(node string) Options {
 		return Options{Config: cfg, ConfigPath: "bootstrap.yaml", StateDir: stateDir, Node: node, PowerTarget: bootstrap.PowerTarget,
@@ -140,7 +113,7 @@ func TestRemoveAgainstAPIServer(t *testing.T) {
 	createPod(t, c, "kube-system", "static-w1", "w1", map[string]any{"annotations": map[string]string{"kubernetes.io/config.mirror": "x"}}, true)
 
 	// Quorum: cp3 is unhealthy, so cp2 must stay.
-	_, err = Remove(ctx, opts("cp2"))
+	_, err := Remove(ctx, opts("cp2"))
 	want := "refused: 3 etcd members, 1 unhealthy (cp3): removing cp2 leaves 1 healthy of the 2 needed; fix cp3 first"
 	if !errors.Is(err, ErrRefused) || err == nil || err.Error() != want {
 		t.Fatalf("remove cp2: %v\nwant %s", err, want)
