@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# build-node-image.sh [--system-only] [--bundle DIR] [--hostagent BIN] [--out DIR] [--iso-args "ARGS"] — build
+# build-node-image.sh [--base-only|--system-only] [--bundle DIR] [--hostagent BIN] [--out DIR] [--iso-args "ARGS"] — build
 # (or reuse) the node image (issue 12): what a BMC-powered machine with a blank disk boots from the
 # network (or from virtual media), to enrol with the appliance and install itself to its disk.
 #
 # Same recipe and cache as the appliance ISO (iso/build-iso.sh), two stages under ${APPLIANCE_CACHE:-/var/cache/appliance}:
+#   0. the base, node-base-<key>/rootfs (key: NODE_BASE_VERSION, SUITE, PACKAGES): the debootstrap below,
+#      which needs no bundle; --base-only builds (or reuses) it alone and prints its directory, so that
+#      `make fixtures` / `make fixtures-demo` build it beside the Kubernetes binaries, off the bundle's
+#      path (the debootstrap is 236 of the system's 371 s). Stage 1 starts from a copy of it.
 #   1. the system, node-system-<key>/ (key: NODE_SYSTEM_VERSION, the package lists, the modules, every
 #      file under iso/node/rootfs/, and the bundle repo's Packages index): debootstrap --variant=minbase
 #      of Debian 12 with systemd, the generic kernel, Debian's ignition (2.14, in bookworm), GRUB for
@@ -37,6 +41,8 @@ export PATH=$PATH:/usr/sbin:/sbin
 
 # Bump NODE_SYSTEM_VERSION when the recipe below changes what goes into the system.
 NODE_SYSTEM_VERSION=1
+# Bump NODE_BASE_VERSION when the debootstrap (stage 0) changes in a way SUITE and PACKAGES do not show.
+NODE_BASE_VERSION=1
 SUITE=bookworm
 PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,linux-image-amd64,iproute2,iputils-ping,ca-certificates,e2fsprogs,dosfstools,mtools,procps,curl,less,fdisk,squashfs-tools,grub-pc-bin,grub-efi-amd64-bin,grub2-common,ignition,conntrack,iptables,socat,ethtool
 # From the bundle's repo, at the versions its Packages index lists.
@@ -56,14 +62,16 @@ out=$cache/node-image
 hostagent_bin=$root/bin/hostagent
 iso_args=""
 system_only=false
+base_only=false
 while [[ $# -gt 0 ]]; do
 	case $1 in
+	--base-only) base_only=true; shift ;;
 	--bundle) bundle=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
 	--hostagent) hostagent_bin=$2; shift 2 ;;
 	--iso-args) iso_args=$2; shift 2 ;;
 	--system-only) system_only=true; shift ;;
-	*) echo "usage: $0 [--system-only] [--bundle DIR] [--hostagent BIN] [--out DIR] [--iso-args ARGS]" >&2; exit 2 ;;
+	*) echo "usage: $0 [--base-only|--system-only] [--bundle DIR] [--hostagent BIN] [--out DIR] [--iso-args ARGS]" >&2; exit 2 ;;
 	esac
 done
 
@@ -74,6 +82,37 @@ for tool in debootstrap mksquashfs grub-mkrescue xorriso mformat depmod cpio gzi
 	command -v "$tool" >/dev/null || die "$tool not found (Debian packages: debootstrap squashfs-tools grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools kmod cpio; \`make deps\`)"
 done
 [[ -x /bin/busybox ]] || die "/bin/busybox not found (Debian package busybox-static)"
+mkdir -p "$cache"
+
+# --- 0. the base ---------------------------------------------------------------------------------------
+# debootstrap of SUITE with PACKAGES: everything of the system that does not come from the bundle. Kept
+# as a tree (stage 1 copies it), made in BASE.tmp and renamed into place, so BASE exists only complete.
+base_key=$(echo "$NODE_BASE_VERSION $SUITE $PACKAGES" | sha256sum | cut -c1-12)
+base=$cache/node-base-$base_key
+exec 8>"$base.lock"
+flock 8
+if [[ -f $base.stamp ]]; then
+	log "reusing the base $base ($(cat "$base.stamp"))"
+else
+	mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)}
+	[[ -n $mirror ]] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources; set DEBIAN_MIRROR"
+	rm -rf --one-file-system "$base.tmp" "$base"
+	mkdir -p "$base.tmp"
+	log "debootstrap $SUITE ($PACKAGES) from $mirror"
+	t0=$(date +%s)
+	debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$base.tmp/rootfs" "$mirror" >"$base.tmp/debootstrap.log" 2>&1 ||
+		die "debootstrap failed; see $base.tmp/debootstrap.log"
+	rm -rf "$base.tmp/rootfs"/var/cache/apt/archives/*.deb
+	mv -T "$base.tmp" "$base"
+	printf 'suite=%s mirror=%s built=%s seconds=%s\n' "$SUITE" "$mirror" "$(date -u +%FT%TZ)" "$(($(date +%s) - t0))" >"$base.stamp"
+	log "debootstrap took $(($(date +%s) - t0)) s: $base"
+	[[ ! -x $root/test/fixtures/prune.sh ]] || "$root/test/fixtures/prune.sh" "$cache" 'node-base-*' "$base"
+fi
+if $base_only; then
+	echo "$base"
+	exit 0
+fi
+
 repo=$bundle/repo/debian
 index=$repo/dists/stable/main/binary-amd64/Packages
 [[ -f $index && -f $repo/appliance-repo.gpg ]] || die "$bundle has no package repo (repo/debian with Packages and appliance-repo.gpg): make fixtures, or appliance bundle create"
@@ -82,7 +121,6 @@ if ! $system_only; then
 	[[ -x $hostagent_bin ]] || die "$hostagent_bin not built (make build)"
 fi
 start=$(date +%s)
-mkdir -p "$cache"
 
 # The exact versions the bundle serves.
 pins=()
@@ -96,7 +134,7 @@ done
 # The index without X-Appliance-Origin (the upstream a package came from: a fixture's upstream listens
 # on a new port every build): every package's version and SHA-256 are in the key, where it was fetched
 # from is not.
-system_key=$( (echo "$NODE_SYSTEM_VERSION $SUITE $PACKAGES ${pins[*]} ${MODULES[*]}"; grep -v '^X-Appliance-Origin:' "$index" | sha256sum
+system_key=$( (echo "$NODE_SYSTEM_VERSION $base_key ${pins[*]} ${MODULES[*]}"; grep -v '^X-Appliance-Origin:' "$index" | sha256sum
 	cd "$here/node/rootfs" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-12)
 sys=$cache/node-system-$system_key
 exec 9>"$sys.lock"
@@ -104,19 +142,15 @@ flock 9
 if [[ -f $sys.stamp ]]; then
 	log "reusing the system $sys ($(cat "$sys.stamp"))"
 else
-	mirror=${DEBIAN_MIRROR:-$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)}
-	[[ -n $mirror ]] || die "no Debian mirror in /etc/apt/sources.list.d/debian.sources; set DEBIAN_MIRROR"
 	tmp=$sys.tmp
 	umount -R "$tmp/rootfs/mnt/bundle-repo" 2>/dev/null || true
 	rm -rf --one-file-system "$tmp"
 	mkdir -p "$tmp"
 	trap 'rc=$?; umount "$sys.tmp/rootfs/mnt/bundle-repo" 2>/dev/null || true; [[ $rc == 0 ]] || rm -rf --one-file-system "$sys.tmp"' EXIT
 	rootfs=$tmp/rootfs
-	log "debootstrap $SUITE ($PACKAGES) from $mirror"
 	t0=$(date +%s)
-	debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$mirror" >"$tmp/debootstrap.log" 2>&1 ||
-		die "debootstrap failed; see $tmp/debootstrap.log"
-	log "debootstrap took $(($(date +%s) - t0)) s"
+	cp -a --reflink=auto "$base/rootfs" "$rootfs" || die "copying the base $base/rootfs failed"
+	log "copying the base took $(($(date +%s) - t0)) s"
 
 	# The Kubernetes node packages from the bundle's repo only (its own signed index), at its versions.
 	t0=$(date +%s)
@@ -205,7 +239,7 @@ else
 		"$(echo "${pins[*]}" | tr ' ' ,)" "$(date -u +%FT%TZ)" "$(($(date +%s) - start))" >"$sys.stamp"
 	log "node image system built in $(($(date +%s) - start)) s: $sys ($(cat "$sys.stamp"))"
 fi
-exec 9>&-
+exec 9>&- 8>&-
 if $system_only; then
 	echo "$sys"
 	exit 0
