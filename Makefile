@@ -150,8 +150,8 @@ fuzz: ## run the fuzz targets for a short while each
 	$(GO) test -run='^$$' -fuzz=FuzzRepositoryFor -fuzztime=15s -fuzzminimizetime=2s ./registry
 
 .PHONY: docs
-docs: ## regenerate the README's port table from firewall/ (the same table the firewall applies)
-	$(GO) run ./cmd/porttable | awk 'FNR==NR{t=t $$0 "\n"; next} /<!-- BEGIN PORT TABLE -->/{print; printf "%s", t; skip=1; next} /<!-- END PORT TABLE -->/{skip=0} !skip' - README.md > README.md.tmp && mv README.md.tmp README.md
+docs: ## regenerate docs/reference from the code
+	$(GO) run ./cmd/docgen docs/reference && $(GO) run ./cmd/appliance docs docs/reference/cli && $(GO) run ./cmd/hostagent docs docs/reference/cli
 
 .PHONY: clean
 clean: ## remove build outputs (not the fixture cache)

@@ -1,8 +1,8 @@
 // Package firewall opens exactly the ports a host of the appliance's cluster needs, and nothing else.
 //
 // The port table (Ports) is data, by role — bootstrap (the appliance host), control-plane, etcd, worker —
-// taken from the kubeadm "Ports and Protocols" page and RFC 5798 (VRRP). The README shows the same data
-// (MarkdownTable, printed by cmd/porttable).
+// taken from the kubeadm "Ports and Protocols" page and RFC 5798 (VRRP). docs/reference/ports.md shows the
+// same data (MarkdownTable, written there by cmd/docgen; cmd/porttable prints it).
 //
 // The nftables backend (NFTables, the only importer of github.com/google/nftables in the module) follows the
 // Talos `nftables_chain.go` model: it owns one table, `inet appliance`, holding

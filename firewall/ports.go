@@ -106,7 +106,7 @@ const (
 	RefDHCP            = "RFC 2131 §4.1 (DHCP server port 67)"
 	RefPXE             = "PXE 2.1 §2.2.6 (proxyDHCP boot-server port 4011)"
 	RefTFTP            = "RFC 1350 (TFTP, port 69)"
-	RefNetboot         = "appliance README, Network boot (iPXE script, kernel, initrd over plain HTTP)"
+	RefNetboot         = "appliance operator guide, Network boot (iPXE script, kernel, initrd over plain HTTP)"
 	RefIngress         = "RFC 9110 §4.2 (http 80, https 443); kcli's OpenShift ingress VIP layout"
 	RefAPILoadBalancer = "OpenShift on-prem API load balancer (haproxy on :9445, the API VIP's port redirected to it)"
 	RefVXLAN           = "RFC 7348 §5 (VXLAN, UDP port 4789)"
@@ -232,7 +232,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 }
 
 // MarkdownTable renders Ports(httpsPort, apiPort) as a GitHub-flavoured Markdown table, one row per port and
-// role, ordered by role, for the README section between <!-- BEGIN PORT TABLE --> and <!-- END PORT TABLE -->.
+// role, ordered by role, for docs/reference/ports.md (cmd/docgen), between <!-- BEGIN PORT TABLE --> and
+// <!-- END PORT TABLE -->.
 // The output is deterministic and ends with a newline.
 func MarkdownTable(httpsPort, apiPort uint16) string {
 	ports := Ports(httpsPort, apiPort)

@@ -2,8 +2,8 @@
 # check.sh — `make check` (CHECK_TIER=check, the default) and `make check-full` (CHECK_TIER=full):
 # every suite, arranged for a 2-core machine. (test/nodeimage and test/iso are -tags e2e suites.)
 #
-# The tiers (README, "Tests"): `make check` is `make test` without -short (so with the tests that
-# boot VMs or run Kubernetes components) plus one end-to-end proof of every capability; `make
+# The tiers (docs/development.md, "Tests"): `make check` is `make test` without -short (so with the
+# tests that boot VMs or run Kubernetes components) plus one end-to-end proof of every capability; `make
 # check-full` adds, as phase 3, what proves a capability a second time: the tests named in $FULL_ONLY
 # (the Makefile's FULL_ONLY: a go test -run pattern without anchors; make check passes it to -skip),
 # then TestMakeDepsOnBareDebian (make deps in a fresh debootstrap, reaching only the Debian mirror),

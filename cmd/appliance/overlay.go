@@ -18,7 +18,7 @@ import (
 // newOverlayCommand is `appliance overlay`: the pod network of networks.cni flannel on one node,
 // run by the DaemonSet overlay.Manifest renders (the appliance image, host network, NET_ADMIN).
 func newOverlayCommand(g *globalFlags) *cobra.Command {
-	o := overlay.Options{VNI: config.VXLANVNI, Port: config.VXLANPort, StateDir: overlay.StateDir, NodeName: os.Getenv("NODE_NAME")}
+	o := overlay.Options{VNI: config.VXLANVNI, Port: config.VXLANPort, StateDir: overlay.StateDir}
 	var network string
 	var cidrs []string
 	cmd := &cobra.Command{
@@ -31,6 +31,11 @@ node's endpoint (UDP --port). Only the net-conf.json flannel reads is written, i
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var errs []error
+			if o.NodeName == "" {
+				// NODE_NAME is read here, not as the flag's default, so that the help (and the
+				// reference pages generated from it) does not depend on the environment.
+				o.NodeName = os.Getenv("NODE_NAME")
+			}
 			if o.NodeName == "" {
 				errs = append(errs, fmt.Errorf("--%s: required (or NODE_NAME): this node's Kubernetes name", overlay.FlagNodeName))
 			}

@@ -74,6 +74,7 @@ func newRootCommand() *cobra.Command {
 		newIngressRouterCommand(g),
 		newOverlayCommand(g),
 		newVersionCommand(g),
+		newDocsCommand(),
 	)
 	walkCommands(root, requireKnownSubcommand)
 	root.SetErr(os.Stderr)

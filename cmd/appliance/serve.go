@@ -42,6 +42,6 @@ rendered Ignition configs the bootstrap phases left in the state directory.`,
 // serveGCPercent is serve's garbage-collector target (GOGC) unless the environment sets GOGC: the heap
 // may grow 50 % over live data between collections instead of Go's 100 %. Measured with
 // test/bench/fleet.sh at N = 500 nodes: VmHWM 161 MiB with 100, 131 MiB with 50, for more
-// collections (see the README's fleet row). Most of the live heap is per connection (HTTP/2 framer
+// collections (see the fleet row of docs/measurements.md). Most of the live heap is per connection (HTTP/2 framer
 // buffers, TLS state), so the headroom, not the data, is what a fleet of nodes multiplies.
 const serveGCPercent = 50

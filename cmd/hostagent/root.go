@@ -35,7 +35,7 @@ func newRootCommand() *cobra.Command {
 		}
 		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 	}
-	root.AddCommand(newRunCommand(logger), newFetchCACommand(), newEnrollCommand(logger), newInstallCommand(logger), newCheckAPICommand(), newVersionCommand())
+	root.AddCommand(newRunCommand(logger), newFetchCACommand(), newEnrollCommand(logger), newInstallCommand(logger), newCheckAPICommand(), newVersionCommand(), newDocsCommand())
 	// The bare command with --config runs the agent, as the first-boot unit invokes it.
 	bare := &runOptions{}
 	bare.bind(root.Flags())

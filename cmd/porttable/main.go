@@ -1,5 +1,6 @@
-// Command porttable prints the firewall port table as Markdown, from the same data the firewall applies.
-// `make docs` puts its output between <!-- BEGIN PORT TABLE --> and <!-- END PORT TABLE --> in README.md.
+// Command porttable prints the firewall port table as Markdown, from the same data the firewall applies,
+// for any appliance HTTPS and API port. docs/reference/ports.md has it for the default ports (written by
+// cmd/docgen: `make docs`).
 //
 // Usage: porttable [-https-port 8443] [-api-port 6443]
 package main

@@ -31,8 +31,8 @@ const (
 	CNIFlannel = "flannel"
 	// DefaultCNI is networks.cni when unset: CNIBridge, because the Calico image is not part of
 	// every bundle yet (its fixture needs a Calico binary built outside this repository; see the
-	// README's "Calico" section), and a default that the bundle cannot serve would leave every pod
-	// without a network; and rather than CNIFlannel because on one L2 segment the bridge's direct
+	// "Calico" section of docs/operator.md), and a default that the bundle cannot serve would leave
+	// every pod without a network; and rather than CNIFlannel because on one L2 segment the bridge's direct
 	// routes carry pod traffic without VXLAN's 50 bytes per packet and without waiting for a
 	// DaemonSet. Choose flannel for nodes in several subnets, calico for NetworkPolicy too.
 	DefaultCNI = CNIBridge
