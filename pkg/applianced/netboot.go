@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -159,11 +160,22 @@ func startNetboot(cfg *config.BootstrapConfiguration, caPEM []byte, store *nodes
 type bootContacts struct {
 	store *nodestate.Store
 	log   *slog.Logger
-	noted nodestate.NoteThrottle // node + what
+	noted nodestate.NoteThrottle // contactKey
+}
+
+// contactKey is the throttle key of a contact: the node and what was answered, without what the
+// machine chose: a NAK's text names the address the request asked for, so any sender of the node's
+// MAC could make every request a new key (and a new line in the node's events) by asking for
+// another address each time; all the node's NAKs share one key.
+func contactKey(node, what string) string {
+	if strings.HasPrefix(what, "DHCP NAK") {
+		what = "DHCP NAK"
+	}
+	return node + "\x00" + what
 }
 
 func (c *bootContacts) seen(node, what string) {
-	if !c.noted.Allow(node+"\x00"+what, time.Now()) {
+	if !c.noted.Allow(contactKey(node, what), time.Now()) {
 		return
 	}
 	if err := c.store.NoteContact(node, nodestate.ContactNetboot, "network boot: "+what); err != nil {

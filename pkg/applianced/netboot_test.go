@@ -1,6 +1,7 @@
 package applianced
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki/pkitest"
 )
 
@@ -103,5 +105,25 @@ func TestNetbootConfigMachines(t *testing.T) {
 		if got := [3]string{names(nc.Machines), names(nc.AddressOnly), names(nc.Others)}; got != want {
 			t.Errorf("%s: machines, address only, others = %q, want %q", mode, got, want)
 		}
+	}
+}
+
+// TestBootContactsNAKFloodNotedOnce is the attack of a sender of a node's MAC that asks for another
+// address in every DHCPREQUEST: each NAK's text names the address asked for, and each used to be a
+// new throttle key, so a new line in the node's events. All of a node's NAKs now share one key: one
+// note a minute, while an OFFER is still noted beside it.
+func TestBootContactsNAKFloodNotedOnce(t *testing.T) {
+	store := nodestate.Open(t.TempDir())
+	c := &bootContacts{store: store, log: slog.New(slog.DiscardHandler)}
+	for i := range 200 {
+		c.seen("w1", fmt.Sprintf("DHCP NAK: requested 10.77.%d.%d, leased 10.77.0.100", i/250, i%250))
+	}
+	c.seen("w1", "DHCP OFFER to w1 (undionly.kpxe)")
+	evs, err := store.Events("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || !strings.HasPrefix(evs[0].Detail, "network boot: DHCP NAK: requested 10.77.0.0,") || !strings.Contains(evs[1].Detail, "OFFER") {
+		t.Fatalf("%d events after 200 NAKs and an OFFER, want 2 (the first NAK, the OFFER): %+v", len(evs), evs)
 	}
 }

@@ -4,7 +4,8 @@
 // Layout under the directory given to Open (STATE/nodes):
 //
 //	<node>/status.json   0600  agentapi.NodeStatus: state, reason, boot ID, last report per step
-//	<node>/events.jsonl  0600  one Event per line, appended for every recorded change
+//	<node>/events.jsonl  0600  one Event per line, appended (fsynced) for every recorded change
+//	<node>/events.jsonl.1 0600 the previous events.jsonl, moved aside at EventsMaxBytes
 //	<node>/history.jsonl 0600  one LifecycleEntry per line: the node's day-2 history (lifecycle.go)
 //
 // status.json is replaced atomically (pkg/atomicfile), so a reader never sees a torn file.
@@ -34,12 +35,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -374,48 +377,152 @@ func (s *Store) commit(st agentapi.NodeStatus, ev Event) error {
 	return nil
 }
 
-// appendEvent appends ev as one line to the node's events.jsonl (0600).
+// EventsMaxBytes caps a node's events file: an append that would make events.jsonl longer first
+// moves it to events.jsonl.1 (replacing the previous one) and starts a new file, so a node's events
+// take at most twice this on disk however long it lives or however often it is refused. 1 MiB is
+// about 3,000 events of the usual size (a report's detail is a line; at most 64 KiB, see
+// pkg/server.MaxReportBytes): a node's whole install and years of its day-2 life fit in the two
+// files, which is what the readers need (the enrolment window and the converge phase read the last
+// power-on and what followed it; `appliance status` the recent past).
+const EventsMaxBytes = 1 << 20
+
+// EventsRotatedFile is the previous events file (EventsFile moved aside by the cap).
+const EventsRotatedFile = EventsFile + ".1"
+
+// appendEvent appends ev as one line to the node's events.jsonl (0600); the caller holds the node's
+// lock. A torn line a crash left at the end is cut off first, so it never glues onto the new one;
+// past EventsMaxBytes the file is rotated (EventsRotatedFile); the line goes out in one write(2)
+// with O_APPEND and is fsynced (and after a rotation the directory too), so an acknowledged report
+// survives a power cut.
 func (s *Store) appendEvent(node string, ev Event) error {
 	line, err := json.Marshal(ev)
 	if err != nil {
 		return fmt.Errorf("encode event of node %s: %w", node, err)
 	}
-	f, err := os.OpenFile(filepath.Join(s.dir, node, EventsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	line = append(line, '\n')
+	dir := filepath.Join(s.dir, node)
+	path := filepath.Join(dir, EventsFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("append event of node %s: %w", node, err)
 	}
-	if _, err := f.Write(append(line, '\n')); err != nil {
+	defer func() { _ = f.Close() }()
+	if err := cutTornTail(f); err != nil {
+		return fmt.Errorf("append event of node %s: %w", node, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("append event of node %s: %w", node, err)
+	}
+	rotated := false
+	if fi.Size() > 0 && fi.Size()+int64(len(line)) > EventsMaxBytes {
+		if err := os.Rename(path, filepath.Join(dir, EventsRotatedFile)); err != nil {
+			return fmt.Errorf("rotate events of node %s: %w", node, err)
+		}
 		_ = f.Close()
+		if f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
+			return fmt.Errorf("append event of node %s: %w", node, err)
+		}
+		rotated = true
+	}
+	if _, err := f.Write(line); err != nil {
 		return fmt.Errorf("append event of node %s: %w", node, err)
 	}
-	if err := f.Close(); err != nil {
+	if err := f.Sync(); err != nil {
 		return fmt.Errorf("append event of node %s: %w", node, err)
 	}
-	return nil
+	if rotated {
+		if err := syncDir(dir); err != nil {
+			return fmt.Errorf("rotate events of node %s: %w", node, err)
+		}
+	}
+	return f.Close()
 }
 
-// Events returns the node's events, oldest first.
+// syncDir fsyncs a directory (a rename or a new file in it made durable).
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Events returns the node's events, oldest first: those of EventsRotatedFile, then of EventsFile.
+// It takes no lock: appends are whole lines in one write and a rotation is a rename, so a reader
+// sees whole events. A last line a crash tore mid-append is ignored (the next append cuts it off);
+// any other line that does not parse is skipped, and named in the error returned with all the
+// events that do parse (callers that can act on those do).
 func (s *Store) Events(node string) ([]Event, error) {
 	if err := checkNode(node); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(s.dir, node, EventsFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	} else if err != nil {
+	dir := filepath.Join(s.dir, node)
+	// The current file first, then the rotated one: a rotation between the two opens makes both the
+	// same file (read once), never a generation skipped.
+	cur, err := os.Open(filepath.Join(dir, EventsFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read events of node %s: %w", node, err)
 	}
+	if cur != nil {
+		defer cur.Close()
+	}
+	old, err := os.Open(filepath.Join(dir, EventsRotatedFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read events of node %s: %w", node, err)
+	}
+	if old != nil {
+		defer old.Close()
+		if cur != nil && sameFile(cur, old) {
+			old = nil
+		}
+	}
 	var out []Event
-	for i, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		if len(line) == 0 {
+	var errs []error
+	for _, f := range []*os.File{old, cur} {
+		if f == nil {
+			continue
+		}
+		b, err := io.ReadAll(f)
+		if err != nil {
+			return out, fmt.Errorf("read events of node %s: %w", node, err)
+		}
+		evs, err := parseEvents(f.Name(), b)
+		out = append(out, evs...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func sameFile(a, b *os.File) bool {
+	ai, aerr := a.Stat()
+	bi, berr := b.Stat()
+	return aerr == nil && berr == nil && os.SameFile(ai, bi)
+}
+
+// parseEvents parses the lines of one events file (path names it in errors): a torn last line
+// (no newline after it) is ignored, other lines that do not parse are skipped and named.
+func parseEvents(path string, b []byte) ([]Event, error) {
+	lines := bytes.Split(b, []byte("\n"))
+	lines = lines[:len(lines)-1] // "" after a complete last line, or the torn remainder of an append
+	var out []Event
+	var bad []string
+	for i, line := range lines {
+		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var ev Event
 		if err := json.Unmarshal(line, &ev); err != nil {
-			// A crash mid-append leaves a torn last line; earlier lines are intact.
-			return out, fmt.Errorf("events of node %s, line %d: %w", node, i+1, err)
+			bad = append(bad, strconv.Itoa(i+1))
+			continue
 		}
 		out = append(out, ev)
+	}
+	if len(bad) > 0 {
+		return out, fmt.Errorf("%s: line(s) %s are corrupt and were skipped (remove them)", path, strings.Join(bad, ", "))
 	}
 	return out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -79,10 +80,12 @@ const maxSeenNonces = 8192
 //  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
 //     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409.
 //
-// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.NoteContact; the same
-// refusal of the same key at most once a minute, nodestate.ContactEnrolRefused), as is every acceptance
-// (nodestate.ContactEnrolled); steps 1 to 3 are logged only (no node is proven). Store failures answer 500
-// (the appliance's fault, never the client's input). The node token and keys are never logged.
+// Every refusal from step 4 on is recorded in that node's events (nodestate.Store.NoteContact; a refusal
+// by the same rule of the same node at most once a minute, whatever key, UUID or address the requests
+// carry: nodestate.ContactEnrolRefused), as is every acceptance (nodestate.ContactEnrolled); steps 1
+// to 3 are logged only (no node is proven). Refusals are logged once a minute per source address and
+// rule. Store failures answer 500 (the appliance's fault, never the client's input). The node token
+// and keys are never logged.
 type Enrollment struct {
 	// Dir is the rendered dir (STATE/rendered): Dir/<node>/hostagent.yaml is the answer.
 	Dir string
@@ -97,10 +100,24 @@ type Enrollment struct {
 	// Log receives refusals (without keys or tokens); nil discards.
 	Log *slog.Logger
 
-	mu    sync.Mutex
-	nodes []EnrollNode
-	seen  map[string]time.Time   // nonce → when it may be forgotten
-	noted nodestate.NoteThrottle // node + key + refusal text: each noted in the node's events once a minute
+	mu     sync.Mutex
+	nodes  []EnrollNode
+	seen   map[string]time.Time   // nonce → when it may be forgotten
+	noted  nodestate.NoteThrottle // node + refusal kind: each noted in the node's events once a minute
+	logged nodestate.NoteThrottle // source address + refusal kind: each logged once a minute
+}
+
+// logRefusal logs a refusal at most once a minute per source address (remote's host) and kind (the
+// rule that refused): a machine retrying in a loop, or anyone flooding the endpoint, must not grow
+// the appliance's log without bound.
+func (e *Enrollment) logRefusal(remote, kind, msg string, attrs ...any) {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	if e.logged.Allow(host+"\x00"+kind, e.now()) {
+		e.log().Warn(msg+" (logged once a minute per source and reason)", attrs...)
+	}
 }
 
 // NewEnrollment returns the enrolment endpoint for the inventory nodes.
@@ -185,12 +202,12 @@ func (e *Enrollment) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi.EnrollResponse, error) {
 	pub, macs, err := req.Check()
 	if err != nil {
-		e.log().Info("enrolment refused", "remote", remote, "reason", err.Error())
+		e.logRefusal(remote, "shape", "enrolment refused", "remote", remote, "reason", err.Error())
 		return agentapi.EnrollResponse{}, refuse(http.StatusBadRequest, "%v", err)
 	}
 	now := e.now()
 	if d := now.Sub(req.Timestamp); d > agentapi.EnrollClockSkew || d < -agentapi.EnrollClockSkew {
-		e.log().Info("enrolment refused", "remote", remote, "reason", "timestamp", "skew", d.String())
+		e.logRefusal(remote, "timestamp", "enrolment refused", "remote", remote, "reason", "timestamp", "skew", d.String())
 		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
 			"enrolment refused: timestamp %s is %s from the appliance's clock (%s; at most %s either way): set the machine's clock (BIOS/RTC), or this is a replayed request",
 			req.Timestamp.UTC().Format(time.RFC3339), d.Round(time.Second), now.Format(time.RFC3339), agentapi.EnrollClockSkew)
@@ -205,21 +222,24 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	}
 	switch len(matched) {
 	case 0:
-		e.log().Warn("enrolment refused: no node of the inventory has these MACs", "remote", remote, "macs", strings.Join(macs, ","))
+		e.logRefusal(remote, "no-node", "enrolment refused: no node of the inventory has these MACs", "remote", remote, "macs", strings.Join(macs, ","))
 		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
 			"enrolment refused: no node of the inventory has one of the MACs %s (the appliance's nodes[].mac must name this machine's boot NIC)", strings.Join(macs, ", "))
 	case 1:
 	default:
-		e.log().Warn("enrolment refused: the MACs belong to several nodes", "remote", remote, "macs", strings.Join(macs, ","))
+		e.logRefusal(remote, "several-nodes", "enrolment refused: the MACs belong to several nodes", "remote", remote, "macs", strings.Join(macs, ","))
 		return agentapi.EnrollResponse{}, refuse(http.StatusForbidden,
 			"enrolment refused: the MACs %s are the nodes[].mac of more than one node of the inventory: one machine is one node", strings.Join(macs, ", "))
 	}
 	n := matched[0]
 	fp := keyFingerprint(pub)
-	deny := func(code int, format string, args ...any) (agentapi.EnrollResponse, error) {
+	// deny refuses with code and the text; kind names the rule that refused. The node's events note
+	// a refusal per node and kind at most once a minute: the key holds nothing the requester chooses
+	// (a new key or UUID per request must not add a note per request).
+	deny := func(kind string, code int, format string, args ...any) (agentapi.EnrollResponse, error) {
 		r := refuse(code, format, args...)
-		e.log().Warn("enrolment refused", "node", n.Name, "remote", remote, "key", fp, "reason", r.msg)
-		if !e.noted.Allow(n.Name+"\x00"+fp+"\x00"+r.msg, now) {
+		e.logRefusal(remote, kind, "enrolment refused", "node", n.Name, "remote", remote, "key", fp, "reason", r.msg)
+		if !e.noted.Allow(n.Name+"\x00"+kind, now) {
 			return agentapi.EnrollResponse{}, r
 		}
 		if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolRefused, "enrolment refused (key "+fp+", from "+remote+"): "+r.msg); err != nil {
@@ -228,21 +248,21 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		return agentapi.EnrollResponse{}, r
 	}
 	if !n.BMC {
-		return deny(http.StatusForbidden, "enrolment refused: node %s is not BMC-powered (its power.kind is ssh): it gets its credential over SSH, not by enrolment", n.Name)
+		return deny("not-bmc", http.StatusForbidden, "enrolment refused: node %s is not BMC-powered (its power.kind is ssh): it gets its credential over SSH, not by enrolment", n.Name)
 	}
 	if n.SystemUUID != "" && !strings.EqualFold(n.SystemUUID, req.SystemUUID) {
 		got := req.SystemUUID
 		if got == "" {
 			got = "none"
 		}
-		return deny(http.StatusForbidden, "enrolment refused: the machine's SMBIOS system UUID (%s) is not node %s's nodes[].systemUUID", got, n.Name)
+		return deny("system-uuid", http.StatusForbidden, "enrolment refused: the machine's SMBIOS system UUID (%s) is not node %s's nodes[].systemUUID", got, n.Name)
 	}
 	rec, found, err := e.readRecord(n.Name)
 	if err != nil {
 		return agentapi.EnrollResponse{}, err
 	}
 	if e.seenNonce(req.Nonce, now) || (found && slices.Contains(rec.Nonces, req.Nonce)) {
-		return deny(http.StatusForbidden, "enrolment refused: nonce already used (a replayed request); every request, retries included, needs a new nonce")
+		return deny("replay", http.StatusForbidden, "enrolment refused: nonce already used (a replayed request); every request, retries included, needs a new nonce")
 	}
 	e.rememberNonce(req.Nonce, req.Timestamp.Add(agentapi.EnrollClockSkew), now)
 	poweredOn, reported, err := e.powerOn(n.Name)
@@ -254,17 +274,17 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		window = agentapi.EnrollWindow
 	}
 	if poweredOn.IsZero() {
-		return deny(http.StatusForbidden, "enrolment refused: the appliance has not powered node %s on (run `appliance bootstrap`: its power phase powers the node on and opens a %s enrolment window)", n.Name, window)
+		return deny("not-powered", http.StatusForbidden, "enrolment refused: the appliance has not powered node %s on (run `appliance bootstrap`: its power phase powers the node on and opens a %s enrolment window)", n.Name, window)
 	}
 	if reported {
-		return deny(http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s; power it on again through the appliance to enrol anew", n.Name, poweredOn.Format(time.RFC3339))
+		return deny("reported", http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s; power it on again through the appliance to enrol anew", n.Name, poweredOn.Format(time.RFC3339))
 	}
 	if now.Sub(poweredOn) > window {
-		return deny(http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: power it on again through the appliance (`appliance bootstrap`) to enrol", n.Name, poweredOn.Format(time.RFC3339), window)
+		return deny("window", http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: power it on again through the appliance (`appliance bootstrap`) to enrol", n.Name, poweredOn.Format(time.RFC3339), window)
 	}
 	if found && rec.PoweredOn.Equal(poweredOn) {
 		if subtle.ConstantTimeCompare([]byte(rec.PublicKey), []byte(req.PublicKey)) != 1 {
-			return deny(http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s; a second machine claims its identity, or the machine lost its key: power it on again through the appliance to enrol anew",
+			return deny("other-key", http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s; a second machine claims its identity, or the machine lost its key: power it on again through the appliance to enrol anew",
 				n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339))
 		}
 	} else {
@@ -274,7 +294,7 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	}
 	cfg, err := os.ReadFile(filepath.Join(e.Dir, n.Name, statedir.AgentConfigFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return deny(http.StatusNotFound, "enrolment refused: no hostagent configuration rendered for node %s yet; rerun `appliance bootstrap` (render phase)", n.Name)
+		return deny("no-config", http.StatusNotFound, "enrolment refused: no hostagent configuration rendered for node %s yet; rerun `appliance bootstrap` (render phase)", n.Name)
 	} else if err != nil {
 		return agentapi.EnrollResponse{}, fmt.Errorf("read the hostagent configuration of %s: %w", n.Name, err)
 	}

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +17,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +39,7 @@ const (
 type enrollFixture struct {
 	t     testing.TB
 	h     http.Handler
+	srv   *Server
 	e     *Enrollment
 	store *nodestate.Store
 	now   time.Time
@@ -64,7 +69,7 @@ func newEnrollFixture(t testing.TB) *enrollFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.h = s.Handler()
+	f.h, f.srv = s.Handler(), s
 	return f
 }
 
@@ -262,6 +267,9 @@ func TestEnrollRefusals(t *testing.T) {
 			http.StatusNotFound, "no hostagent configuration rendered for node w2", "w2"},
 	}
 	for _, tc := range tests {
+		// A minute apart: the same rule refusing the same node is noted once a minute (the two
+		// system UUID cases), TestEnrollRefusalFloodNotedOnce.
+		f.now = f.now.Add(nodestate.DefaultNoteEvery)
 		t.Run(tc.name, func(t *testing.T) {
 			var before int
 			if tc.noteFor != "" {
@@ -417,6 +425,51 @@ func TestEnrollRefusalNotedOncePerMinute(t *testing.T) {
 	}
 }
 
+// TestEnrollRefusalFloodNotedOnce is the attack of anyone who knows a node's MAC (it is on a label
+// and in every DHCP packet): a flood of enrolment requests over the real TLS listener, each signed
+// with a new key and claiming another SMBIOS UUID, so that no two requests are alike. They are all
+// refused, and the node's events gain one note per refusal rule per minute, whatever the requests
+// carry (before, the note's key held the requester's key fingerprint and the refusal text with the
+// UUID in it: every request added a line to events.jsonl); the appliance's log gains one line per
+// source and rule per minute.
+func TestEnrollRefusalFloodNotedOnce(t *testing.T) {
+	f := newEnrollFixture(t)
+	var logBuf syncBuffer
+	f.e.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	addr := serveTLSFront(t, f.srv)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the refusals are what is tested
+	defer hc.CloseIdleConnections()
+	const flood = 300
+	codes := map[int]int{}
+	for i := range flood {
+		uuid := fmt.Sprintf("52540001-6400-4000-8000-%012d", i) // another machine each time, w1's MAC
+		body, _ := json.Marshal(f.request(newKey(t), uuid, w1MAC))
+		resp, err := hc.Post("https://"+addr+agentapi.EnrollPathV1, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	for code, n := range codes {
+		if code != http.StatusForbidden && code != http.StatusTooManyRequests {
+			t.Errorf("%d answers %d, want 403 (refused) or 429 (rate-limited)", n, code)
+		}
+	}
+	evs, err := f.store.Events("w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Contact != nodestate.ContactEnrolRefused {
+		t.Errorf("%d events after %d refused requests (%v), want 1 note", len(evs), flood, codes)
+	}
+	if n := strings.Count(logBuf.String(), `msg="enrolment refused`); n != 1 {
+		t.Errorf("%d log lines for %d refusals from one source, want 1:\n%.2000s", n, flood, logBuf.String())
+	}
+}
+
 // BenchmarkEnroll is the appliance's cost of one accepted enrolment request (a retry with the bound
 // key: JSON decode, Ed25519 verify, the node's events read, the record rewritten and fsynced, a note
 // appended), requests signed beforehand.
@@ -434,4 +487,22 @@ func BenchmarkEnroll(b *testing.B) {
 			b.Fatalf("%d %s", code, body)
 		}
 	}
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
