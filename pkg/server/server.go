@@ -203,8 +203,10 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready chan<
 	}
 }
 
-// staticFiles serves a directory without directory listings' surprises: only regular files, no
-// dot-files, and no symlinks leaving the tree.
+// staticFiles serves the regular files under root: no directory listings (a directory, the root
+// included, is 404 like a missing file: apt reads the files its indexes name and never lists a
+// directory, and a listing would show anyone the bundle's layout), no dot-files, and no symlinks
+// leaving the tree.
 func staticFiles(root string) http.Handler {
 	fs := http.FileServer(http.Dir(root))
 	realRoot, err := filepath.EvalSymlinks(root) // once: the bundle does not move while serving
@@ -222,6 +224,10 @@ func staticFiles(root string) http.Handler {
 		if real, err := filepath.EvalSymlinks(full); err == nil && real != realRoot &&
 			!strings.HasPrefix(real, realRoot+string(filepath.Separator)) {
 			http.NotFound(w, r)
+			return
+		}
+		if st, err := os.Stat(full); err != nil || !st.Mode().IsRegular() {
+			http.Error(w, "404 page not found: /repo/ serves the package repository's files, not directory listings", http.StatusNotFound)
 			return
 		}
 		fs.ServeHTTP(w, r)

@@ -125,6 +125,35 @@ func TestRepoStaticFiles(t *testing.T) {
 	}
 }
 
+// TestRepoNoDirectoryListings is the attack of anyone on the provisioning network walking the
+// package repository over the real TLS listener: every directory (the root, with or without its
+// slash) answers 404, never a listing of the bundle's files; the files themselves are served.
+func TestRepoNoDirectoryListings(t *testing.T) {
+	s, _ := newTestServer(t)
+	addr := serveTLSFront(t, s)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the answers are what is tested
+	defer hc.CloseIdleConnections()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := hc.Get("https://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, path := range []string{"/repo/", "/repo/debian/", "/repo/debian", "/repo/debian/dists/", "/repo/debian/dists/stable/", "/repo/./debian/", "/repo/debian/index.html"} {
+		code, body := get(path)
+		if code != http.StatusNotFound || strings.Contains(body, "<a href") || strings.Contains(body, "dists") || strings.Contains(body, "Release") {
+			t.Errorf("GET %s: %d %q, want 404 and no listing", path, code, body)
+		}
+	}
+	if code, body := get("/repo/debian/dists/stable/Release"); code != 200 || body != "Suite: stable\n" {
+		t.Errorf("GET the Release file: %d %q", code, body)
+	}
+}
+
 func TestHealthAndMetrics(t *testing.T) {
 	s, _ := newTestServer(t)
 	h := s.Handler()
