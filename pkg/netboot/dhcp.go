@@ -7,9 +7,12 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
+	"golang.org/x/time/rate"
 )
 
 // optIPXEEncap is iPXE's encapsulated-options option (175), which every iPXE build sends.
@@ -19,24 +22,50 @@ const optIPXEEncap = 175
 // boot file name in this offer, skip boot-server discovery" (PXE 2.1 §2.4.2.4), then End.
 var pxeVendorOptions = []byte{6, 1, 8, 255}
 
+// Limits of the unknown-MAC log: the MACs are chosen by whoever sends on the provisioning network,
+// so what is remembered of them, and how often they are logged, is bounded.
+const (
+	// MaxUnknownMACs is how many unknown MACs are remembered as logged (least recently seen
+	// forgotten first): a real network has a handful of strangers (a BMC, a switch, a laptop); a
+	// flood of random MACs costs at most this many entries (about 100 KiB).
+	MaxUnknownMACs = 1024
+	// UnknownMACLogEvery is how often one unknown MAC is logged again while it keeps asking: once
+	// per ten minutes says it is still there without a line per DHCP retry (seconds apart).
+	UnknownMACLogEvery = 10 * time.Minute
+	// UnknownMACLogRate (lines per second) and UnknownMACLogBurst bound the unknown-MAC lines of
+	// all MACs together: a flood of random MACs is logged at one line a second after a burst of
+	// 20, each line saying how many were left out since the last.
+	UnknownMACLogRate  = 1
+	UnknownMACLogBurst = 20
+)
+
 // dhcpResponder decides the answers. It holds the leases of ModeServer (in memory, and in
 // StateDir/LeasesFile when Config.StateDir is set, so a restart keeps every machine's address) and
-// the set of unknown MACs already logged.
+// the unknown MACs logged lately (bounded: MaxUnknownMACs).
 type dhcpResponder struct {
 	cfg      Config
 	machines map[string]Machine // by MAC string
 	others   map[string]Machine // Config.Others by MAC string
 	addrOnly map[string]Machine // Config.AddressOnly by MAC string
 
-	mu       sync.Mutex
-	leases   map[string]netip.Addr // MAC → address
-	leased   map[netip.Addr]string // address → MAC
-	unknowns map[string]bool       // MACs logged once
+	mu     sync.Mutex
+	leases map[string]netip.Addr // MAC → address
+	leased map[netip.Addr]string // address → MAC
+	// acked holds the MACs whose lease was acknowledged (or restored from the lease file): a
+	// REQUEST naming another server frees only an offer nobody acknowledged.
+	acked map[string]bool
+
+	unknowns   *lru.Cache[string, time.Time] // unknown MAC → when it was last logged
+	unknownLog *rate.Limiter                 // all unknown-MAC lines together
+	unlogged   int                           // unknown-MAC lines left out since the last one (mu)
+	releaseLog *rate.Limiter                 // refused DHCPRELEASE lines
 }
 
 func newDHCPResponder(cfg Config) *dhcpResponder {
+	unknowns, _ := lru.New[string, time.Time](MaxUnknownMACs) // errors only for a size <= 0
 	r := &dhcpResponder{cfg: cfg, machines: map[string]Machine{}, others: map[string]Machine{}, addrOnly: map[string]Machine{}, leases: map[string]netip.Addr{},
-		leased: map[netip.Addr]string{}, unknowns: map[string]bool{}}
+		leased: map[netip.Addr]string{}, acked: map[string]bool{}, unknowns: unknowns,
+		unknownLog: rate.NewLimiter(UnknownMACLogRate, UnknownMACLogBurst), releaseLog: rate.NewLimiter(1, 1)}
 	for _, m := range cfg.Machines {
 		r.machines[m.MAC.String()] = m
 	}
@@ -97,8 +126,9 @@ func scriptURL(c Config, mac net.HardwareAddr) string {
 	return fmt.Sprintf("http://%s%s%s", netip.AddrPortFrom(c.ServerIP, c.HTTPPort), ScriptPath, mac)
 }
 
-// respond returns the reply to req, or nil to stay silent, and why (for the log).
-func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
+// respond returns the reply to req, which came from the IPv4 address src (the UDP source; invalid
+// when unknown), or nil to stay silent, and why (for the log).
+func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4, src netip.Addr) (*dhcpv4.DHCPv4, string) {
 	if req.OpCode != dhcpv4.OpcodeBootRequest || len(req.ClientHWAddr) != 6 {
 		return nil, "not a BOOTREQUEST from an Ethernet client"
 	}
@@ -115,13 +145,13 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 	mt := req.MessageType()
 	if mt != dhcpv4.MessageTypeDiscover && mt != dhcpv4.MessageTypeRequest {
 		if mt == dhcpv4.MessageTypeRelease && r.cfg.Mode == ModeServer {
-			r.release(mac)
+			return nil, r.releaseFrom(mac, req, src)
 		}
 		return nil, "message type " + mt.String()
 	}
 	if sid := req.ServerIdentifier(); mt == dhcpv4.MessageTypeRequest && sid != nil && !sid.Equal(r.cfg.ServerIP.AsSlice()) {
 		if r.cfg.Mode == ModeServer {
-			r.release(mac) // the client chose another server's offer
+			r.declineOffer(mac) // the client chose another server's offer
 		}
 		return nil, "REQUEST for another server " + sid.String()
 	}
@@ -159,6 +189,11 @@ func (r *dhcpResponder) respond(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, string) {
 				return nak, "NAK: " + why
 			}
 			return nil, why
+		}
+		if mt == dhcpv4.MessageTypeRequest {
+			r.mu.Lock()
+			r.acked[mac] = true
+			r.mu.Unlock()
 		}
 		mods = append(mods,
 			dhcpv4.WithYourIP(addr.AsSlice()),
@@ -231,10 +266,40 @@ func (r *dhcpResponder) lease(mac string, req *dhcpv4.DHCPv4) (netip.Addr, strin
 	return netip.Addr{}, fmt.Sprintf("range %s-%s is exhausted", r.cfg.RangeStart, r.cfg.RangeEnd)
 }
 
-func (r *dhcpResponder) release(mac string) {
+// releaseFrom frees mac's lease for a DHCPRELEASE (RFC 2131 §4.4.6) that came from src, only when
+// both its ciaddr and its source address are the leased address: a release is sent by the lease's
+// holder from that address (unicast to the server), and anyone else on the segment who copies a
+// node's MAC into a release must not free the node's address (the next machine to ask would get
+// it, and the node's next renewal a NAK). It returns what it did, for the log.
+func (r *dhcpResponder) releaseFrom(mac string, req *dhcpv4.DHCPv4, src netip.Addr) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if a, ok := r.leases[mac]; ok {
+	have, ok := r.leases[mac]
+	if !ok {
+		return "RELEASE of no lease"
+	}
+	ci, _ := netip.AddrFromSlice(req.ClientIPAddr.To4())
+	if ci != have || src.Unmap() != have {
+		if r.releaseLog.Allow() {
+			r.cfg.Logger.Warn("netboot: DHCPRELEASE refused: it did not come from the lease's own address (logged at most once a second)",
+				"mac", mac, "leased", have.String(), "ciaddr", ci.String(), "source", src.String())
+		}
+		return fmt.Sprintf("RELEASE refused: from %s (ciaddr %s), the lease is %s", src, ci, have)
+	}
+	delete(r.leases, mac)
+	delete(r.leased, have)
+	delete(r.acked, mac)
+	r.saveLeases()
+	return "RELEASE of " + have.String()
+}
+
+// declineOffer frees mac's lease when the client took another server's offer (a REQUEST naming
+// another server, RFC 2131 §4.3.2), but only an offer not yet acknowledged: such a REQUEST is a
+// broadcast from no address, which anyone can send with any MAC, so an acknowledged lease is kept.
+func (r *dhcpResponder) declineOffer(mac string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a, ok := r.leases[mac]; ok && !r.acked[mac] {
 		delete(r.leases, mac)
 		delete(r.leased, a)
 		r.saveLeases()
@@ -242,22 +307,34 @@ func (r *dhcpResponder) release(mac string) {
 }
 
 // logUnknown logs a MAC that gets no answer (outside the inventory, or a node in Config.Others, by
-// name) once per MAC (not per packet).
+// name) once per MAC per UnknownMACLogEvery (not per packet); MaxUnknownMACs are remembered, and
+// all such lines together are rate-limited (UnknownMACLogRate).
 func (r *dhcpResponder) logUnknown(mac, via string) {
-	r.mu.Lock()
-	first := !r.unknowns[mac]
-	r.unknowns[mac] = true
-	r.mu.Unlock()
-	if !first {
+	now := time.Now()
+	if last, ok := r.unknowns.Get(mac); ok && now.Sub(last) < UnknownMACLogEvery {
 		return
 	}
+	r.unknowns.Add(mac, now)
+	r.mu.Lock()
+	if !r.unknownLog.AllowN(now, 1) {
+		r.unlogged++
+		r.mu.Unlock()
+		return
+	}
+	left := r.unlogged
+	r.unlogged = 0
+	r.mu.Unlock()
+	attrs := []any{"mac", mac, "via", via}
+	if left > 0 {
+		attrs = append(attrs, "unknownMACsNotLogged", left)
+	}
 	if m, ok := r.addrOnly[mac]; ok {
-		r.cfg.Logger.Info("netboot: a node booted from virtual media asked for a network boot (logged once per MAC); it gets an address only", "node", m.Name, "mac", mac, "via", via)
+		r.cfg.Logger.Info("netboot: a node booted from virtual media asked for a network boot (logged once per MAC every 10 minutes); it gets an address only", append(attrs, "node", m.Name)...)
 		return
 	}
 	if m, ok := r.others[mac]; ok {
-		r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", "node", m.Name, "mac", mac, "via", via)
+		r.cfg.Logger.Info("netboot: ignoring a node that does not boot from the network (logged once per MAC every 10 minutes); give it power.kind ipmi or redfish and power.bootDevice pxe if it should", append(attrs, "node", m.Name)...)
 		return
 	}
-	r.cfg.Logger.Info("netboot: ignoring a MAC not in the inventory (logged once per MAC); add it as nodes[].mac if it should boot", "mac", mac, "via", via)
+	r.cfg.Logger.Info("netboot: ignoring a MAC not in the inventory (logged once per MAC every 10 minutes); add it as nodes[].mac if it should boot", attrs...)
 }

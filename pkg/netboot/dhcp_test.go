@@ -145,7 +145,7 @@ func TestRespondProxy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			offer, why := r.respond(req)
+			offer, why := r.respond(req, netip.Addr{})
 			if tt.wantFile == "" {
 				if offer != nil {
 					t.Fatalf("got %s, want silence", offer.Summary())
@@ -156,7 +156,7 @@ func TestRespondProxy(t *testing.T) {
 				t.Fatalf("no reply: %s", why)
 			}
 			checkProxyReply(t, offer, dhcpv4.MessageTypeOffer, tt.wantFile)
-			ack, why := r.respond(asRequest(t, offer, tt.opts...))
+			ack, why := r.respond(asRequest(t, offer, tt.opts...), netip.Addr{})
 			if ack == nil {
 				t.Fatalf("no ACK: %s", why)
 			}
@@ -195,7 +195,7 @@ func checkProxyReply(t *testing.T, m *dhcpv4.DHCPv4, typ dhcpv4.MessageType, fil
 
 func TestRespondServer(t *testing.T) {
 	r := newResponder(t, ModeServer, nil)
-	offer, why := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC))
+	offer, why := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC), netip.Addr{})
 	if offer == nil {
 		t.Fatalf("no offer: %s", why)
 	}
@@ -208,32 +208,32 @@ func TestRespondServer(t *testing.T) {
 	if lt := offer.IPAddressLeaseTime(0); lt != DefaultLeaseTime {
 		t.Errorf("lease time %s", lt)
 	}
-	ack, why := r.respond(asRequest(t, offer))
+	ack, why := r.respond(asRequest(t, offer), netip.Addr{})
 	if ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck || ack.YourIPAddr.String() != "10.77.0.100" {
 		t.Fatalf("ACK %v (%s)", ack, why)
 	}
 	// The same machine again (iPXE's own DHCP) keeps its address and now gets the script URL.
-	again, _ := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC, ipxeUserClass))
+	again, _ := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC, ipxeUserClass), netip.Addr{})
 	if again == nil || again.YourIPAddr.String() != "10.77.0.100" || !strings.HasPrefix(again.BootFileName, "http://10.77.0.1:8080/ipxe/") {
 		t.Fatalf("iPXE offer %v", again)
 	}
 	// A plain (non-PXE) DHCP client of the inventory gets an address without boot options.
 	plain, _ := dhcpv4.NewDiscovery(macW2)
-	o2, why := r.respond(plain)
+	o2, why := r.respond(plain, netip.Addr{})
 	if o2 == nil || o2.YourIPAddr.String() != "10.77.0.101" || o2.BootFileName != "" || o2.Options.Has(dhcpv4.OptionBootfileName) {
 		t.Fatalf("plain offer %v (%s)", o2, why)
 	}
 	// A REQUEST for an address leased to another machine is NAKed.
 	steal := asRequest(t, offer)
 	steal.ClientHWAddr = macW2
-	nak, _ := r.respond(steal)
+	nak, _ := r.respond(steal, netip.Addr{})
 	if nak == nil || nak.MessageType() != dhcpv4.MessageTypeNak {
 		t.Fatalf("REQUEST for w1's address by w2: %v, want NAK", nak)
 	}
 	// A REQUEST naming another server releases the offer.
 	other := asRequest(t, o2)
 	other.UpdateOption(dhcpv4.OptServerIdentifier(net.ParseIP("10.77.0.9")))
-	if m, _ := r.respond(other); m != nil {
+	if m, _ := r.respond(other, netip.Addr{}); m != nil {
 		t.Fatalf("REQUEST for another server answered: %s", m.Summary())
 	}
 	if _, ok := r.leases[macW2.String()]; ok {
@@ -254,12 +254,12 @@ func TestRespondAddressOnly(t *testing.T) {
 	}
 	plain, _ := dhcpv4.NewDiscovery(macN2)
 	for _, req := range []*dhcpv4.DHCPv4{plain, pxeDiscover(t, macN2, iana.INTEL_X86PC)} {
-		o, why := s.dhcp.respond(req)
+		o, why := s.dhcp.respond(req, netip.Addr{})
 		if o == nil || o.YourIPAddr.String() != "10.77.0.100" || o.BootFileName != "" || o.Options.Has(dhcpv4.OptionBootfileName) ||
 			o.Options.Has(dhcpv4.OptionClassIdentifier) || why != "OFFER to n2 (address only)" {
 			t.Fatalf("offer to the address-only n2: %v (%s)", o, why)
 		}
-		ack, why := s.dhcp.respond(asRequest(t, o))
+		ack, why := s.dhcp.respond(asRequest(t, o), netip.Addr{})
 		if ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck || ack.YourIPAddr.String() != "10.77.0.100" || ack.BootFileName != "" {
 			t.Fatalf("ACK to n2: %v (%s)", ack, why)
 		}
@@ -291,10 +291,10 @@ func TestRespondServerExhausted(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newDHCPResponder(c)
-	if o, _ := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC)); o == nil {
+	if o, _ := r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC), netip.Addr{}); o == nil {
 		t.Fatal("no offer for the first machine")
 	}
-	o, why := r.respond(pxeDiscover(t, macW2, iana.INTEL_X86PC))
+	o, why := r.respond(pxeDiscover(t, macW2, iana.INTEL_X86PC), netip.Addr{})
 	if o != nil || !strings.Contains(why, "exhausted") {
 		t.Fatalf("second machine: %v, %q; want silence because the range is exhausted", o, why)
 	}
@@ -305,12 +305,12 @@ func TestUnknownMACLoggedOnce(t *testing.T) {
 	var log syncBuffer
 	r := newResponder(t, ModeProxy, &log)
 	for range 5 {
-		if m, _ := r.respond(pxeDiscover(t, macUnknown, iana.INTEL_X86PC)); m != nil {
+		if m, _ := r.respond(pxeDiscover(t, macUnknown, iana.INTEL_X86PC), netip.Addr{}); m != nil {
 			t.Fatal("answered an unknown MAC")
 		}
 	}
 	other := mustMAC("52:54:00:99:99:98")
-	r.respond(pxeDiscover(t, other, iana.INTEL_X86PC))
+	r.respond(pxeDiscover(t, other, iana.INTEL_X86PC), netip.Addr{})
 	if n := strings.Count(log.String(), "mac="+macUnknown.String()); n != 1 {
 		t.Errorf("unknown MAC logged %d times, want once:\n%s", n, log.String())
 	}
@@ -331,7 +331,7 @@ func TestOtherNodeLoggedByName(t *testing.T) {
 	}
 	r := newDHCPResponder(c)
 	for range 3 {
-		if m, _ := r.respond(pxeDiscover(t, macUnknown, iana.INTEL_X86PC)); m != nil {
+		if m, _ := r.respond(pxeDiscover(t, macUnknown, iana.INTEL_X86PC), netip.Addr{}); m != nil {
 			t.Fatalf("answered cp1, which does not boot from the network: %s", m.Summary())
 		}
 	}
@@ -383,10 +383,10 @@ func FuzzRespond(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if r, _ := proxy.respond(m); r != nil && !r.YourIPAddr.IsUnspecified() {
+		if r, _ := proxy.respond(m, netip.Addr{}); r != nil && !r.YourIPAddr.IsUnspecified() {
 			t.Fatalf("proxy reply offers %s", r.YourIPAddr)
 		}
-		if r, _ := server.respond(m); r != nil && r.MessageType() != dhcpv4.MessageTypeNak {
+		if r, _ := server.respond(m, netip.Addr{}); r != nil && r.MessageType() != dhcpv4.MessageTypeNak {
 			a, _ := netip.AddrFromSlice(r.YourIPAddr.To4())
 			if a.Less(server.cfg.RangeStart) || server.cfg.RangeEnd.Less(a) {
 				t.Fatalf("server reply offers %s outside the range", r.YourIPAddr)

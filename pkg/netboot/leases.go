@@ -67,6 +67,7 @@ func (r *dhcpResponder) loadLeases() {
 			r.cfg.Logger.Warn("netboot: DHCP lease dropped: its MAC or address is in the file twice", "mac", l.MAC, "address", l.Address.String(), "node", l.Node)
 		default:
 			r.leases[l.MAC], r.leased[l.Address] = l.Address, l.MAC
+			r.acked[l.MAC] = true // a lease the file kept: only its holder's own release frees it
 		}
 	}
 }

@@ -26,11 +26,11 @@ func TestLeasesSurviveRestart(t *testing.T) {
 	}
 	ack := func(r *dhcpResponder, mac []byte) string {
 		t.Helper()
-		offer, why := r.respond(pxeDiscover(t, mac, iana.INTEL_X86PC))
+		offer, why := r.respond(pxeDiscover(t, mac, iana.INTEL_X86PC), netip.Addr{})
 		if offer == nil {
 			t.Fatalf("no offer to %x: %s", mac, why)
 		}
-		a, why := r.respond(asRequest(t, offer))
+		a, why := r.respond(asRequest(t, offer), netip.Addr{})
 		if a == nil || a.MessageType() != dhcpv4.MessageTypeAck {
 			t.Fatalf("no ACK to %x: %s", mac, why)
 		}
@@ -54,7 +54,7 @@ func TestLeasesSurviveRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.respond(rel)
+	r.respond(rel, netip.MustParseAddr("10.77.0.100")) // from the lease's own address
 	b, _ := os.ReadFile(path)
 	if strings.Contains(string(b), macW1.String()) || !strings.Contains(string(b), macW2.String()) || !strings.Contains(string(b), `"node": "w2"`) {
 		t.Fatalf("lease file after w1's release:\n%s", b)
@@ -88,7 +88,7 @@ func TestLeasesSurviveRestart(t *testing.T) {
 	p := c
 	p.Mode, p.StateDir = ModeProxy, filepath.Join(t.TempDir(), "proxy")
 	r = newDHCPResponder(p)
-	r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC))
+	r.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC), netip.Addr{})
 	if _, err := os.Stat(filepath.Join(p.StateDir, LeasesFile)); err == nil {
 		t.Error("a proxy wrote a lease file")
 	}
@@ -96,11 +96,11 @@ func TestLeasesSurviveRestart(t *testing.T) {
 
 func mustACK(t *testing.T, r *dhcpResponder, mac []byte) *dhcpv4.DHCPv4 {
 	t.Helper()
-	offer, why := r.respond(pxeDiscover(t, mac, iana.INTEL_X86PC))
+	offer, why := r.respond(pxeDiscover(t, mac, iana.INTEL_X86PC), netip.Addr{})
 	if offer == nil {
 		t.Fatal(why)
 	}
-	a, why := r.respond(asRequest(t, offer))
+	a, why := r.respond(asRequest(t, offer), netip.Addr{})
 	if a == nil {
 		t.Fatal(why)
 	}

@@ -10,8 +10,11 @@
 //     answers as a proxyDHCP server (PXE specification 2.1 §2.2.5): an offer with no address (yiaddr
 //     0.0.0.0), only the boot options, so it coexists with the datacenter's DHCP server, which gives
 //     the address. In ModeServer it is the provisioning network's DHCP server: it leases an address
-//     from a range and adds the boot options. Only machines of the inventory (Config.Machines, by
-//     MAC) get an answer; any other MAC is ignored and logged once.
+//     from a range and adds the boot options; a DHCPRELEASE frees a lease only when it comes from
+//     the leased address itself (anyone can copy a MAC), and a REQUEST naming another server frees
+//     only an offer not yet acknowledged. Only machines of the inventory (Config.Machines, by MAC)
+//     get an answer; any other MAC is ignored and logged once per UnknownMACLogEvery, with at most
+//     MaxUnknownMACs remembered and all such lines rate-limited (dhcp.go).
 //  2. TFTP. The boot file for architecture 0 (BIOS) is undionly.kpxe, for 7 and 9 (x86-64 UEFI)
 //     ipxe.efi (snponly.efi is served too): Debian's iPXE builds (package ipxe, /usr/lib/ipxe). The
 //     TFTP server is read-only and serves only those files.

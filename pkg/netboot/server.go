@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -130,7 +131,11 @@ func (s *Server) Close() error {
 
 // handleDHCP is the server4 handler: one request, at most one reply.
 func (s *Server) handleDHCP(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCPv4) {
-	reply, why := s.dhcp.respond(req)
+	var src netip.Addr
+	if up, ok := peer.(*net.UDPAddr); ok {
+		src, _ = netip.AddrFromSlice(up.IP.To4())
+	}
+	reply, why := s.dhcp.respond(req, src)
 	log := s.cfg.Logger.With("mac", req.ClientHWAddr.String(), "type", req.MessageType().String())
 	if reply == nil {
 		if why != "unknown MAC" {
