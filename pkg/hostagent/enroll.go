@@ -53,8 +53,9 @@ type EnrollOptions struct {
 	MACs []string
 	// SystemUUID is the SMBIOS system UUID; "" means read SystemUUIDPath (none if it is missing).
 	SystemUUID string
-	// RetryFor bounds the retries of network errors and 5xx answers (the appliance restarting);
-	// zero means 5 minutes. A 4xx is never retried, except once after correcting a clock skew.
+	// RetryFor bounds the retries of network errors, 5xx answers (the appliance restarting) and 429
+	// (its rate limit); zero means 5 minutes. Another 4xx is never retried, except once after
+	// correcting a clock skew.
 	RetryFor time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -165,8 +166,9 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 					return out, backoff.Permanent(fmt.Errorf("enrolment answer: %w", err))
 				}
 				return out, nil
-			case hresp.StatusCode >= 500:
-				log.Info("the appliance answered the enrolment with an error; retrying", "status", hresp.StatusCode)
+			case hresp.StatusCode >= 500 || hresp.StatusCode == http.StatusTooManyRequests:
+				// 429: the appliance's rate limit (pkg/server.EnrollSourceRate); the backoff spaces the retries.
+				log.Info("the appliance answered the enrolment with an error or asked to slow down; retrying", "status", hresp.StatusCode)
 				return agentapi.EnrollResponse{}, fmt.Errorf("POST %s: HTTP %d: %s", agentapi.EnrollPathV1, hresp.StatusCode, strings.TrimSpace(string(data)))
 			}
 			if date, derr := http.ParseTime(hresp.Header.Get("Date")); derr == nil && !corrected {

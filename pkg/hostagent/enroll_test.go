@@ -1,10 +1,13 @@
 package hostagent
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -37,6 +40,8 @@ type enrollAppliance struct {
 	// drop, while > 0, makes the front close the connection of that many enrolment answers
 	// unanswered (a lost response), after the appliance handled the request.
 	drop atomic.Int32
+	// frozen, when not 0, is the enrolment endpoint's clock (Unix nanoseconds), standing still.
+	frozen atomic.Int64
 }
 
 func newEnrollAppliance(t *testing.T) *enrollAppliance {
@@ -48,6 +53,12 @@ func newEnrollAppliance(t *testing.T) *enrollAppliance {
 	a.store = nodestate.Open(filepath.Join(dir, "nodes"))
 	a.enroll = server.NewEnrollment(rendered, filepath.Join(dir, "enrolment"),
 		[]server.EnrollNode{{Name: "w1", BMC: true, MAC: enrollMAC, SystemUUID: enrollUUID}}, a.store, nil)
+	a.enroll.Now = func() time.Time {
+		if ns := a.frozen.Load(); ns != 0 {
+			return time.Unix(0, ns)
+		}
+		return time.Now()
+	}
 	s, err := server.New(server.Options{
 		Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM, Enroll: a.enroll,
 		Ignition: server.NewIgnitionStore(rendered, map[string]string{"w1": "tok-w1"}),
@@ -170,6 +181,42 @@ func TestEnrollCorrectsClockSkew(t *testing.T) {
 	}
 }
 
+// TestEnrollRetriesRateLimit: a machine whose source address has used up the appliance's
+// enrolment rate limit (pkg/server.EnrollSourceBurst requests at once, here junk from this address)
+// is answered 429, retries with backoff like after a 5xx, and enrols (a 429 is not a refusal).
+func TestEnrollRetriesRateLimit(t *testing.T) {
+	a := newEnrollAppliance(t)
+	_, key, _ := ed25519.GenerateKey(nil)
+	o := a.options(t, key)
+	// The appliance's clock stands still (its buckets do not refill) until the machine has been
+	// answered 429 and says it retries; then it moves on a minute.
+	start := time.Now()
+	a.frozen.Store(start.UnixNano())
+	o.Log = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		if bytes.Contains(p, []byte("status=429")) {
+			a.frozen.Store(start.Add(time.Minute).UnixNano())
+		}
+		return len(p), nil
+	}), nil))
+	hc := pinnedClient(mustPool(t, o.CAPEM))
+	for range server.EnrollSourceBurst {
+		resp, err := hc.Post(a.url+agentapi.EnrollPathV1, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	hc.CloseIdleConnections()
+	res, err := Enroll(context.Background(), o)
+	if err != nil || res.Config.Node != "w1" || res.Attempts != 2 {
+		t.Fatalf("Enroll after the source's limit was used up: %v, %d attempts, want w1 after one retry of the 429", err, res.Attempts)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 // TestEnrollRefusedIsNotRetried: a machine the appliance does not know (no MAC of the inventory)
 // gets ErrEnrollRefused and the appliance's reason after one request, without naming any node.
 func TestEnrollRefusedIsNotRetried(t *testing.T) {
@@ -220,4 +267,13 @@ func TestSystemMACsAndUUID(t *testing.T) {
 	if u, err := SystemUUID(p); err != nil || u != "" {
 		t.Errorf("no UUID in the file: %q %v, want none", u, err)
 	}
+}
+
+func mustPool(t *testing.T, caPEM []byte) *x509.CertPool {
+	t.Helper()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no CA certificate")
+	}
+	return pool
 }

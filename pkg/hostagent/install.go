@@ -339,7 +339,8 @@ func download(ctx context.Context, u, dst string) error {
 }
 
 // sendInstallNotice POSTs the install notice (agentapi.InstalledPathV1) with c's token, retrying
-// network errors and 5xx answers for up to a minute; a 4xx answer (refused: another node's MAC, the
+// network errors, 5xx answers and 429 (the appliance is still handling this node's previous notice,
+// or limits its rate) for up to a minute; another 4xx answer (refused: another node's MAC, the
 // token, an appliance that does not network-boot the node) is returned at once with the appliance's
 // words.
 func sendInstallNotice(ctx context.Context, c *Client, n agentapi.InstallNotice) error {
@@ -366,7 +367,7 @@ func sendInstallNotice(ctx context.Context, c *Client, n agentapi.InstallNotice)
 			if resp.StatusCode == http.StatusNotFound {
 				return fmt.Errorf("%w: %w", errNoticeNotServed, last)
 			}
-			if resp.StatusCode < 500 {
+			if resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
 				return last
 			}
 		} else {

@@ -103,10 +103,12 @@ func headerBearer(r *http.Request) string {
 //	                            (a node moves only by its reports). Its ETag is the served bytes'
 //	                            SHA-256 (first 128 bits, hex, quoted); with ?wait=<that ETag> the
 //	                            answer waits until the served config differs, up to
-//	                            agentapi.ConfigWaitMax, or until EndWatches (server shutdown)
+//	                            agentapi.ConfigWaitMax, or until EndWatches (server shutdown); a
+//	                            node's watch beyond MaxWatchesPerNode at once → 429
 //	POST agentapi.ReportPathV1  one agentapi.Report (one JSON object and nothing after it, at most
 //	                            MaxReportBytes, unknown fields refused) recorded by the node store →
-//	                            204; a bad report → 400
+//	                            204; a bad report → 400; over ReportRate/ReportBurst for the node →
+//	                            429 with Retry-After (nothing read or recorded)
 //	POST agentapi.InstalledPathV1  one agentapi.InstallNotice (same bounds as a report), passed to
 //	                            Installed → 204; refused (another node's MAC, agentapi.
 //	                            ErrInstallNoticeRefused) → 403, nothing to mark (Installed nil, or
@@ -138,7 +140,12 @@ type AgentAPI struct {
 	refused   map[string]bool
 
 	watchMu  sync.Mutex
-	watchEnd chan struct{} // closed by EndWatches; watches in progress answer at once
+	watchEnd chan struct{}  // closed by EndWatches; watches in progress answer at once
+	watching map[string]int // node → config watches in progress (at most MaxWatchesPerNode)
+
+	reports    *keyedLimiter // per node: ReportRate, ReportBurst
+	limitsOnce sync.Once
+	refusals   refusalLog // 429s, logged once a minute per node and limit
 }
 
 // EndWatches makes every config watch in progress answer now with the config it has (the server
@@ -168,7 +175,7 @@ func NewAgentAPI(dir string, tokens map[string]string, nodes *nodestate.Store, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &AgentAPI{Dir: dir, Nodes: nodes, Log: log}
+	a := &AgentAPI{Dir: dir, Nodes: nodes, Log: log, reports: newKeyedLimiter(ReportRate, ReportBurst)}
 	a.tokens.set(tokens)
 	return a
 }
@@ -294,9 +301,38 @@ func configETag(data []byte) string {
 	return `"` + hex.EncodeToString(sum[:16]) + `"`
 }
 
+// startWatch counts a config watch of node in; false when the node holds MaxWatchesPerNode already.
+// done counts it out.
+func (a *AgentAPI) startWatch(node string) (done func(), ok bool) {
+	a.watchMu.Lock()
+	defer a.watchMu.Unlock()
+	if a.watching[node] >= MaxWatchesPerNode {
+		return nil, false
+	}
+	if a.watching == nil {
+		a.watching = map[string]int{}
+	}
+	a.watching[node]++
+	return func() {
+		a.watchMu.Lock()
+		defer a.watchMu.Unlock()
+		if a.watching[node]--; a.watching[node] <= 0 {
+			delete(a.watching, node)
+		}
+	}, true
+}
+
 func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 	data, err := a.served(node)
 	if wait := r.URL.Query().Get(agentapi.ConfigWaitParam); wait != "" && err == nil && configETag(data) == wait {
+		done, ok := a.startWatch(node)
+		if !ok {
+			a.refusals.log(a.Log, "watch\x00"+node, "config watch refused: the node holds the most watches at once (429)",
+				"node", node, "remote", r.RemoteAddr, "max", MaxWatchesPerNode)
+			tooManyRequests(w, configWatchPoll*10, fmt.Sprintf("too many config watches of node %s at once (at most %d): close one, or fetch without %s", node, MaxWatchesPerNode, agentapi.ConfigWaitParam))
+			return
+		}
+		defer done()
 		// A watch on the config the node has: poll the rendered file and the gate (both cheap, and
 		// changed by other processes: `appliance bootstrap` renders, other nodes' reports move the
 		// gate) until the served bytes differ, the wait ends or the client goes away.
@@ -340,6 +376,17 @@ func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 const configWatchPoll = 500 * time.Millisecond
 
 func (a *AgentAPI) report(w http.ResponseWriter, r *http.Request, node string) {
+	a.limitsOnce.Do(func() {
+		if a.reports == nil { // an AgentAPI not made by NewAgentAPI
+			a.reports = newKeyedLimiter(ReportRate, ReportBurst)
+		}
+	})
+	if ok, wait := a.reports.allow(node, time.Now()); !ok {
+		a.refusals.log(a.Log, "report\x00"+node, "report refused: the node reports faster than the limit (429)",
+			"node", node, "remote", r.RemoteAddr, "limit", rateText(ReportRate, ReportBurst))
+		tooManyRequests(w, wait, fmt.Sprintf("too many reports from node %s: at most %s; retry after the Retry-After seconds", node, rateText(ReportRate, ReportBurst)))
+		return
+	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxReportBytes))
 	dec.DisallowUnknownFields()
 	var rep agentapi.Report

@@ -69,10 +69,13 @@ const maxSeenNonces = 8192
 // Enrollment serves POST agentapi.EnrollPathV1 (see the agentapi package for the exchange). A
 // request is checked in this order, and the first failure answers:
 //
+//  0. the source address within EnrollSourceRate/EnrollSourceBurst, before the body is read → 429;
 //  1. shape and signature (agentapi.EnrollRequest.Check) → 400;
 //  2. timestamp within agentapi.EnrollClockSkew of the appliance's clock → 403;
 //  3. exactly one node of the inventory whose nodes[].mac is among the request's MACs → 403
 //     "no node of the inventory has these MACs" (no node is named: the requester proved none);
+//     the requests matched to that node, from any source, within EnrollNodeRate/EnrollNodeBurst
+//     → 429 (not noted in its events);
 //  4. that node is BMC-powered → 403; its nodes[].systemUUID, when set, equals the request's → 403;
 //  5. the nonce was not seen (in memory, and in the node's record across restarts) → 403 (replay);
 //  6. the appliance's power phase powered it on (its last "powering" event) within Window, and it
@@ -105,6 +108,17 @@ type Enrollment struct {
 	seen   map[string]time.Time   // nonce → when it may be forgotten
 	noted  nodestate.NoteThrottle // node + refusal kind: each noted in the node's events once a minute
 	logged nodestate.NoteThrottle // source address + refusal kind: each logged once a minute
+
+	limitsOnce sync.Once
+	perSource  *keyedLimiter // EnrollSourceRate, EnrollSourceBurst
+	perNode    *keyedLimiter // EnrollNodeRate, EnrollNodeBurst
+}
+
+func (e *Enrollment) limits() {
+	e.limitsOnce.Do(func() {
+		e.perSource = newKeyedLimiter(EnrollSourceRate, EnrollSourceBurst)
+		e.perNode = newKeyedLimiter(EnrollNodeRate, EnrollNodeBurst)
+	})
 }
 
 // logRefusal logs a refusal at most once a minute per source address (remote's host) and kind (the
@@ -148,10 +162,12 @@ func (e *Enrollment) log() *slog.Logger {
 	return e.Log
 }
 
-// enrollError is a refusal: the HTTP status and the text the requester reads.
+// enrollError is a refusal: the HTTP status and the text the requester reads (and for a 429, when
+// to retry).
 type enrollError struct {
-	code int
-	msg  string
+	code       int
+	msg        string
+	retryAfter time.Duration
 }
 
 func (e *enrollError) Error() string { return e.msg }
@@ -164,6 +180,14 @@ func (e *Enrollment) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "method not allowed: POST an enrolment request (JSON) to "+agentapi.EnrollPathV1, http.StatusMethodNotAllowed)
+		return
+	}
+	e.limits()
+	if ok, wait := e.perSource.allow(sourceHost(r.RemoteAddr), e.now()); !ok {
+		e.logRefusal(r.RemoteAddr, "rate", "enrolment refused: the source sends faster than the limit (429)", "remote", r.RemoteAddr,
+			"limit", rateText(EnrollSourceRate, EnrollSourceBurst))
+		tooManyRequests(w, wait, fmt.Sprintf("too many enrolment requests from %s: at most %s; retry after the Retry-After seconds",
+			sourceHost(r.RemoteAddr), rateText(EnrollSourceRate, EnrollSourceBurst)))
 		return
 	}
 	var req agentapi.EnrollRequest
@@ -180,6 +204,10 @@ func (e *Enrollment) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp, err := e.Enroll(req, r.RemoteAddr)
 	var refusal *enrollError
 	if errors.As(err, &refusal) {
+		if refusal.code == http.StatusTooManyRequests {
+			tooManyRequests(w, refusal.retryAfter, refusal.msg)
+			return
+		}
 		http.Error(w, refusal.msg, refusal.code)
 		return
 	} else if err != nil {
@@ -233,6 +261,16 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	}
 	n := matched[0]
 	fp := keyFingerprint(pub)
+	e.limits()
+	if ok, wait := e.perNode.allow(n.Name, now); !ok {
+		// Not noted in the node's events: a flood must not write there.
+		e.logRefusal(remote, "node-rate", "enrolment refused: requests for the node come faster than the limit (429)", "node", n.Name,
+			"remote", remote, "limit", rateText(EnrollNodeRate, EnrollNodeBurst))
+		r := refuse(http.StatusTooManyRequests, "too many enrolment requests for node %s: at most %s; retry after the Retry-After seconds",
+			n.Name, rateText(EnrollNodeRate, EnrollNodeBurst))
+		r.retryAfter = wait
+		return agentapi.EnrollResponse{}, r
+	}
 	// deny refuses with code and the text; kind names the rule that refused. The node's events note
 	// a refusal per node and kind at most once a minute: the key holds nothing the requester chooses
 	// (a new key or UUID per request must not add a note per request).
