@@ -57,6 +57,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
+	"github.com/airgap-appliance/appliance/pkg/connlimit"
 	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/registry"
 )
@@ -247,6 +248,10 @@ func Run(ctx context.Context, o Options) error {
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(c.Log.Handler(), slog.LevelDebug),
 	}
+	// The appliance front's connection limits (caps per source and in total, write-stall deadline).
+	limited := connlimit.New(ln, connlimit.Config{Logger: c.Log})
+	limited.Install(hs)
+	ln = limited
 	served := make(chan error, 1)
 	go func() {
 		err := hs.ServeTLS(ln, "", "")

@@ -16,6 +16,8 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/server4"
 	"github.com/pin/tftp/v3"
+
+	"github.com/airgap-appliance/appliance/pkg/connlimit"
 )
 
 // Server is the running network-boot service: DHCP (per Config.Mode, on ports 67 and, in proxy mode,
@@ -76,7 +78,11 @@ func (s *Server) start() error {
 	if err != nil {
 		return fmt.Errorf("netboot: http: %w", err)
 	}
-	s.goServe(func() { _ = s.http.Serve(ln) }, func() { _ = s.http.Close() })
+	// The connection limits of the HTTPS front (pkg/connlimit): the kernel, initrd and root
+	// filesystem are downloads a stalled client must not hold for ever.
+	limited := connlimit.New(ln, connlimit.Config{Logger: c.Logger})
+	limited.Install(s.http)
+	s.goServe(func() { _ = s.http.Serve(limited) }, func() { _ = s.http.Close() })
 
 	// TFTP, read-only: a nil write handler makes pin/tftp refuse every write request.
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: c.ServerIP.AsSlice(), Port: c.TFTPPort})

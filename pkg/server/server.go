@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
+	"github.com/airgap-appliance/appliance/pkg/connlimit"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 )
 
@@ -66,6 +68,11 @@ type Options struct {
 	Generation string
 	// Logger receives the access log at debug level and errors at error level.
 	Logger *slog.Logger
+	// MaxConns, MaxConnsPerSource and WriteStall limit the listener's connections (pkg/connlimit:
+	// a cap in total, a cap per source address, a write-stall deadline); zero: connlimit's
+	// defaults (2048, 64, one minute).
+	MaxConns, MaxConnsPerSource int
+	WriteStall                  time.Duration
 }
 
 // Server is a running or runnable HTTPS front.
@@ -74,6 +81,15 @@ type Server struct {
 	handler http.Handler
 	metrics *metrics
 	reg     *prometheus.Registry
+	conns   atomic.Pointer[connlimit.Listener] // the serving listener's limits, once serving
+}
+
+// ConnStats are the serving listener's connection counts (zero before ServeListener).
+func (s *Server) ConnStats() connlimit.Stats {
+	if l := s.conns.Load(); l != nil {
+		return l.Stats()
+	}
+	return connlimit.Stats{}
 }
 
 // New builds the handler tree. It does not listen yet.
@@ -90,6 +106,17 @@ func New(opts Options) (*Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s := &Server{opts: opts, reg: reg, metrics: newMetrics(reg)}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "appliance_http_connections",
+			Help: "HTTPS connections open and counted against the caps (pkg/connlimit)."},
+			func() float64 { return float64(s.ConnStats().Open) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "appliance_http_connections_refused_total",
+			Help: "HTTPS connections refused over a connection cap (answered 429 or 503, or closed unanswered)."},
+			func() float64 { st := s.ConnStats(); return float64(st.RefusedSource + st.RefusedTotal + st.Dropped) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "appliance_http_connections_stalled_total",
+			Help: "HTTPS connections cut because the client took nothing for the write-stall deadline."},
+			func() float64 { return float64(s.ConnStats().Stalled) }),
+	)
 
 	mux := http.NewServeMux()
 	if opts.Registry != nil {
@@ -174,7 +201,11 @@ func (s *Server) Serve(ctx context.Context, ready chan<- struct{}) error {
 	return s.ServeListener(ctx, ln, ready)
 }
 
-// ServeListener is Serve on an existing listener (which it closes).
+// ServeListener is Serve on an existing listener (which it closes), with the connection limits of
+// pkg/connlimit (Options.MaxConns, MaxConnsPerSource, WriteStall): a connection over a cap is
+// answered 429 (its source's) or 503 (the total), a client that takes nothing of a response for the
+// write-stall deadline is cut. A request's headers must come within 10 s of the connection (or of
+// the previous request), an idle keep-alive connection is closed after 120 s.
 func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready chan<- struct{}) error {
 	hs := &http.Server{
 		Handler:           s.handler,
@@ -183,6 +214,11 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener, ready chan<
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelDebug),
 	}
+	limited := connlimit.New(ln, connlimit.Config{MaxConns: s.opts.MaxConns, MaxConnsPerSource: s.opts.MaxConnsPerSource,
+		WriteStall: s.opts.WriteStall, Logger: s.opts.Logger})
+	limited.Install(hs)
+	s.conns.Store(limited)
+	ln = limited
 	if s.opts.Agent != nil {
 		hs.RegisterOnShutdown(s.opts.Agent.EndWatches) // config watches answer now, not after their wait
 	}
