@@ -32,7 +32,8 @@ const (
 	// network boot's MAC must be that node's nodes[].mac: a notice for another node's machine is
 	// refused with 403 (ErrInstallNoticeRefused), one without a valid token with the agent API's 401,
 	// and an appliance with nothing to do for the node (boot.dhcp off, a node neither network- nor
-	// virtual-media-booted) answers 404. Resending a notice is harmless.
+	// virtual-media-booted) answers 404. Resending a notice is harmless; one sent while the node's
+	// previous notice is still being acted on (its BMC call) answers 429 (ErrInstallNoticeBusy).
 	InstalledPathV1 = "/agent/v1/installed"
 )
 
@@ -55,6 +56,11 @@ var ErrInstallNoticeRefused = errors.New("install notice refused")
 // ErrInstallNoticeNotServed is wrapped when the appliance keeps no install marks for the node (it
 // does not network-boot it): the agent API answers 404 with the error's text.
 var ErrInstallNoticeNotServed = errors.New("install notice not taken")
+
+// ErrInstallNoticeBusy is wrapped when the appliance is still acting on an earlier notice of the
+// same node (its BMC call is in progress): the agent API answers 429 with a Retry-After, and the
+// machine sends its notice again.
+var ErrInstallNoticeBusy = errors.New("install notice of this node in progress")
 
 // ConfigWaitMax is how long the appliance holds a watch (ConfigWaitParam) on an unchanged config
 // before answering with it: below the hostagent client's 30 s request timeout.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -17,6 +18,11 @@ import (
 // ejectPoll is how often a virtual-media node's record is read while its CD waits to be ejected.
 const ejectPoll = 2 * time.Second
 
+// bmcCallTimeout bounds one BMC session (open, one call, close) made for an install notice or its
+// eject: a Redfish BMC answers a PATCH of its boot override in seconds, an InsertMedia task in under
+// a minute; two minutes is the power phase's own bound for one BMC call.
+const bmcCallTimeout = 2 * time.Minute
+
 // installNotices takes the install notices (agentapi.InstalledPathV1) that the agent API
 // authenticated: server.AgentAPI.Installed.
 type installNotices struct {
@@ -27,16 +33,20 @@ type installNotices struct {
 	log   *slog.Logger
 	// newVM opens the node's BMC as a virtual-media booter (power.New on the node's power target).
 	newVM func(ctx context.Context, n config.Node) (power.VirtualMediaBooter, func(), error)
+
+	mu      sync.Mutex
+	busy    map[string]bool               // nodes whose notice is being acted on
+	watches map[string]context.CancelFunc // node → its eject watch (one per node)
 }
 
 func newInstallNotices(ctx context.Context, cfg *config.BootstrapConfiguration, nb *netboot.Server, store *nodestate.Store, log *slog.Logger) *installNotices {
 	return &installNotices{ctx: ctx, cfg: cfg, nb: nb, store: store, log: log,
 		newVM: func(ctx context.Context, n config.Node) (power.VirtualMediaBooter, func(), error) {
 			return openVirtualMedia(ctx, n, log)
-		}}
+		}, busy: map[string]bool{}, watches: map[string]context.CancelFunc{}}
 }
 
-// note handles one notice of node (the one its token names):
+// note handles one notice of node (the one its token names), ctx being the request's:
 //   - a virtual-media node (nodes[].power.virtualMediaImage): its BMC replaces the boot from the CD
 //     with a one-time boot from the disk now (power.VirtualMediaBooter.ClearVirtualMediaBoot: the
 //     live system still runs from the CD, which stays in), so that the reboot boots the disk, and
@@ -45,11 +55,29 @@ func newInstallNotices(ctx context.Context, cfg *config.BootstrapConfiguration, 
 //   - a network-booted node: pkg/netboot marks it installed (netboot.Server.NoteInstalled);
 //   - anything else: agentapi.ErrInstallNoticeNotServed (404).
 //
+// One notice per node at a time: a notice of a node whose previous one is still being acted on is
+// agentapi.ErrInstallNoticeBusy (429; the machine sends it again), so a machine resending in a loop
+// opens one BMC session at a time. The BMC call runs on the request's context (bounded by
+// bmcCallTimeout) in a session of its own, closed before the answer: a client that goes away
+// cancels it. A node has one eject watch: a new notice replaces the previous one's.
+//
 // A BMC that cannot be reached or refuses is an error (503: the machine retries, then stops before
 // rebooting and says so). A notice that was acted on is recorded in the node's events
 // (nodestate.ContactInstalled).
-func (h *installNotices) note(node string, n agentapi.InstallNotice, remote string) error {
-	err := h.act(node, n, remote)
+func (h *installNotices) note(ctx context.Context, node string, n agentapi.InstallNotice, remote string) error {
+	h.mu.Lock()
+	if h.busy[node] {
+		h.mu.Unlock()
+		return fmt.Errorf("%w: node %s's previous install notice is still being acted on (its BMC call): send it again in a few seconds", agentapi.ErrInstallNoticeBusy, node)
+	}
+	h.busy[node] = true
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.busy, node)
+		h.mu.Unlock()
+	}()
+	err := h.act(ctx, node, n, remote)
 	if err == nil {
 		// The contact the converge phase reads to say how far a silent machine got.
 		if nerr := h.store.NoteContact(node, nodestate.ContactInstalled, "installed to its disk (install notice from "+remote+"); it boots its disk next"); nerr != nil {
@@ -60,7 +88,7 @@ func (h *installNotices) note(node string, n agentapi.InstallNotice, remote stri
 }
 
 // act is what note does for the notice: see note.
-func (h *installNotices) act(node string, n agentapi.InstallNotice, remote string) error {
+func (h *installNotices) act(ctx context.Context, node string, n agentapi.InstallNotice, remote string) error {
 	var cn *config.Node
 	for i := range h.cfg.Nodes {
 		if h.cfg.Nodes[i].Name == node {
@@ -69,7 +97,7 @@ func (h *installNotices) act(node string, n agentapi.InstallNotice, remote strin
 	}
 	switch {
 	case cn != nil && cn.Power.VirtualMediaImage != "":
-		return h.virtualMedia(*cn, n, remote)
+		return h.virtualMedia(ctx, *cn, n, remote)
 	case h.nb != nil && n.MAC != "":
 		return h.nb.NoteInstalled(node, n, remote)
 	case h.nb != nil:
@@ -79,31 +107,52 @@ func (h *installNotices) act(node string, n agentapi.InstallNotice, remote strin
 	}
 }
 
-func (h *installNotices) virtualMedia(n config.Node, notice agentapi.InstallNotice, remote string) error {
-	vb, closeVB, err := h.newVM(h.ctx, n)
+func (h *installNotices) virtualMedia(ctx context.Context, n config.Node, notice agentapi.InstallNotice, remote string) error {
+	ctx, cancel := context.WithTimeout(ctx, bmcCallTimeout)
+	defer cancel()
+	vb, closeVB, err := h.newVM(ctx, n)
 	if err != nil {
 		return fmt.Errorf("node %s's BMC: %w", n.Name, err)
 	}
-	changed, err := vb.ClearVirtualMediaBoot(h.ctx)
+	changed, err := vb.ClearVirtualMediaBoot(ctx)
+	closeVB()
 	if err != nil {
-		closeVB()
 		h.log.Warn("virtual media: the boot from the CD was not replaced with the disk; the installed node may boot the CD again", "node", n.Name, "error", err)
 		return fmt.Errorf("node %s's BMC did not take the CD out of the boot: %w", n.Name, err)
 	}
 	h.log.Info("virtual media: node installed; its BMC boots the disk next, the CD is ejected once the installed system reports", "node", n.Name, "overrideReplaced", changed, "remote", remote)
-	since := time.Now()
-	go func() {
-		defer closeVB()
-		h.ejectAfterDiskBoot(vb, n.Name, notice.BootID, since)
-	}()
+	h.watchEject(n, notice.BootID, time.Now())
 	return nil
 }
 
-// ejectAfterDiskBoot waits until node reports from a boot other than installBoot (after since),
-// then ejects its virtual CD; after agentapi.EnrollWindow without such a report it ejects anyway
-// (the live system has long rebooted or failed). Serve ending stops the wait: the CD then stays in,
-// logged, and the next power action's boot override still names the disk.
-func (h *installNotices) ejectAfterDiskBoot(vb power.VirtualMediaBooter, node, installBoot string, since time.Time) {
+// watchEject starts node n's eject watch (ejectAfterDiskBoot), ending the one an earlier notice
+// started.
+func (h *installNotices) watchEject(n config.Node, installBoot string, since time.Time) {
+	wctx, cancel := context.WithCancel(h.ctx)
+	h.mu.Lock()
+	if prev := h.watches[n.Name]; prev != nil {
+		prev()
+	}
+	h.watches[n.Name] = cancel
+	h.mu.Unlock()
+	go func() {
+		h.ejectAfterDiskBoot(wctx, n, installBoot, since)
+		h.mu.Lock()
+		if h.watches[n.Name] != nil && wctx.Err() == nil {
+			delete(h.watches, n.Name)
+		}
+		h.mu.Unlock()
+		cancel()
+	}()
+}
+
+// ejectAfterDiskBoot waits until node n reports from a boot other than installBoot (after since),
+// then ejects its virtual CD through a BMC session of its own; after agentapi.EnrollWindow without
+// such a report it ejects anyway (the live system has long rebooted or failed). ctx ending (serve
+// stopping, or a newer notice of the node) stops the wait: the CD then stays in, and the next power
+// action's boot override still names the disk.
+func (h *installNotices) ejectAfterDiskBoot(ctx context.Context, n config.Node, installBoot string, since time.Time) {
+	node := n.Name
 	deadline := time.NewTimer(agentapi.EnrollWindow)
 	defer deadline.Stop()
 	tick := time.NewTicker(ejectPoll)
@@ -112,8 +161,10 @@ func (h *installNotices) ejectAfterDiskBoot(vb power.VirtualMediaBooter, node, i
 wait:
 	for {
 		select {
-		case <-h.ctx.Done():
-			h.log.Warn("virtual media: serve stopped before the installed node reported; the CD stays inserted (eject it on the BMC, or it is ejected at the node's next install notice)", "node", node)
+		case <-ctx.Done():
+			if h.ctx.Err() != nil {
+				h.log.Warn("virtual media: serve stopped before the installed node reported; the CD stays inserted (eject it on the BMC, or it is ejected at the node's next install notice)", "node", node)
+			}
 			return
 		case <-deadline.C:
 			why = "no report from the installed system within the enrolment window"
@@ -125,8 +176,14 @@ wait:
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(h.ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, bmcCallTimeout)
 	defer cancel()
+	vb, closeVB, err := h.newVM(ctx, n)
+	if err != nil {
+		h.log.Warn("virtual media: eject failed, the BMC could not be opened; eject the CD on the BMC's virtual media page", "node", node, "error", err)
+		return
+	}
+	defer closeVB()
 	if err := vb.EjectVirtualMedia(ctx); err != nil {
 		h.log.Warn("virtual media: eject failed; eject the CD on the BMC's virtual media page", "node", node, "error", err)
 		return

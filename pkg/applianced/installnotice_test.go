@@ -86,7 +86,7 @@ func TestInstallNoticeVirtualMedia(t *testing.T) {
 		t.Fatalf("after BootVirtualMedia: boot %v, inserted %v", target(), inserted())
 	}
 
-	if err := h.note("v1", agentapi.InstallNotice{BootID: "live-boot"}, "10.0.0.50:4000"); err != nil {
+	if err := h.note(t.Context(), "v1", agentapi.InstallNotice{BootID: "live-boot"}, "10.0.0.50:4000"); err != nil {
 		t.Fatalf("v1's install notice: %v", err)
 	}
 	if target() != "Hdd" || inserted() != true {
@@ -114,7 +114,7 @@ func TestInstallNoticeVirtualMedia(t *testing.T) {
 	}
 
 	for _, node := range []string{"s1", "nobody"} {
-		if err := h.note(node, agentapi.InstallNotice{MAC: "52:54:00:00:00:41"}, "10.0.0.51:4000"); !errors.Is(err, agentapi.ErrInstallNoticeNotServed) {
+		if err := h.note(t.Context(), node, agentapi.InstallNotice{MAC: "52:54:00:00:00:41"}, "10.0.0.51:4000"); !errors.Is(err, agentapi.ErrInstallNoticeNotServed) {
 			t.Errorf("notice of %s without network boot or virtual media: %v, want ErrInstallNoticeNotServed", node, err)
 		}
 	}

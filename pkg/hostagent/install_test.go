@@ -193,7 +193,9 @@ func TestInstallNoticeOverAgentAPI(t *testing.T) {
 	rendered := filepath.Join(dir, "rendered")
 	tokens := map[string]string{"w1": "tok-w1", "w2": "tok-w2", "s1": "tok-s1"}
 	agent := server.NewAgentAPI(rendered, tokens, nodestate.Open(filepath.Join(dir, "nodes")), log)
-	agent.Installed = nb.NoteInstalled
+	agent.Installed = func(_ context.Context, node string, n agentapi.InstallNotice, remote string) error {
+		return nb.NoteInstalled(node, n, remote)
+	}
 	s, err := server.New(server.Options{Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM,
 		Ignition: server.NewIgnitionStore(rendered, tokens), Agent: agent})
 	if err != nil {
@@ -281,6 +283,37 @@ func TestInstallNoticeOverAgentAPI(t *testing.T) {
 	}
 	if _, ok, _ := netboot.InstalledMark(filepath.Join(dir, "netboot"), "w2"); ok {
 		t.Error("w2 marked by w1's notice")
+	}
+}
+
+// TestInstallNoticeRetriesBusy: while the appliance is still acting on the node's previous notice
+// it answers 429 (agentapi.ErrInstallNoticeBusy, through the real agent API); the machine sends its
+// notice again and it is taken, instead of giving up before its reboot.
+func TestInstallNoticeRetriesBusy(t *testing.T) {
+	ca, cert := testPKI(t)
+	dir := t.TempDir()
+	agent := server.NewAgentAPI(filepath.Join(dir, "rendered"), map[string]string{"v1": "tok-v1"}, nodestate.Open(filepath.Join(dir, "nodes")), nil)
+	calls := 0
+	agent.Installed = func(_ context.Context, node string, _ agentapi.InstallNotice, _ string) error {
+		if calls++; calls < 3 {
+			return fmt.Errorf("%w: node %s's previous install notice is still being acted on", agentapi.ErrInstallNoticeBusy, node)
+		}
+		return nil
+	}
+	s, err := server.New(server.Options{Listen: "127.0.0.1:0", Certificate: cert, CAPEM: ca.CertPEM, Agent: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(s.Handler())
+	ts.TLS = s.TLSConfig()
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	c, err := NewClient(ts.URL, ca.CertPEM, "tok-v1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sendInstallNotice(t.Context(), c, agentapi.InstallNotice{BootID: "live"}); err != nil || calls != 3 {
+		t.Fatalf("notice after two 429s: %v after %d calls, want taken at the third", err, calls)
 	}
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -112,7 +113,9 @@ func headerBearer(r *http.Request) string {
 //	POST agentapi.InstalledPathV1  one agentapi.InstallNotice (same bounds as a report), passed to
 //	                            Installed → 204; refused (another node's MAC, agentapi.
 //	                            ErrInstallNoticeRefused) → 403, nothing to mark (Installed nil, or
-//	                            agentapi.ErrInstallNoticeNotServed) → 404, a bad body → 400
+//	                            agentapi.ErrInstallNoticeNotServed) → 404, the node's previous
+//	                            notice still in progress (agentapi.ErrInstallNoticeBusy) → 429, a
+//	                            bad body → 400
 //
 // The node is the one whose token is sent as "Authorization: Bearer <token>" (scheme in any case;
 // never in the query: it would reach logs of proxies). A missing, wrong or unknown token gets one
@@ -128,10 +131,11 @@ type AgentAPI struct {
 	// Gate, when set, adjusts a node's config as it is served (the kubeadm join order: it sets
 	// Kubernetes.Proceed and WaitingFor from the other nodes' progress).
 	Gate func(node string, nc *agentapi.NodeConfig)
-	// Installed, when set, takes a node's install notice (POST agentapi.InstalledPathV1; node is the
-	// one its token names, remote the request's address): pkg/netboot's Server.NoteInstalled. Set it
-	// before serving. nil: notices are answered 404 (this appliance does not network-boot).
-	Installed func(node string, n agentapi.InstallNotice, remote string) error
+	// Installed, when set, takes a node's install notice (POST agentapi.InstalledPathV1; ctx is the
+	// request's, ended when its client goes away; node is the one its token names, remote the
+	// request's address): pkg/applianced's install notices. Set it before serving. nil: notices are
+	// answered 404 (this appliance does not network-boot).
+	Installed func(ctx context.Context, node string, n agentapi.InstallNotice, remote string) error
 
 	tokens tokenSet
 
@@ -238,10 +242,12 @@ func (a *AgentAPI) installed(w http.ResponseWriter, r *http.Request, node string
 		http.Error(w, "this appliance does not network-boot any machine (boot.dhcp off): it keeps no install marks", http.StatusNotFound)
 		return
 	}
-	err := a.Installed(node, n, r.RemoteAddr)
+	err := a.Installed(r.Context(), node, n, r.RemoteAddr)
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, agentapi.ErrInstallNoticeBusy):
+		tooManyRequests(w, installBusyRetry, err.Error())
 	case errors.Is(err, agentapi.ErrInstallNoticeRefused):
 		a.logRefusedOnce("refused|"+node+"|"+err.Error(), "install notice refused (403)", "node", node, "remote", r.RemoteAddr, "reason", err.Error())
 		http.Error(w, err.Error(), http.StatusForbidden)
@@ -252,6 +258,10 @@ func (a *AgentAPI) installed(w http.ResponseWriter, r *http.Request, node string
 		http.Error(w, "the appliance could not record the install; the machine retries", http.StatusServiceUnavailable)
 	}
 }
+
+// installBusyRetry is the Retry-After of a notice that arrives while the node's previous one is
+// being acted on (a BMC call takes seconds).
+const installBusyRetry = 5 * time.Second
 
 // maxLoggedRefusals bounds the set of install-notice refusals remembered as logged.
 const maxLoggedRefusals = 1024
