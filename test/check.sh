@@ -103,7 +103,8 @@ export GO
 compile_tests() {
 	set -e
 	"$GO" test -race -count=1 -run '^$' ./...
-	local out
+	# Not local: the EXIT trap runs after the function has returned (a local out was gone by then, and
+	# every run left its 168 MB of test binaries in /tmp).
 	out=$(mktemp -d)
 	trap 'rm -rf "$out"' EXIT
 	"$GO" test -tags e2e -race -c -o "$out/" ./test/nodeimage/

@@ -112,3 +112,39 @@ func pages(root *cobra.Command, dir string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// Command is a binary's hidden `docs DIR` command: it writes the reference pages of the tree newRoot
+// builds (a fresh tree: the running one has cobra's completion command, added by Execute) into DIR
+// with Write. Hidden: it is for the repository (`make docs`), not for operators or nodes.
+func Command(newRoot func() *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:    "docs DIR",
+		Short:  "Write the CLI reference pages (Markdown, one per command) into DIR",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			return Write(newRoot(), args[0])
+		},
+	}
+}
+
+// Errorf is the part of testing.TB that CheckCurrent uses.
+type Errorf interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// CheckCurrent reports through t every page in dir (a path from the test's package directory) that
+// the tree root generates otherwise, or not at all, telling the reader to run `make docs`; the
+// binaries' TestCLIReferenceIsCurrent call it.
+func CheckCurrent(t Errorf, root *cobra.Command, dir string) {
+	t.Helper()
+	stale, err := Stale(root, dir)
+	if err != nil {
+		t.Errorf("%v", err)
+		return
+	}
+	for _, name := range stale {
+		t.Errorf("%s/%s is stale (the %s command tree generates it otherwise, or not at all): run `make docs`", dir, name, root.Name())
+	}
+}

@@ -247,7 +247,16 @@ spec:
 				}
 				return nil
 			}); err != nil {
-				t.Fatal(err)
+				// Why the pod did not run (CI at a6d0586 saw it Pending for 3 minutes once, with
+				// nothing else to go on): its description and events, and the worker's kubelet and
+				// containerd journals.
+				desc, derr := kube("describe", "pods", "-l", "app=after-handoff")
+				cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "ssh", worker,
+					"journalctl -u kubelet -n 40 --no-pager; journalctl -u containerd -n 40 --no-pager")
+				cmd.Env = append(slices.Clone(k.env), "LAB_SSH_FROM="+cps[0])
+				journal, jerr := cmd.CombinedOutput()
+				t.Fatalf("%v\nkubectl describe pods -l app=after-handoff (%v):\n%s\n%s's kubelet and containerd journals (%v):\n%s",
+					err, derr, desc, worker, jerr, journal)
 			}
 		})
 

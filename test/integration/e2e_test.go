@@ -120,11 +120,48 @@ func lockK8sLab(t *testing.T, prefix string) {
 	t.Logf("lab %s: waited %.0f s for the other Kubernetes lab", prefix, time.Since(start).Seconds())
 }
 
+// The disk a Kubernetes lab needs on the host. Its nodes are nspawn containers whose root
+// filesystems are overlays on the host's filesystem, so each node's kubelet sees that filesystem as
+// its nodefs and imagefs: below kubelet's default evictionHard imagefs.available<15% (nodefs 10%) it
+// taints every node with node.kubernetes.io/disk-pressure and no new pod is scheduled. A validation
+// run at a6d0586 lost its hand-off subtest that way (the pod Pending on "4 node(s) had untolerated
+// taint(s)", the kubelets "attempting to reclaim ephemeral-storage"): 38 GiB of the 252 GiB
+// filesystem were free, 15.1 %, while the lab held 14 GiB.
+const (
+	// kubeletImagefsMinAvailable is kubelet's default evictionHard imagefs.available (a fraction).
+	kubeletImagefsMinAvailable = 0.15
+	// k8sLabGrowth is what a Kubernetes lab writes while it runs (bytes): the nodes' overlays and
+	// images, the appliance's state; 14 GiB measured at the end of TestKubernetesE2E.
+	k8sLabGrowth = 16 << 30
+)
+
+// checkK8sLabDisk fails the test before the lab is made when the filesystem holding dir (the lab's
+// directory, made and emptied by newLab) cannot take the lab without the nodes' kubelets reporting DiskPressure, saying how much to free.
+func checkK8sLabDisk(t *testing.T, dir string) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatalf("statfs %s: %v", dir, err)
+	}
+	size := float64(st.Blocks) * float64(st.Bsize)
+	avail := float64(st.Bavail) * float64(st.Bsize)
+	need := kubeletImagefsMinAvailable*size + k8sLabGrowth
+	if avail < need {
+		const gib = 1 << 30
+		t.Fatalf("the filesystem holding %s has %.1f GiB available of %.1f GiB (%.1f %%); a Kubernetes lab needs %.1f GiB: "+
+			"its nodes' kubelets share this filesystem and taint every node with DiskPressure below %.0f %% available "+
+			"(kubelet's default evictionHard imagefs.available), and the lab writes about %.0f GiB. Free %.1f GiB "+
+			"(old fixture versions under $APPLIANCE_CACHE, Go build caches, leftovers in /tmp)",
+			dir, avail/gib, size/gib, 100*avail/size, need/gib, 100*kubeletImagefsMinAvailable, float64(k8sLabGrowth)/gib, (need-avail)/gib)
+	}
+}
+
 // newK8sLabCNI makes the lab with networks.cni cni: the two-subnet lab unless cni is bridge.
 func newK8sLabCNI(t *testing.T, prefix, cni string) *k8sLab {
 	t.Helper()
 	lockK8sLab(t, prefix)
-	l := newLab(t, prefix)
+	l := newLab(t, prefix) // removes a lab a killed run left behind
+	checkK8sLabDisk(t, l.dir)
 	l.skip = nil
 	n := &nodeLab{lab: l, labDir: filepath.Join(l.dir, "lab")}
 	// Four control-plane and two worker namespaces (host keys pinned): cp4 and w2 are started only
