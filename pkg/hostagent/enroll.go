@@ -208,6 +208,7 @@ func pinnedClient(pool *x509.CertPool) *http.Client {
 		Transport: &http.Transport{
 			TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
 			Proxy:               nil,
+			DialContext:         dialContext,
 			ForceAttemptHTTP2:   true,
 			TLSHandshakeTimeout: 10 * time.Second,
 			IdleConnTimeout:     90 * time.Second,

@@ -100,6 +100,7 @@ func FetchCA(ctx context.Context, applianceURL, pin string) ([]byte, error) {
 		// Discovery: the pin, not the TLS handshake, authenticates the CA (kubeadm token discovery).
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, //nolint:gosec // checked against the pin below
 		Proxy:           nil,
+		DialContext:     dialContext,
 	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}

@@ -15,4 +15,8 @@ trap cleanup EXIT
 
 go build -o "$WORK/fleet" ./test/bench/fleet
 test/lab/lab.sh up >/dev/null
+# The simulated nodes' control-plane addresses (test/bench/fleet: simAddrs) are local in the bootstrap
+# namespace (AnyIP: a local route, no address per node), so that each node connects from its own
+# address, as a real fleet does: the appliance caps connections per source address (pkg/connlimit).
+$BOOT ip route add local 10.110.0.0/16 dev lo
 test/lab/creds.sh >/dev/null

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,22 @@ const (
 
 // simName is the name of simulated node i (1-based).
 func simName(i int) string { return fmt.Sprintf("sim%04d", i) }
+
+// simAddrs are the control-plane and workload-plane addresses of simulated worker i (1-based):
+// 250 per /24 of simControlPlaneNet and simWorkloadNet.
+func simAddrs(i int) (controlPlane, workloadPlane netip.Addr) {
+	hi, lo := byte((i-1)/250), byte((i-1)%250+1)
+	return netip.AddrFrom4([4]byte{10, 110, hi, lo}), netip.AddrFrom4([4]byte{10, 210, hi, lo})
+}
+
+// simIndex is i for the node named simName(i), false for any other name.
+func simIndex(name string) (int, bool) {
+	var i int
+	if _, err := fmt.Sscanf(name, "sim%d", &i); err != nil || simName(i) != name {
+		return 0, false
+	}
+	return i, true
+}
 
 func configCmd(args []string) error {
 	fs := flag.NewFlagSet("config", flag.ExitOnError)
@@ -62,11 +79,11 @@ func configCmd(args []string) error {
 		}
 	}
 	for i := 1; i <= *n; i++ {
-		hi, lo := (i-1)/250, (i-1)%250+1
+		cp, wp := simAddrs(i)
 		nodes = append(nodes, map[string]any{
 			"name":      simName(i),
 			"roles":     []string{"worker"},
-			"addresses": []string{fmt.Sprintf("10.110.%d.%d", hi, lo), fmt.Sprintf("10.210.%d.%d", hi, lo)},
+			"addresses": []string{cp.String(), wp.String()},
 			"power": map[string]any{
 				"kind":           "ssh",
 				"hostKey":        key,

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -121,6 +123,10 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // simNode is one simulated node's identity, from its rendered hostagent.yaml.
 type simNode struct {
 	cfg agentapi.Configuration
+	// addr is the node's control-plane address (simAddrs), which its connections come from: the
+	// appliance limits connections per source address, and a real fleet has an address per node.
+	// fleet-lab.sh makes simControlPlaneNet local in the bootstrap namespace (AnyIP).
+	addr netip.Addr
 	// acked are the sequence numbers of the reports the appliance acknowledged (204).
 	acked []int
 }
@@ -144,7 +150,12 @@ func loadNodes(state, prefix string) ([]*simNode, error) {
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", e.Name(), err)
 		}
-		out = append(out, &simNode{cfg: c})
+		i, ok := simIndex(e.Name())
+		if !ok {
+			return nil, fmt.Errorf("node %s: not a simulated node's name (sim0001...)", e.Name())
+		}
+		addr, _ := simAddrs(i)
+		out = append(out, &simNode{cfg: c, addr: addr})
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no rendered node named %s* under %s", prefix, statedir.Rendered(state))
@@ -193,6 +204,8 @@ func runNode(ctx context.Context, n *simNode, c cadence, st *stats, reports *cou
 	if !sleep(ctx, mrand.N(c.ramp+1)) {
 		return
 	}
+	ctx = hostagent.WithLocalAddr(ctx, n.addr)
+	dialer := &net.Dialer{Timeout: 30 * time.Second, LocalAddr: &net.TCPAddr{IP: n.addr.AsSlice()}}
 	seq := 0
 	for ctx.Err() == nil {
 		boot := newBootID()
@@ -207,7 +220,7 @@ func runNode(ctx context.Context, n *simNode, c cadence, st *stats, reports *cou
 		}
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(caPEM)
-		ig := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Proxy: nil}}
+		ig := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Proxy: nil, DialContext: dialer.DialContext}}
 		if retry(ctx, func() error { return st.timed(ctx, epIgnition, func() error { return fetchIgnition(ctx, ig, n.cfg) }) }) != nil {
 			return
 		}
