@@ -4,8 +4,8 @@
 // nodes' sandbox and CoreDNS images (pkg/plan), kubeadm's image list (kubeadm-manifests.Images),
 // bundle creation (pkg/bundlespec, pkg/bundlecreate) and its pkgs.k8s.io repository.
 //
-// The package is pure data and has no dependencies, so that both the appliance and the connected
-// side's bundle tooling import it.
+// The package is pure data with nothing beyond the standard library, so that both the appliance and
+// the connected side's bundle tooling import it.
 //
 // Shape of the table (Releases, oldest first):
 //
@@ -61,7 +61,7 @@ var releases = []Release{
 		// containerd 1.6, and Kubernetes v1.36 and newer may need containerd 2. The entry is removed
 		// when the containerd 2.x work of issue 31 has landed and the lab has moved to v1.37.2.
 		EndOfLife: "Kubernetes v1.34 reached its end of life in October 2026 and gets no more fixes; the appliance still accepts it " +
-			"until its nodes' containerd moves to 2.x (issue 31), after which it is refused: plan the upgrade to v1.37",
+			"until its nodes' containerd moves to 2.x (issue 31), after which it is refused: plan the move to a maintained minor (v1.35 to v1.37)",
 	},
 	{Minor: "v1.35", Source: "v1.35.4", Etcd: "3.6.6-0", CoreDNS: "v1.13.1", Pause: "3.10.1"},
 	{Minor: "v1.36", Source: "v1.36.3", Etcd: "3.6.8-0", CoreDNS: "v1.14.2", Pause: "3.10.2"},
