@@ -3,7 +3,8 @@
 // ClusterConfiguration, KubeletConfiguration, KubeProxyConfiguration) and the JoinConfiguration for
 // `kubeadm join --config` on every other node.
 //
-// The output targets kubeadm v1.34 (API kubeadm.k8s.io/v1beta4). It is built from typed structs and
+// The output targets kubeadm's API kubeadm.k8s.io/v1beta4, which kubeadm reads from v1.31 through
+// v1.37 (the newest minor of pkg/k8sversion's table; v1.37 adds v1 beside it). It is built from typed structs and
 // serialised with go.yaml.in/yaml/v3, so the same input always gives the same bytes. The tests feed
 // every rendered file to the real `kubeadm config validate` (strict decoding) and
 // `kubeadm config images list`.
@@ -22,6 +23,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 // Fixed choices of the appliance, written into every configuration.
@@ -233,8 +236,10 @@ func JoinConfig(c Cluster, n Node) ([]byte, error) {
 // Images returns the image references `kubeadm config images list --config` prints for the
 // configuration InitConfig renders from c, in kubeadm's order: kube-apiserver, kube-controller-manager,
 // kube-scheduler, kube-proxy (tag = KubernetesVersion), CoreDNS, pause, etcd. The CoreDNS, pause and
-// etcd tags are constants of kubeadm v1.34 (cmd/kubeadm/app/constants), so only Kubernetes v1.34.x is
-// supported; another minor version returns an error naming Cluster.KubernetesVersion.
+// etcd tags are those kubeadm of the version's minor deploys (pkg/k8sversion's table, read from
+// kubeadm's cmd/kubeadm/app/constants), e.g. for v1.37.2 from registry.k8s.io:
+// registry.k8s.io/coredns/coredns:v1.14.6, registry.k8s.io/pause:3.10.2, registry.k8s.io/etcd:3.7.0-0.
+// A minor outside the table returns an error naming Cluster.KubernetesVersion and the supported minors.
 func Images(c Cluster) ([]string, error) {
 	var errs []error
 	checkVersion(c.KubernetesVersion, &errs)
@@ -242,25 +247,20 @@ func Images(c Cluster) ([]string, error) {
 	if len(errs) > 0 {
 		return nil, joinErrors(errs)
 	}
-	if !strings.HasPrefix(c.KubernetesVersion, "v1.34.") {
-		return nil, joinErrors([]error{fieldErr("Cluster.KubernetesVersion",
-			fmt.Sprintf("%q: image tags are known only for v1.34.x (kubeadm v1.34's CoreDNS, pause and etcd versions)", c.KubernetesVersion))})
+	rel, err := k8sversion.Lookup(c.KubernetesVersion)
+	if err != nil {
+		return nil, joinErrors([]error{fieldErr("Cluster.KubernetesVersion", fmt.Sprintf("%q: %v", c.KubernetesVersion, err))})
 	}
 	repo := c.ImageRepository
-	// kubeadm: the official CoreDNS image lives one level down, only in the default repository.
-	dnsRepo := repo
-	if repo == "registry.k8s.io" {
-		dnsRepo = repo + "/coredns"
-	}
 	tag := strings.ReplaceAll(c.KubernetesVersion, "+", "_") // kubeadm's KubernetesVersionToImageTag
 	return []string{
 		repo + "/kube-apiserver:" + tag,
 		repo + "/kube-controller-manager:" + tag,
 		repo + "/kube-scheduler:" + tag,
 		repo + "/kube-proxy:" + tag,
-		dnsRepo + "/coredns:v1.12.1",
-		repo + "/pause:3.10.1",
-		repo + "/etcd:3.6.5-0",
+		rel.CoreDNSImage(repo),
+		rel.PauseImage(repo),
+		rel.EtcdImage(repo),
 	}, nil
 }
 

@@ -165,10 +165,36 @@ func TestImages(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Images (-want +got):\n%s", diff)
 	}
+	// Another supported minor: kubeadm v1.37's CoreDNS, pause and etcd (pkg/k8sversion), under a
+	// private repository too (CoreDNS not one level down there).
 	c := labCluster()
-	c.KubernetesVersion = "v1.33.2"
-	if _, err := km.Images(c); !errors.Is(err, km.ErrInvalid) || !strings.Contains(err.Error(), "Cluster.KubernetesVersion: ") {
-		t.Errorf("Images(v1.33.2) = %v, want an error naming Cluster.KubernetesVersion", err)
+	c.KubernetesVersion = "v1.37.2"
+	got, err = km.Images(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []string{
+		"registry.k8s.io/kube-apiserver:v1.37.2",
+		"registry.k8s.io/kube-controller-manager:v1.37.2",
+		"registry.k8s.io/kube-scheduler:v1.37.2",
+		"registry.k8s.io/kube-proxy:v1.37.2",
+		"registry.k8s.io/coredns/coredns:v1.14.6",
+		"registry.k8s.io/pause:3.10.2",
+		"registry.k8s.io/etcd:3.7.0-0",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Images v1.37.2 (-want +got):\n%s", diff)
+	}
+	c.ImageRepository = "10.100.0.2:8443/k8s"
+	if got, err := km.Images(c); err != nil || got[4] != "10.100.0.2:8443/k8s/coredns:v1.14.6" || got[6] != "10.100.0.2:8443/k8s/etcd:3.7.0-0" {
+		t.Errorf("Images v1.37.2 from a private repository = %q, %v", got, err)
+	}
+	for _, v := range []string{"v1.33.2", "v1.38.0"} {
+		c.KubernetesVersion = v
+		if _, err := km.Images(c); !errors.Is(err, km.ErrInvalid) || !strings.Contains(err.Error(), "Cluster.KubernetesVersion: ") ||
+			!strings.Contains(err.Error(), "the appliance deploys v1.35, v1.36 and v1.37") {
+			t.Errorf("Images(%s) = %v, want an error naming Cluster.KubernetesVersion and the supported minors", v, err)
+		}
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	km "github.com/airgap-appliance/appliance/kubeadm-manifests"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
@@ -122,8 +123,10 @@ type Result struct {
 }
 
 // Images returns every image the bundle carries for spec: kubeadm's own list for the Kubernetes
-// version (kubeadm-manifests.Images, equal to `kubeadm config images list`), then images.install and
-// images.extra, without duplicates, in that order.
+// version (kubeadm-manifests.Images, equal to `kubeadm config images list`: the control-plane images
+// tagged with the version, and the CoreDNS, pause and etcd images of kubeadm of its minor from
+// pkg/k8sversion's table), then images.install and images.extra, without duplicates, in that order.
+// A minor outside the table is an error naming kubernetes.version.
 func Images(spec *bundlespec.BundleSpecification) ([]string, error) {
 	kubeadm, err := km.Images(km.Cluster{KubernetesVersion: spec.Kubernetes.Version, ImageRepository: ImageRepository})
 	if err != nil {
@@ -139,7 +142,8 @@ func Images(spec *bundlespec.BundleSpecification) ([]string, error) {
 }
 
 // Create makes (or completes) the bundle at o.Out. Errors: the first failing step's, each image's
-// failure on its own line naming the image; what was fetched stays for the rerun.
+// failure on its own line naming the image; what was fetched stays for the rerun. A Kubernetes minor
+// past its end of life that the table still accepts (v1.34) is bundled with a warning on o.Log.
 func Create(ctx context.Context, o Options) (Result, error) {
 	res := Result{Dir: o.Out}
 	emit := func(ev Event) {
@@ -164,6 +168,10 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	refs, err := Images(spec)
 	if err != nil {
 		return res, err
+	}
+	if rel, err := k8sversion.Lookup(spec.Kubernetes.Version); err == nil && rel.EndOfLife != "" {
+		o.Log.Warn("kubernetes.version is of a Kubernetes minor past its end of life", "version", spec.Kubernetes.Version,
+			"note", rel.EndOfLife, "maintained", strings.Join(k8sversion.Maintained(), ","))
 	}
 	if spec.NodeImage.Build && o.NodeImage == nil {
 		return res, errors.New("nodeImage.build is set but this bundle create has no node-image step (nodeImage.build needs the appliance command)")

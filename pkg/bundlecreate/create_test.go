@@ -1,12 +1,15 @@
 package bundlecreate
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/registry"
 	"github.com/airgap-appliance/appliance/test/upstream"
 )
@@ -288,6 +292,107 @@ func openSigned(t *testing.T, dir string, spec *bundlespec.BundleSpecification) 
 		t.Errorf("signature of %s: %v", dir, err)
 	}
 	return b
+}
+
+// TestImagesFollowTheMinor: kubeadm's images for each supported minor are the control-plane images of
+// the version and the CoreDNS, pause and etcd images of kubeadm of that minor (pkg/k8sversion); a
+// minor outside the table is refused naming kubernetes.version.
+func TestImagesFollowTheMinor(t *testing.T) {
+	for _, tt := range []struct{ version, coredns, pause, etcd string }{
+		{"v1.34.4", "v1.12.1", "3.10.1", "3.6.5-0"},
+		{"v1.35.4", "v1.13.1", "3.10.1", "3.6.6-0"},
+		{"v1.36.3", "v1.14.2", "3.10.2", "3.6.8-0"},
+		{"v1.37.2", "v1.14.6", "3.10.2", "3.7.0-0"},
+	} {
+		spec := bundlespec.Example()
+		spec.Kubernetes.Version = tt.version
+		spec.Images.Install, spec.Images.Extra = nil, nil
+		got, err := Images(spec)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.version, err)
+		}
+		want := []string{
+			"registry.k8s.io/kube-apiserver:" + tt.version, "registry.k8s.io/kube-controller-manager:" + tt.version,
+			"registry.k8s.io/kube-scheduler:" + tt.version, "registry.k8s.io/kube-proxy:" + tt.version,
+			"registry.k8s.io/coredns/coredns:" + tt.coredns, "registry.k8s.io/pause:" + tt.pause, "registry.k8s.io/etcd:" + tt.etcd,
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: Images = %q, want %q", tt.version, got, want)
+		}
+	}
+	spec := bundlespec.Example()
+	spec.Kubernetes.Version = "v1.33.5"
+	if _, err := Images(spec); err == nil || !strings.HasPrefix(err.Error(), "kubernetes.version: ") || !strings.Contains(err.Error(), "unsupported Kubernetes minor v1.33") {
+		t.Errorf("Images(v1.33.5) = %v, want a refusal naming kubernetes.version", err)
+	}
+}
+
+// TestCreateOtherMinor: an images-only bundle of Kubernetes v1.37.2, mirrored from a real local
+// registry (Debian's docker-registry as registry.k8s.io's only mirror), carries kubeadm v1.37's image
+// set and names the version in bundle.yaml; no end-of-life warning.
+func TestCreateOtherMinor(t *testing.T) {
+	up := upstream.Start(t, upstream.Options{})
+	spec := labSpec(t, up)
+	spec.Kubernetes.Version = "v1.37.2"
+	for i, src := range spec.Apt.Sources {
+		if _, ok := k8sversion.AptRepositoryMinor(src.URI); ok {
+			spec.Apt.Sources[i].URI = k8sversion.Newest().AptRepository()
+		}
+	}
+	if errs := bundlespec.Validate(spec, bundlespec.ValidateOptions{}); len(errs) > 0 {
+		t.Fatalf("spec for v1.37.2: %v", errs)
+	}
+	refs := pushAll(t, up, spec)
+	var logs bytes.Buffer
+	out := filepath.Join(t.TempDir(), "bundle")
+	res, err := Create(context.Background(), Options{Spec: spec, Out: out,
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	var got []string
+	for _, im := range res.BOM.Images {
+		got = append(got, im.Ref)
+	}
+	slices.Sort(got)
+	want := slices.Sorted(slices.Values(refs))
+	if !slices.Equal(got, want) || res.BOM.KubernetesVersion != "v1.37.2" || res.BOM.Name != "k8s-1.37.2" {
+		t.Errorf("bundle %s (%s) images %q, want %q", res.BOM.Name, res.BOM.KubernetesVersion, got, want)
+	}
+	for _, r := range []string{"registry.k8s.io/kube-apiserver:v1.37.2", "registry.k8s.io/coredns/coredns:v1.14.6",
+		"registry.k8s.io/pause:3.10.2", "registry.k8s.io/etcd:3.7.0-0"} {
+		if !slices.Contains(got, r) {
+			t.Errorf("bundle lacks %s: %q", r, got)
+		}
+	}
+	if logs.Len() > 0 {
+		t.Errorf("warnings for a maintained minor:\n%s", logs.String())
+	}
+}
+
+// TestEndOfLifeWarning: a bundle of v1.34 (past its end of life, still accepted) is warned on the log
+// with the table's note; one of a maintained minor is not. (The node-image refusal stops Create
+// before anything is fetched.)
+func TestEndOfLifeWarning(t *testing.T) {
+	for _, tt := range []struct {
+		version string
+		warn    bool
+	}{{"v1.34.4", true}, {"v1.37.2", false}} {
+		var logs bytes.Buffer
+		spec := bundlespec.Example()
+		spec.Kubernetes.Version = tt.version
+		_, err := Create(context.Background(), Options{Spec: spec, Out: filepath.Join(t.TempDir(), "b"),
+			Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err == nil || !strings.Contains(err.Error(), "nodeImage.build is set") {
+			t.Fatalf("%s: Create = %v, want the nodeImage.build refusal", tt.version, err)
+		}
+		warned := strings.Contains(logs.String(), "end of life")
+		full := strings.Contains(logs.String(), "level=WARN msg=\"kubernetes.version is of a Kubernetes minor past its end of life\" version=v1.34.4") &&
+			strings.Contains(logs.String(), "Kubernetes v1.34 reached its end of life") && strings.Contains(logs.String(), "maintained=v1.35,v1.36,v1.37")
+		if got := warned && full; warned != tt.warn || got != tt.warn {
+			t.Errorf("%s: warned = %v, want %v; log:\n%s", tt.version, got, tt.warn, logs.String())
+		}
+	}
 }
 
 // TestNodeImageNeedsStep: nodeImage.build without a node-image step (Options.NodeImage) is refused

@@ -62,7 +62,7 @@ func TestExampleValidatesClean(t *testing.T) {
 // TestRoundTrip: Decode(Marshal(s)) == s for the example, a minimal specification and one that uses
 // odd but valid values.
 func TestRoundTrip(t *testing.T) {
-	minimal := &BundleSpecification{Kubernetes: Kubernetes{Version: "v1.33.0"},
+	minimal := &BundleSpecification{Kubernetes: Kubernetes{Version: "v1.36.3"},
 		Apt: Apt{Sources: []AptSource{{URI: "http://deb.corp/debian", Suite: "bookworm", Components: []string{"main"}, SignedBy: "k.gpg"}}}}
 	SetDefaults(minimal)
 	odd := Example()

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
 
@@ -88,9 +89,15 @@ func (v *validator) typeMeta() {
 // versionRE is a Kubernetes release version as kubeadm names it, without pre-release or build suffix.
 var versionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$`)
 
-// exampleVersion is the version error messages suggest.
-const exampleVersion = "v1.34.4"
+// exampleVersion is the version error messages suggest: the newest patch of the newest supported
+// minor the table was read from (pkg/k8sversion).
+var exampleVersion = k8sversion.Newest().Source
 
+// kubernetes checks kubernetes.version: a release version whose minor the appliance deploys
+// (pkg/k8sversion's table; a minor past its end of life that the table still accepts passes here, and
+// bundle create warns), e.g. `kubernetes.version: "v1.33.5" cannot be bundled: unsupported Kubernetes
+// minor v1.33: the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use
+// e.g. v1.37.2`.
 func (v *validator) kubernetes() {
 	switch ver := v.s.Kubernetes.Version; {
 	case ver == "":
@@ -101,7 +108,34 @@ func (v *validator) kubernetes() {
 			hint = fmt.Sprintf(" (did you mean v%s?)", ver)
 		}
 		v.errorf("kubernetes.version", "%q is not a Kubernetes release version%s: write vMAJOR.MINOR.PATCH, e.g. %s", ver, hint, exampleVersion)
+	default:
+		if _, err := k8sversion.Lookup(ver); err != nil {
+			v.errorf("kubernetes.version", "%q cannot be bundled: %v", ver, err)
+		}
 	}
+}
+
+// kubernetesRelease is the table's entry for kubernetes.version, and whether it has one (the
+// version is well-formed and its minor supported).
+func (v *validator) kubernetesRelease() (k8sversion.Release, bool) {
+	if !versionRE.MatchString(v.s.Kubernetes.Version) {
+		return k8sversion.Release{}, false
+	}
+	rel, err := k8sversion.Lookup(v.s.Kubernetes.Version)
+	return rel, err == nil
+}
+
+// kubernetesAptSource refuses a Kubernetes project repository (pkgs.k8s.io/core:/stable:/v1.NN/deb/,
+// one per minor) of another minor than kubernetes.version's: apt would take kubelet, kubeadm and
+// kubectl from it, and the nodes would run a kubelet the bundle's images do not match.
+func (v *validator) kubernetesAptSource(path, uri string) {
+	minor, ok := k8sversion.AptRepositoryMinor(uri)
+	rel, known := v.kubernetesRelease()
+	if !ok || !known || minor == rel.Minor {
+		return
+	}
+	v.errorf(path, "%q serves the Kubernetes %s packages but kubernetes.version is %s: the nodes would get kubelet, kubeadm and kubectl of another minor than the bundle's images; use %s",
+		uri, minor, v.s.Kubernetes.Version, rel.AptRepository())
 }
 
 func (v *validator) images() {
@@ -271,6 +305,9 @@ func (v *validator) apt() {
 	for i, src := range srcs {
 		path := fmt.Sprintf("apt.sources[%d]", i)
 		uriOK := v.aptURI(path+".uri", src.URI)
+		if uriOK {
+			v.kubernetesAptSource(path+".uri", src.URI)
+		}
 		suiteOK := v.suite(path+".suite", src.Suite)
 		v.components(path, src)
 		switch {

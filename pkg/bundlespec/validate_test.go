@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 const (
@@ -55,6 +57,26 @@ func TestValidateErrors(t *testing.T) {
 			[]string{"kubernetes.version"}, "is not a Kubernetes release version"},
 		{"kubernetes.version leading zero", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.034.4" },
 			[]string{"kubernetes.version"}, "is not a Kubernetes release version"},
+		// The minor: one of pkg/k8sversion's table, with a pkgs.k8s.io repository of the same minor.
+		{"kubernetes.version older minor", kubernetesAt("v1.33.5", "v1.33"),
+			[]string{"kubernetes.version"}, `"v1.33.5" cannot be bundled: unsupported Kubernetes minor v1.33: ` +
+				"the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2"},
+		{"kubernetes.version newer minor", kubernetesAt("v1.38.0", "v1.38"),
+			[]string{"kubernetes.version"}, `"v1.38.0" cannot be bundled: unsupported Kubernetes minor v1.38`},
+		{"kubernetes.version v1.35", kubernetesAt("v1.35.4", "v1.35"), nil, ""},
+		{"kubernetes.version v1.36", kubernetesAt("v1.36.3", "v1.36"), nil, ""},
+		{"kubernetes.version v1.37", kubernetesAt("v1.37.2", "v1.37"), nil, ""},
+		{"kubernetes repository of another minor", kubernetesAt("v1.37.2", "v1.36"),
+			[]string{"apt.sources[2].uri"}, `"https://pkgs.k8s.io/core:/stable:/v1.36/deb/" serves the Kubernetes v1.36 packages but kubernetes.version is v1.37.2: ` +
+				"the nodes would get kubelet, kubeadm and kubectl of another minor than the bundle's images; use https://pkgs.k8s.io/core:/stable:/v1.37/deb/"},
+		{"kubernetes repository left at the example's", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.37.2" },
+			[]string{"apt.sources[2].uri"}, "serves the Kubernetes v1.34 packages but kubernetes.version is v1.37.2"},
+		{"kubernetes repository without the final slash", func(s *BundleSpecification) {
+			kubernetesAt("v1.36.3", "v1.35")(s)
+			s.Apt.Sources[2].URI = strings.TrimSuffix(s.Apt.Sources[2].URI, "/")
+		}, []string{"apt.sources[2].uri"}, "use https://pkgs.k8s.io/core:/stable:/v1.36/deb/"},
+		{"unsupported minor: the repository is not checked", kubernetesAt("v1.33.5", "v1.30"),
+			[]string{"kubernetes.version"}, "unsupported Kubernetes minor v1.33"},
 
 		{"image digest only", extra("quay.io/prometheus/node-exporter@" + digest), nil, ""},
 		{"image tag and digest", extra("registry.k8s.io/pause:3.10.1@" + digest), nil, ""},
@@ -254,6 +276,37 @@ func TestValidateErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kubernetesAt sets kubernetes.version to version and Example's pkgs.k8s.io source (apt.sources[2],
+// which the cases' error paths name) to the repository of repoMinor.
+func kubernetesAt(version, repoMinor string) func(s *BundleSpecification) {
+	return func(s *BundleSpecification) {
+		s.Kubernetes.Version = version
+		s.Apt.Sources[2].URI = k8sversion.Release{Minor: repoMinor}.AptRepository()
+	}
+}
+
+// TestKubernetesRepositoryLine: the refusal of a pkgs.k8s.io repository of another minor carries the
+// line of its uri.
+func TestKubernetesRepositoryLine(t *testing.T) {
+	s := mustDecode(t, header+`kubernetes:
+  version: v1.37.2
+apt:
+  sources:
+  - uri: https://deb.debian.org/debian
+    suite: trixie
+    components: [main]
+    signedBy: /usr/share/keyrings/debian-archive-keyring.gpg
+  - uri: https://pkgs.k8s.io/core:/stable:/v1.36/deb/
+    suite: /
+    signedBy: /etc/apt/keyrings/kubernetes-apt-keyring.gpg
+`)
+	errs := Validate(s, ValidateOptions{})
+	if got := errPaths(errs); !slices.Equal(got, []string{"apt.sources[1].uri"}) {
+		t.Fatalf("error paths %q; errors:\n%v", got, errs)
+	}
+	requireErr(t, errs, "apt.sources[1].uri", "use https://pkgs.k8s.io/core:/stable:/v1.37/deb/", 11)
 }
 
 // TestValidateAllAtOnce: one specification with a mistake in every section gets one error per

@@ -191,6 +191,7 @@ nodes:
 		t.Fatal(err)
 	}
 	c, warnings, err := Load(path, ValidateOptions{})
+	warnings = withoutEOL(warnings)
 	if c != nil {
 		t.Error("Load returned a configuration along with errors")
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -8,26 +9,31 @@ import (
 	"strings"
 
 	"github.com/airgap-appliance/appliance/firewall"
-	kubeadmmanifests "github.com/airgap-appliance/appliance/kubeadm-manifests"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 // The checks in this file refuse configurations that are well-formed but cannot work once deployed:
 // ports two roles of one host both open, a Kubernetes version kubeadm cannot deploy from the bundle, a
 // state directory that belongs to the system, IPv6 networks.
 
-// supportedMinor is the Kubernetes minor release this appliance deploys ("v1.34"): the one of
-// DefaultKubernetesVersion. kubeadmmanifests.Images decides (TestSupportedKubernetesVersion checks
-// that the two agree).
-var supportedMinor = DefaultKubernetesVersion[:strings.LastIndexByte(DefaultKubernetesVersion, '.')]
-
-// kubernetesVersion checks that ver (vMAJOR.MINOR.PATCH) is a release the appliance can deploy: the
-// nodes get kubeadm configuration (kubeadm.k8s.io/v1beta4) and an image set (CoreDNS, pause, etcd)
-// rendered by kubeadm-manifests, which knows them for one minor release only.
+// kubernetesVersion checks that ver (vMAJOR.MINOR.PATCH) is a release the appliance can deploy: its
+// minor is in pkg/k8sversion's table, which gives the nodes' image set (CoreDNS, pause and etcd
+// as kubeadm of that minor deploys them) and which kubeadm-manifests renders for
+// (TestSupportedKubernetesVersion checks that the two agree). A maintained minor (v1.35-v1.37) passes;
+// one past its end of life that the table still accepts (v1.34) passes with a warning saying why and
+// until when; any other is refused with the supported minors, e.g.
+// `kubernetesVersion: "v1.33.5" cannot be deployed: unsupported Kubernetes minor v1.33: the appliance
+// deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2`.
 func (v *validator) kubernetesVersion(ver string) {
-	if _, err := kubeadmmanifests.Images(kubeadmmanifests.Cluster{KubernetesVersion: ver, ImageRepository: "registry.k8s.io"}); err != nil {
-		v.errorf("kubernetesVersion", "%q cannot be deployed: this appliance drives kubeadm %s (configuration kubeadm.k8s.io/v1beta4 and the CoreDNS, pause and etcd images of that release), which deploys Kubernetes %s.x only; use a %s.x release, e.g. %s",
-			ver, supportedMinor, supportedMinor, supportedMinor, DefaultKubernetesVersion)
+	rel, err := k8sversion.Lookup(ver)
+	switch {
+	case err != nil:
+		v.errorf("kubernetesVersion", "%q cannot be deployed: %v", ver, err)
+	case rel.EndOfLife != "":
+		// The note is passed as an error so that ClipArgs, which shortens long strings of the
+		// document, leaves this fixed text whole.
+		v.warnf("kubernetesVersion", "%q: %v", ver, errors.New(rel.EndOfLife))
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/airgap-appliance/appliance/pkg/bundle"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/pkg/strictyaml"
 )
 
@@ -137,9 +138,9 @@ func (v *validator) cluster() {
 	}
 	switch ver := v.c.KubernetesVersion; {
 	case ver == "":
-		v.errorf("kubernetesVersion", "is required: write vMAJOR.MINOR.PATCH, e.g. %s", DefaultKubernetesVersion)
+		v.errorf("kubernetesVersion", "is required: write vMAJOR.MINOR.PATCH, e.g. %s", k8sversion.Newest().Source)
 	case !versionRE.MatchString(ver):
-		v.errorf("kubernetesVersion", "%q is not a version: write vMAJOR.MINOR.PATCH, e.g. %s", ver, DefaultKubernetesVersion)
+		v.errorf("kubernetesVersion", "%q is not a version: write vMAJOR.MINOR.PATCH, e.g. %s", ver, k8sversion.Newest().Source)
 	default:
 		v.kubernetesVersion(ver)
 	}

@@ -290,6 +290,7 @@ func TestValidateWarnings(t *testing.T) {
 			c := labConfig(t)
 			tt.mutate(c)
 			warns, errs := Validate(c, ValidateOptions{})
+			warns = withoutEOL(warns)
 			if len(errs) > 0 {
 				t.Fatalf("unexpected errors:\n%v", errs)
 			}

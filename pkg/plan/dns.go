@@ -2,18 +2,29 @@ package plan
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
-// CoreDNSImage is the image of the control planes' CoreDNS static pods: the CoreDNS kubeadm v1.34
-// deploys as the cluster DNS (kubeadm constants.CoreDNSVersion v1.12.1, under registry.k8s.io's
-// coredns/ path), so the bundle already holds it.
-const CoreDNSImage = ImageRepository + "/coredns/coredns:v1.12.1"
+// CoreDNSImage is the image of the control planes' CoreDNS static pods: the CoreDNS kubeadm of
+// kubernetesVersion's minor deploys as the cluster DNS (pkg/k8sversion's table, kubeadm
+// constants.CoreDNSVersion, under registry.k8s.io's coredns/ path), so the bundle already holds it:
+// "registry.k8s.io/coredns/coredns:v1.12.1" for v1.34.4, "registry.k8s.io/coredns/coredns:v1.14.6"
+// for v1.37.2. The error (a minor outside the table, which config validation refuses) wraps
+// k8sversion.ErrUnsupported or ErrNotAVersion.
+func CoreDNSImage(kubernetesVersion string) (string, error) {
+	rel, err := k8sversion.Lookup(kubernetesVersion)
+	if err != nil {
+		return "", fmt.Errorf("kubernetesVersion: %w", err)
+	}
+	return rel.CoreDNSImage(ImageRepository), nil
+}
 
 // dnsFor sets nc.DNS for node n when the cluster has a DNS zone (baseDomain) and runs Kubernetes
 // (the CoreDNS servers are kubelet static pods): every node's resolver asks the control planes'
@@ -50,7 +61,11 @@ func dnsFor(c *config.BootstrapConfiguration, n config.Node, nc *agentapi.NodeCo
 		if err != nil {
 			return err
 		}
-		d.Server = &agentapi.DNSServer{Image: CoreDNSImage, Corefile: string(corefile), ZoneFile: string(dnsrecords.ZoneFile(z)),
+		image, err := CoreDNSImage(c.KubernetesVersion)
+		if err != nil {
+			return err
+		}
+		d.Server = &agentapi.DNSServer{Image: image, Corefile: string(corefile), ZoneFile: string(dnsrecords.ZoneFile(z)),
 			Listen: addrs, HealthPort: dnsrecords.CoreDNSHealthPort}
 	}
 	nc.DNS = d

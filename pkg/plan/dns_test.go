@@ -64,6 +64,17 @@ func TestBuildDNS(t *testing.T) {
 		}
 	}
 
+	// Another minor: the CoreDNS kubeadm v1.37 deploys (pkg/k8sversion).
+	in.Config.KubernetesVersion = "v1.37.2"
+	if p, err = Build(in); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range p.Nodes {
+		if s := n.NodeConfig.DNS.Server; s != nil && s.Image != "registry.k8s.io/coredns/coredns:v1.14.6" {
+			t.Errorf("v1.37.2: %s runs CoreDNS %q", n.Name, s.Image)
+		}
+	}
+
 	for name, edit := range map[string]func(*Inputs){
 		"no baseDomain": func(in *Inputs) { in.Config.BaseDomain = "" },
 		"no Kubernetes": func(in *Inputs) { f := false; in.Config.Kubernetes.Enabled = &f; in.Cluster = nil },

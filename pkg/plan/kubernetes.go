@@ -10,6 +10,7 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 )
 
@@ -20,11 +21,20 @@ var KubernetesPackages = []string{"containerd", "runc", "containernetworking-plu
 
 // ImageRepository is where kubeadm pulls control-plane images from; nodes reach it through the
 // appliance's mirror (containerd hosts.toml), never upstream.
-const ImageRepository = "registry.k8s.io"
+const ImageRepository = k8sversion.DefaultImageRepository
 
-// PauseImage is the sandbox image kubeadm v1.34 expects (kubeadm constants.PauseVersion 3.10.1);
-// containerd's CRI sandbox_image must match or kubeadm warns and kubelet pulls two pause images.
-const PauseImage = ImageRepository + "/pause:3.10.1"
+// PauseImage is the sandbox image kubeadm of kubernetesVersion's minor expects (pkg/k8sversion's
+// table, kubeadm constants.PauseVersion): "registry.k8s.io/pause:3.10.1" for v1.34.4,
+// "registry.k8s.io/pause:3.10.2" for v1.37.2. containerd's CRI sandbox_image must match or kubeadm
+// warns and kubelet pulls two pause images. The error (a minor outside the table, which config
+// validation refuses) wraps k8sversion.ErrUnsupported or ErrNotAVersion.
+func PauseImage(kubernetesVersion string) (string, error) {
+	rel, err := k8sversion.Lookup(kubernetesVersion)
+	if err != nil {
+		return "", fmt.Errorf("kubernetesVersion: %w", err)
+	}
+	return rel.PauseImage(ImageRepository), nil
+}
 
 // ClusterSecrets is the cluster CA and kubeadm join secrets of the pki phase, with what the state
 // directory records of the cluster's nodes (PodRanges, Joined).
@@ -102,6 +112,7 @@ func (p *Plan) JoinSecretsRenewer() string {
 //     or, once the init node is gone, ActionJoinControlPlane, without After; the other control
 //     planes ActionJoinControlPlane, each After the control plane before it in the order leader,
 //     then nodes[] order (etcd grows one member at a time); workers ActionJoin After the leader;
+//   - SandboxImage: the pause image of the version's minor (PauseImage);
 //   - ControlPlaneEndpoint VIP:port, the cluster networks, API certificate SANs (the VIP, every
 //     control plane's static addresses, and with baseDomain api.<cluster>.<baseDomain> and api-int.…);
 //   - the bootstrap token for every node, the certificate key for control planes, and the cluster CA
@@ -123,6 +134,10 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 	if len(cps) == 0 {
 		return nil, errors.New("no control-plane node")
 	}
+	pause, err := PauseImage(c.KubernetesVersion)
+	if err != nil {
+		return nil, err
+	}
 	ranges := cluster.PodRanges
 	if ranges == nil {
 		var err error
@@ -133,7 +148,7 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 	k := &agentapi.KubernetesConfig{
 		Version:               c.KubernetesVersion,
 		Packages:              slices.Clone(KubernetesPackages),
-		SandboxImage:          PauseImage,
+		SandboxImage:          pause,
 		ControlPlaneEndpoint:  net.JoinHostPort(c.APIServer.VIP.String(), strconv.Itoa(int(c.APIServer.Port))),
 		ImageRepository:       ImageRepository,
 		PodSubnet:             c.Networks.Pods,

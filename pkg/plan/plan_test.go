@@ -126,6 +126,70 @@ func TestBuildGolden(t *testing.T) {
 	}
 }
 
+// TestBuildGoldenOtherMinor: the lab's plan for Kubernetes v1.37.2 is the golden v1.34.4 plan
+// (testdata/golden) with exactly the version and kubeadm v1.37's pause image in every node config
+// (pkg/k8sversion: pause 3.10.2 instead of 3.10.1), and nothing else changed; two builds are
+// identical. A minor outside the table fails the build naming kubernetesVersion.
+func TestBuildGoldenOtherMinor(t *testing.T) {
+	in := labInputs(t)
+	if in.Config.KubernetesVersion != "v1.34.4" {
+		t.Fatalf("the golden plan is for %s, this test for v1.34.4", in.Config.KubernetesVersion)
+	}
+	in.Config.KubernetesVersion = "v1.37.2"
+	p1, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, err := p1.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, _ := p2.Files()
+	if !maps.EqualFunc(f1, f2, bytes.Equal) {
+		t.Fatal("two builds from the same inputs differ")
+	}
+	golden := filepath.Join("testdata", "golden")
+	var seen, changed int
+	err = filepath.WalkDir(golden, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(golden, path)
+		rel = filepath.ToSlash(rel)
+		seen++
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		want := bytes.ReplaceAll(data, []byte(`"version": "v1.34.4"`), []byte(`"version": "v1.37.2"`))
+		want = bytes.ReplaceAll(want, []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.1"`), []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.2"`))
+		if !bytes.Equal(want, data) {
+			changed++
+		}
+		if got, ok := f1[rel]; !ok || !bytes.Equal(got, want) {
+			t.Errorf("%s for v1.37.2 is not the golden file with v1.37.2's version and pause image:\n%s", rel, got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen != len(f1) || changed != 4 {
+		t.Errorf("%d golden files for %d plan files, %d changed (want one node config per node, 4)", seen, len(f1), changed)
+	}
+
+	for _, v := range []string{"v1.33.5", "v1.38.0"} {
+		in.Config.KubernetesVersion = v
+		if _, err := Build(in); err == nil || !strings.Contains(err.Error(), "kubernetesVersion: unsupported Kubernetes minor "+v[:5]) {
+			t.Errorf("Build(%s) = %v, want an error naming kubernetesVersion", v, err)
+		}
+	}
+}
+
 // TestBuildFacts checks the facts derived in one place against the lab: the appliance's firewall
 // takes node networks without the pod CIDR, node firewalls add it; every VRRP speaker list uses the
 // same control-plane addresses.

@@ -214,6 +214,10 @@ func (k *k8sLab) removeWorker(t *testing.T) {
 	// One pod of a Deployment pinned to w1 (the pause image the appliance serves), created with its
 	// nodeSelector from the start (a patch afterwards would roll out a second pod) and waited for
 	// until the rollout is complete and exactly one pod exists: the one the drain must evict.
+	pause, err := plan.PauseImage(k8sVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
 	manifest := filepath.Join(k.dir, "on-w1.yaml")
 	mustWrite(t, manifest, `apiVersion: apps/v1
 kind: Deployment
@@ -226,7 +230,7 @@ spec:
     spec:
       nodeSelector: {kubernetes.io/hostname: w1}
       terminationGracePeriodSeconds: 5
-      containers: [{name: pause, image: "`+plan.PauseImage+`", imagePullPolicy: IfNotPresent}]
+      containers: [{name: pause, image: "`+pause+`", imagePullPolicy: IfNotPresent}]
 `)
 	if out, err := k.kube("apply", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply on-w1: %v %s", err, out)
