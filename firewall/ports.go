@@ -2,6 +2,7 @@ package firewall
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -19,6 +20,30 @@ const (
 
 // Roles lists every known role in table order.
 func Roles() []Role { return []Role{RoleBootstrap, RoleControlPlane, RoleEtcd, RoleWorker} }
+
+// NodeRoles maps a node's roles (bootstrap.yaml's nodes[].roles, agentapi.Configuration.Roles:
+// "control-plane", "worker") to port-table roles, without duplicates, in the order they first
+// appear: control-plane → control-plane and etcd (kubeadm's stacked etcd), worker → worker. Unknown
+// roles are ignored. The appliance's validation (pkg/config) and the node's firewall step
+// (pkg/hostagent) both use it, so they agree on a node's ports.
+func NodeRoles(roles []string) []Role {
+	var out []Role
+	add := func(r Role) {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	for _, r := range roles {
+		switch Role(r) {
+		case RoleControlPlane:
+			add(RoleControlPlane)
+			add(RoleEtcd)
+		case RoleWorker:
+			add(RoleWorker)
+		}
+	}
+	return out
+}
 
 // Valid reports whether r is one of the known roles.
 func (r Role) Valid() bool {

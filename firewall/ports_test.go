@@ -335,3 +335,23 @@ func TestApplyRejectsInvalidSpec(t *testing.T) {
 		t.Fatalf("InPlace(empty spec) = %v, want ErrInvalidSpec", err)
 	}
 }
+
+// TestNodeRoles: a node's roles become port-table roles, control planes with etcd (stacked), each
+// once, in the order they first appear; unknown roles give nothing.
+func TestNodeRoles(t *testing.T) {
+	for _, tt := range []struct {
+		roles []string
+		want  []Role
+	}{
+		{[]string{"control-plane"}, []Role{RoleControlPlane, RoleEtcd}},
+		{[]string{"worker"}, []Role{RoleWorker}},
+		{[]string{"control-plane", "worker"}, []Role{RoleControlPlane, RoleEtcd, RoleWorker}},
+		{[]string{"worker", "control-plane", "worker"}, []Role{RoleWorker, RoleControlPlane, RoleEtcd}},
+		{[]string{"bootstrap", "etcd", "Worker"}, nil},
+		{nil, nil},
+	} {
+		if got := NodeRoles(tt.roles); !slices.Equal(got, tt.want) {
+			t.Errorf("NodeRoles(%q) = %v, want %v", tt.roles, got, tt.want)
+		}
+	}
+}

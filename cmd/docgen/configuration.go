@@ -12,6 +12,7 @@ import (
 	"go/token"
 	"go/types"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -83,7 +84,7 @@ type configGen struct {
 // list elements as "[]"), and then the sections of the structs its fields hold.
 func (g *configGen) section(path, name string) error {
 	t := g.types[name]
-	st, err := structOf(t)
+	st, err := g.structType(t)
 	if err != nil {
 		return err
 	}
@@ -179,6 +180,49 @@ func structOf(t *doc.Type) (*ast.StructType, error) {
 	return nil, fmt.Errorf("%s is not a struct type", t.Name)
 }
 
+// structType returns the struct type t declares or, when t is an alias of a struct type of another
+// package of the module (config.RootDeviceHints = agentapi.RootDeviceHints: the boot contract's
+// type), that struct: the section keeps the alias's doc comment, and the fields, their tags and
+// their doc comments are the target's. The target's fields name no type of their own package.
+func (g *configGen) structType(t *doc.Type) (*ast.StructType, error) {
+	if st, err := structOf(t); err == nil {
+		return st, nil
+	}
+	for _, s := range t.Decl.Specs {
+		ts, ok := s.(*ast.TypeSpec)
+		if !ok || ts.Name.Name != t.Name || !ts.Assign.IsValid() {
+			continue
+		}
+		sel, ok := ts.Type.(*ast.SelectorExpr)
+		if !ok {
+			break
+		}
+		x, ok := sel.X.(*ast.Ident)
+		if !ok {
+			break
+		}
+		r := g.src.r
+		for _, imp := range g.src.doc.Imports {
+			rel, ok := strings.CutPrefix(imp, r.module+"/")
+			if !ok || path.Base(imp) != x.Name {
+				continue
+			}
+			p, err := r.pkg(filepath.Join(r.root, filepath.FromSlash(rel)))
+			if err != nil {
+				return nil, err
+			}
+			for _, target := range p.doc.Types {
+				if target.Name == sel.Sel.Name {
+					return structOf(target)
+				}
+			}
+			return nil, fmt.Errorf("%s = %s: %s has no type %s", t.Name, types.ExprString(sel), imp, sel.Sel.Name)
+		}
+		return nil, fmt.Errorf("%s = %s: not a package of module %s", t.Name, types.ExprString(sel), r.module)
+	}
+	return nil, fmt.Errorf("%s is not a struct type", t.Name)
+}
+
 // fieldDoc is the field's doc comment, "" when it has none.
 func fieldDoc(f *ast.Field) string {
 	if f.Doc == nil {
@@ -236,7 +280,7 @@ func (g *configGen) typeOf(e ast.Expr) (desc, elem string, list bool) {
 		if t == nil {
 			return e.Name, "", false
 		}
-		if _, err := structOf(t); err == nil {
+		if _, err := g.structType(t); err == nil {
 			return "object", e.Name, false
 		}
 		if vals := g.src.valuesOf(e.Name); len(vals) > 0 {

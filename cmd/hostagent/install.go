@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/hostagent"
 )
 
@@ -50,7 +51,10 @@ func newInstallCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			boot, err := hostagent.ParseBootArgs(strings.Fields(string(raw)))
+			boot, err := agentapi.ParseBootArgs(string(raw))
+			if err == nil {
+				err = boot.RequireAppliance()
+			}
 			if err != nil {
 				return err
 			}

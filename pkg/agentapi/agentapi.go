@@ -1,5 +1,7 @@
 // Package agentapi holds what the appliance and hostagent exchange: the per-node hostagent
-// configuration (delivered in Ignition or over SSH as /etc/hostagent/config.yaml, mode 0600).
+// configuration (delivered in Ignition or over SSH as /etc/hostagent/config.yaml, mode 0600), the
+// agent API (api.go), the enrolment (enroll.go), the steps and pin format (contract.go), and the
+// boot contract: the node image's kernel arguments (bootargs.go: BootArgs, RootDeviceHints).
 package agentapi
 
 import (

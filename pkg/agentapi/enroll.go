@@ -166,9 +166,10 @@ type EnrollResponse struct {
 	// KeyFingerprint is "sha256:<hex>" of the public key the node is now bound to.
 	KeyFingerprint string `json:"keyFingerprint"`
 	// InstallArgs are the node's install parameters as kernel-argument words, public data only: its
-	// root-device hints (appliance.rootdevice.*=, pkg/install.KernelArgs) and its static addresses
-	// (appliance.address=, appliance.gateway=, pkg/install.NetworkKernelArgs); empty when the node
-	// has neither. A network boot's iPXE script carries the same words; a virtual-media boot, whose
+	// root-device hints (appliance.rootdevice.*=, BootArgs.Hints), its static addresses
+	// (appliance.address=, appliance.gateway=, BootArgs.Network) and its MAC (appliance.mac=,
+	// BootArgs.MAC), in BootArgs.Words' order; ParseBootArgs reads them. Empty when the node
+	// has none of them. A network boot's iPXE script carries the same words; a virtual-media boot, whose
 	// ISO is the same for every node, gets them only here (over the pinned TLS of the answer).
 	InstallArgs []string `json:"installArgs,omitempty"`
 }

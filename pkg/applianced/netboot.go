@@ -15,7 +15,6 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
@@ -52,9 +51,10 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		HTTPPort:  b.HTTPPort,
 		// The machines' install marks (pkg/netboot install.go; `appliance node reinstall` clears one).
 		StateDir: filepath.Join(cfg.StateDir, "netboot"),
-		KernelArgs: append(append([]string{}, b.KernelArgs...),
-			"appliance.url=https://"+net.JoinHostPort(ip.String(), strconv.Itoa(int(cfg.Server.Port))),
-			"appliance.ca_pin="+pin),
+		KernelArgs: append(append([]string{}, b.KernelArgs...), agentapi.BootArgs{
+			ApplianceURL: "https://" + net.JoinHostPort(ip.String(), strconv.Itoa(int(cfg.Server.Port))),
+			CAPin:        pin,
+		}.Words()...),
 		Logger: log,
 	}
 	if b.Kernel == "" && b.Initrd == "" {
@@ -87,7 +87,7 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 		}
 		switch {
 		case n.NetworkBootable():
-			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac, KernelArgs: installArgs(cfg, n)})
+			nc.Machines = append(nc.Machines, netboot.Machine{Name: n.Name, MAC: mac, KernelArgs: installArgs(cfg, n).Words()})
 		case b.DHCP == config.BootDHCPServer && n.InstallsItself():
 			// Booted from virtual media on the network the appliance leases: its live system (and its
 			// installed one, without static addresses) takes DHCP from here.
@@ -99,16 +99,16 @@ func netbootConfig(cfg *config.BootstrapConfiguration, caPEM []byte, log *slog.L
 	return nc, true, nil
 }
 
-// installArgs are node n's install parameters as kernel-argument words (public data only): its
-// root-device hints and the static addresses its installed system keeps. The iPXE script of a
-// network boot carries them; the enrolment answer carries them to every BMC-booted node, which is
+// installArgs are node n's install parameters (public data only): its root-device hints and the
+// static addresses its installed system keeps (BootArgs.Hints, BootArgs.Network). The iPXE script of
+// a network boot carries them; the enrolment answer carries them to every BMC-booted node, which is
 // how a virtual-media node (its ISO the same for every node) gets them.
-func installArgs(cfg *config.BootstrapConfiguration, n config.Node) []string {
-	var args []string
+func installArgs(cfg *config.BootstrapConfiguration, n config.Node) agentapi.BootArgs {
+	args := agentapi.BootArgs{Network: cfg.BootNetwork(n)}
 	if n.RootDevice != nil {
-		args = install.KernelArgs(*n.RootDevice)
+		args.Hints = *n.RootDevice
 	}
-	return append(args, install.NetworkKernelArgs(install.BootNetwork(cfg, n))...)
+	return args
 }
 
 // nodeImageRootFS is the node image's rootfs.squashfs in initrd's directory, or "" when there is

@@ -22,7 +22,6 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/csrapprove"
 	"github.com/airgap-appliance/appliance/pkg/dnsrecords"
-	"github.com/airgap-appliance/appliance/pkg/install"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/server"
@@ -271,15 +270,14 @@ func serveDNS(cfg *config.BootstrapConfiguration, configPath string, addr netip.
 	return srv, nil
 }
 
-// enrollInstallArgs is what the enrolment answer gives node n to install with: installArgs and, when
-// n has one, appliance.mac= with nodes[].mac (the NIC the enrolment matched, which the installed
-// system's static addresses go on when the boot named no NIC, as a virtual-media boot does not).
+// enrollInstallArgs is what the enrolment answer gives node n to install with, as kernel-argument
+// words: installArgs and, when n has one, appliance.mac= with nodes[].mac (BootArgs.MAC: the NIC the
+// enrolment matched, which the installed system's static addresses go on when the boot named no
+// NIC, as a virtual-media boot does not).
 func enrollInstallArgs(cfg *config.BootstrapConfiguration, n config.Node) []string {
 	args := installArgs(cfg, n)
-	if n.MAC != "" {
-		args = append(args, install.MACArg+"="+n.MAC)
-	}
-	return args
+	args.MAC = n.MAC
+	return args.Words()
 }
 
 // enrollNodes is the inventory as the enrolment endpoint sees it (pkg/server.Enrollment).

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/nodeiso"
 )
@@ -118,6 +119,35 @@ func (n Node) InstallsItself() bool {
 	return n.NetworkBootable() || (n.MAC != "" && n.Power.Kind == PowerRedfish && n.Power.BootDevice == BootCDROM && n.Power.VirtualMediaImage != "")
 }
 
+// BootNetwork is the static network n's installed system keeps on its boot NIC (agentapi.Network,
+// BootArgs.Network): n's addresses that lie inside networks.controlPlane.cidrs (the network the
+// appliance network-boots on: pkg/netboot serves on the control-plane interface), with that CIDR's
+// prefix length, in nodes[].addresses order, and boot.router when one of those CIDRs holds it.
+// Addresses only in networks.workloadPlane.cidrs are left out: they may be on another NIC, which the
+// boot gives no MAC for.
+func (c *BootstrapConfiguration) BootNetwork(n Node) agentapi.Network {
+	var nw agentapi.Network
+	var nets []netip.Prefix
+	for _, a := range n.Addresses {
+		for _, p := range c.Networks.ControlPlane.CIDRs {
+			if p.Contains(a) {
+				nw.Addresses = append(nw.Addresses, netip.PrefixFrom(a, p.Bits()))
+				nets = append(nets, p)
+				break
+			}
+		}
+	}
+	if r := c.Boot.Router; r.IsValid() {
+		for _, p := range nets {
+			if p.Contains(r) {
+				nw.Gateway = r
+				break
+			}
+		}
+	}
+	return nw
+}
+
 // BootSummary says, for people, what network boot the appliance serves for c (`appliance config
 // validate`, `appliance status`): "off (boot.dhcp: off)", or the DHCP mode, the ports, the interface,
 // the kernel and the machines that get answers, e.g. "proxyDHCP (udp 67, 4011), TFTP (udp 69) and
@@ -196,7 +226,7 @@ func setBootDefaults(c *BootstrapConfiguration) {
 var secretArgRE = regexp.MustCompile(`(?i)(token|passw|secret|private|credential)`)
 
 // applianceArgs are the kernel arguments the appliance sets itself on the network-boot path.
-var applianceArgs = []string{"appliance.url", "appliance.ca_pin", "appliance.node"}
+var applianceArgs = []string{agentapi.ArgApplianceURL, agentapi.ArgCAPin, agentapi.ArgNode}
 
 // ifaceNameRE: a Linux interface name (IFNAMSIZ 16 with the NUL; no '/', ':' or white space).
 var ifaceNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)

@@ -126,29 +126,6 @@ const (
 	portNameAPI       = "kube-apiserver"  // apiServer.port
 )
 
-// FirewallRoles maps node roles to port-table roles as the nodes' hostagent does
-// (hostagent.FirewallRoles; pkg/hostagent's TestFirewallRolesAsConfig keeps the two equal):
-// control-plane → control-plane and etcd (kubeadm's stacked etcd), worker → worker. It is repeated
-// here so that the configuration does not depend on the node agent.
-func FirewallRoles(roles []Role) []firewall.Role {
-	var out []firewall.Role
-	add := func(r firewall.Role) {
-		if !slices.Contains(out, r) {
-			out = append(out, r)
-		}
-	}
-	for _, r := range roles {
-		switch r {
-		case RoleControlPlane:
-			add(firewall.RoleControlPlane)
-			add(firewall.RoleEtcd)
-		case RoleWorker:
-			add(firewall.RoleWorker)
-		}
-	}
-	return out
-}
-
 // portHost is a kind of host and the port-table roles it plays.
 type portHost struct {
 	where string
@@ -176,7 +153,7 @@ func (v *validator) portHosts() []portHost {
 		for _, r := range n.Roles {
 			roles = append(roles, string(r))
 		}
-		fw := FirewallRoles(n.Roles)
+		fw := firewall.NodeRoles(roles) // as the node's hostagent installs them
 		if slices.ContainsFunc(n.Addresses, func(a netip.Addr) bool { return slices.Contains(own, a) }) {
 			boot.where += fmt.Sprintf(", which is also nodes[%d] (%s)", i, n.Name)
 			for _, r := range fw {

@@ -4,6 +4,8 @@ import (
 	"path"
 	"regexp"
 	"strings"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // RootDeviceHints choose the disk a network-booted node installs itself to (nodes[].rootDevice; the
@@ -12,38 +14,7 @@ import (
 // must match; deviceName, hctl, serialNumber and the wwn fields match exactly, model and vendor as
 // substrings; the first disk in the kernel's order that matches them all is chosen. With no hints at
 // all the installer takes the smallest disk of at least 4 GiB (Ironic's default).
-type RootDeviceHints struct {
-	// DeviceName is the disk's device path: /dev/vda, or better a stable link under
-	// /dev/disk/by-path/ (e.g. /dev/disk/by-path/pci-0000:00:05.0), which names the slot, not the
-	// order the kernel found the disks in.
-	DeviceName string `yaml:"deviceName,omitempty"`
-	// HCTL is the SCSI address Host:Channel:Target:Lun, e.g. 0:0:0:0 (/sys/block/DEV/device/scsi_device).
-	HCTL string `yaml:"hctl,omitempty"`
-	// Model is a substring of the disk's model (/sys/block/DEV/device/model; udev's ID_MODEL).
-	Model string `yaml:"model,omitempty"`
-	// Vendor is a substring of the disk's vendor (/sys/block/DEV/device/vendor).
-	Vendor string `yaml:"vendor,omitempty"`
-	// SerialNumber is the disk's serial number exactly (/sys/block/DEV/device/serial, or
-	// /sys/block/DEV/serial for virtio; udev's ID_SERIAL_SHORT).
-	SerialNumber string `yaml:"serialNumber,omitempty"`
-	// MinSizeGigabytes is the smallest acceptable size in GiB (2^30 bytes).
-	MinSizeGigabytes uint32 `yaml:"minSizeGigabytes,omitempty"`
-	// WWN is the World Wide Name exactly, e.g. 0x5000c500a0b1c2d3 (/sys/block/DEV/device/wwid
-	// without its "naa." prefix; udev's ID_WWN).
-	WWN string `yaml:"wwn,omitempty"`
-	// WWNWithExtension is the WWN with the vendor extension appended (udev's ID_WWN_WITH_EXTENSION).
-	WWNWithExtension string `yaml:"wwnWithExtension,omitempty"`
-	// WWNVendorExtension is the vendor extension alone (udev's ID_WWN_VENDOR_EXTENSION).
-	WWNVendorExtension string `yaml:"wwnVendorExtension,omitempty"`
-	// Rotational: true for spinning disks only, false for solid-state only (/sys/block/DEV/queue/rotational).
-	Rotational *bool `yaml:"rotational,omitempty"`
-}
-
-// IsZero reports whether no hint is given.
-func (h RootDeviceHints) IsZero() bool {
-	return h.DeviceName == "" && h.HCTL == "" && h.Model == "" && h.Vendor == "" && h.SerialNumber == "" &&
-		h.MinSizeGigabytes == 0 && h.WWN == "" && h.WWNWithExtension == "" && h.WWNVendorExtension == "" && h.Rotational == nil
-}
+type RootDeviceHints = agentapi.RootDeviceHints // the boot contract's type: the node reads it from its kernel command line
 
 var (
 	hctlRE = regexp.MustCompile(`^[0-9]+:[0-9]+:[0-9]+:[0-9]+$`)

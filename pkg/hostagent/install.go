@@ -9,8 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,83 +16,13 @@ import (
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
-	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/install"
 )
 
-// BootArgs is what the node image's kernel command line tells `hostagent install` (iso/node/init and
-// pkg/netboot put it there; public data only).
-type BootArgs struct {
-	// ApplianceURL and CAPin: appliance.url=, appliance.ca_pin= (required).
-	ApplianceURL, CAPin string
-	// Node: appliance.node= (informational; the enrolment decides who the machine is).
-	Node string
-	// InitrdURL: appliance.initrd= (network boot): the initramfs the installed system boots with.
-	// Empty on an ISO boot.
-	InitrdURL string
-	// Hints: appliance.rootdevice.*= (pkg/install.KernelArgs).
-	Hints config.RootDeviceHints
-	// Network: appliance.address=, appliance.gateway= (pkg/install.NetworkKernelArgs): the node's
-	// static addresses on the boot NIC for the installed system. Zero: DHCP.
-	Network install.Network
-	// DHCPGateway is the gateway of appliance.ip=ADDR::GATEWAY:NETMASK (what iPXE got by DHCP at
-	// this boot); invalid when none. The installed system takes it as its default route when
-	// Network has addresses but no gateway and one of their networks holds it.
-	DHCPGateway netip.Addr
-	// Console are the console= arguments, kept for the installed system.
-	Console []string
-}
-
-// ParseBootArgs reads BootArgs from the words of /proc/cmdline. Errors name the argument to fix.
-func ParseBootArgs(words []string) (BootArgs, error) {
-	var b BootArgs
-	for _, w := range words {
-		k, v, _ := strings.Cut(w, "=")
-		switch k {
-		case "appliance.url":
-			b.ApplianceURL = v
-		case "appliance.ca_pin":
-			b.CAPin = v
-		case "appliance.node":
-			b.Node = v
-		case "appliance.initrd":
-			b.InitrdURL = v
-		case "appliance.ip":
-			// ADDR::GATEWAY:NETMASK (the kernel's ip= order); iPXE writes 0.0.0.0 or nothing for none.
-			if f := strings.Split(v, ":"); len(f) >= 3 {
-				if gw, err := netip.ParseAddr(f[2]); err == nil && !gw.IsUnspecified() {
-					b.DHCPGateway = gw
-				}
-			}
-		case "console":
-			b.Console = append(b.Console, w)
-		}
-	}
-	h, err := install.HintsFromKernelArgs(words)
-	if err != nil {
-		return b, err
-	}
-	b.Hints = h
-	if b.Network, err = install.NetworkFromKernelArgs(words); err != nil {
-		return b, err
-	}
-	switch {
-	case b.ApplianceURL == "":
-		return b, errors.New("appliance.url= is missing from the kernel command line: boot the node image from the appliance (network boot or its ISO)")
-	case b.CAPin == "":
-		return b, errors.New("appliance.ca_pin= is missing from the kernel command line")
-	}
-	if b.InitrdURL != "" {
-		if u, err := url.Parse(b.InitrdURL); err != nil || u.Scheme != "http" || u.Host == "" {
-			return b, fmt.Errorf("appliance.initrd=%q is not an http:// URL of the appliance's boot server", b.InitrdURL)
-		}
-	}
-	return b, nil
-}
-
 // InstallOptions is one run of the node image's installer (`hostagent install`).
 type InstallOptions struct {
-	Boot BootArgs
+	// Boot is the node image's kernel command line (agentapi.ParseBootArgs of /proc/cmdline).
+	Boot agentapi.BootArgs
 	// Enroll runs the enrolment (`hostagent enroll`), writing ConfigPath, CAPath and IgnitionPath.
 	Enroll func(ctx context.Context) error
 	// ConfigPath, CAPath and IgnitionPath are where Enroll writes the hostagent configuration, the
@@ -104,7 +32,7 @@ type InstallOptions struct {
 	// (agentapi.EnrollResponse.InstallArgs: kernel-argument words); "" or a missing file: none.
 	// Words it holds replace the kernel command line's root-device hints and static addresses (the
 	// answer comes over the pinned TLS; a virtual-media boot's command line has neither), and its
-	// install.MACArg names the NIC the installed system configures when the boot named none.
+	// agentapi.ArgMAC names the NIC the installed system configures when the boot named none.
 	InstallArgsPath string
 	// Image is the node image's root filesystem; MediumInitrd the initramfs on an ISO boot (used
 	// when Boot.InitrdURL is empty).
@@ -172,7 +100,7 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 		return res, err
 	}
 	res.Chosen = time.Since(t1)
-	log.Info("install: disk chosen", "node", cfg.Node, "disk", res.Disk.String(), "hints", install.DescribeHints(o.Boot.Hints))
+	log.Info("install: disk chosen", "node", cfg.Node, "disk", res.Disk.String(), "hints", o.Boot.Hints.String())
 
 	initrd := o.MediumInitrd
 	if o.Boot.InitrdURL != "" {
@@ -196,7 +124,7 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	files = append(files, install.File{Path: CACertPath, Data: ca, Mode: 0o644})
 	t2 := time.Now()
 	ir, err := install.Install(ctx, install.Options{
-		Disk: res.Disk.Path, Image: o.Image, Initrd: initrd, KernelArgs: o.Boot.Console,
+		Disk: res.Disk.Path, Image: o.Image, Initrd: initrd, KernelArgs: o.Boot.ConsoleArgs(),
 		Ignition: o.IgnitionPath, IgnitionCA: o.CAPath, Files: files,
 		Enable:  []string{"systemd-networkd.service", "hostagent.service"},
 		Marker:  install.Marker{Node: cfg.Node, DiskInfo: res.Disk.String()},
@@ -231,10 +159,10 @@ func RunInstall(ctx context.Context, o InstallOptions) (InstallResult, error) {
 	return res, nil
 }
 
-// applyInstallArgs reads o.InstallArgsPath (a missing file or "" is no words) and puts its root-device
-// hints and static addresses in o.Boot, in place of the kernel command line's, when it holds any,
-// and returns its install.MACArg (nodes[].mac; "" when none). Words that do not parse are an error
-// naming them.
+// applyInstallArgs reads o.InstallArgsPath (a missing file or "" is no words) with
+// agentapi.ParseBootArgs and puts its root-device hints and static addresses in o.Boot, in place of
+// the kernel command line's, when it holds any, and returns its appliance.mac (nodes[].mac; "" when
+// none). Words that do not parse are an error naming them.
 func applyInstallArgs(o *InstallOptions, log *slog.Logger) (mac string, err error) {
 	if o.InstallArgsPath == "" {
 		return "", nil
@@ -245,28 +173,18 @@ func applyInstallArgs(o *InstallOptions, log *slog.Logger) (mac string, err erro
 	} else if err != nil {
 		return "", err
 	}
-	words := strings.Fields(string(b))
-	h, err := install.HintsFromKernelArgs(words)
+	args, err := agentapi.ParseBootArgs(string(b))
 	if err != nil {
 		return "", fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
 	}
-	nw, err := install.NetworkFromKernelArgs(words)
-	if err != nil {
-		return "", fmt.Errorf("the enrolment answer's install parameters (%s): %w", o.InstallArgsPath, err)
+	if !args.Hints.IsZero() {
+		o.Boot.Hints = args.Hints
 	}
-	if !h.IsZero() {
-		o.Boot.Hints = h
+	if !args.Network.IsZero() {
+		o.Boot.Network = args.Network
 	}
-	if !nw.IsZero() {
-		o.Boot.Network = nw
-	}
-	for _, w := range words {
-		if v, ok := strings.CutPrefix(w, install.MACArg+"="); ok {
-			mac = v
-		}
-	}
-	log.Info("install: parameters from the enrolment answer", "hints", install.DescribeHints(o.Boot.Hints), "addresses", fmt.Sprint(o.Boot.Network.Addresses), "mac", mac)
-	return mac, nil
+	log.Info("install: parameters from the enrolment answer", "hints", o.Boot.Hints.String(), "addresses", fmt.Sprint(o.Boot.Network.Addresses), "mac", args.MAC)
+	return args.MAC, nil
 }
 
 // errNoticeNotServed is wrapped by sendInstallNotice for a 404: the appliance has nothing to do for
@@ -282,17 +200,18 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-// installedNetwork is b.Network, with b.DHCPGateway as the gateway when the configuration names none
-// and one of the addresses' networks holds it (the provisioning network's router, as its DHCP server
-// announced it at this boot).
-func installedNetwork(b BootArgs) install.Network {
+// installedNetwork is b.Network, with b.DHCPGateway() as the gateway when the configuration names
+// none and one of the addresses' networks holds it (the provisioning network's router, as its DHCP
+// server announced it at this boot).
+func installedNetwork(b agentapi.BootArgs) agentapi.Network {
 	nw := b.Network
-	if nw.Gateway.IsValid() || !b.DHCPGateway.IsValid() {
+	gw := b.DHCPGateway()
+	if nw.Gateway.IsValid() || !gw.IsValid() {
 		return nw
 	}
 	for _, a := range nw.Addresses {
-		if a.Masked().Contains(b.DHCPGateway) {
-			nw.Gateway = b.DHCPGateway
+		if a.Masked().Contains(gw) {
+			nw.Gateway = gw
 			break
 		}
 	}

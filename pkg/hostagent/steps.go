@@ -7,34 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/airgap-appliance/appliance/firewall"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/containerd"
 )
-
-// FirewallRoles maps node roles to port-table roles: control-plane → control-plane and etcd
-// (kubeadm's stacked etcd), worker → worker. Unknown roles are ignored.
-func FirewallRoles(roles []string) []firewall.Role {
-	var out []firewall.Role
-	add := func(r firewall.Role) {
-		if !slices.Contains(out, r) {
-			out = append(out, r)
-		}
-	}
-	for _, r := range roles {
-		switch r {
-		case "control-plane":
-			add(firewall.RoleControlPlane)
-			add(firewall.RoleEtcd)
-		case "worker":
-			add(firewall.RoleWorker)
-		}
-	}
-	return out
-}
 
 // stepFirewall installs the node's firewall through the backend firewall.Choose picks: firewalld (zone and
 // policy appliance, over D-Bus) when firewalld runs on the node, else our nftables table inet appliance. The
@@ -47,7 +25,7 @@ func (a *Agent) stepFirewall(ctx context.Context) (string, error) {
 	nc := a.nc
 	a.mu.Unlock()
 	spec := firewall.Spec{
-		Roles:        FirewallRoles(nc.Roles),
+		Roles:        firewall.NodeRoles(nc.Roles),
 		NodeNetworks: nc.NodeNetworks,
 		APIPort:      nc.APIServerPort,
 		DNS:          nc.DNS != nil && nc.DNS.Server != nil, // the control planes' CoreDNS (dns step)

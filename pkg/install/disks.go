@@ -1,10 +1,11 @@
 // Package install writes the node image to a machine's disk: it lists the disks the kernel sees,
-// chooses one by root-device hints (config.RootDeviceHints, Metal3's rootDeviceHints), partitions it
-// (GPT: a BIOS boot partition for GRUB, an EFI system partition and one ext4 root), unpacks the node
-// image's root filesystem onto it, applies the node's Ignition config to it with Debian's ignition
-// binary, and makes it the persistent boot device (GRUB for BIOS and for UEFI on that disk). The node image's `hostagent install` runs it
-// on a network-booted (or virtual-media-booted) machine; the installed system boots with
-// root=UUID=… through the same initramfs (iso/node/init).
+// chooses one by root-device hints (agentapi.RootDeviceHints, the boot contract's BootArgs.Hints;
+// Metal3's rootDeviceHints), partitions it (GPT: a BIOS boot partition for GRUB, an EFI system
+// partition and one ext4 root), unpacks the node image's root filesystem onto it, applies the node's
+// Ignition config to it with Debian's ignition binary, and makes it the persistent boot device (GRUB
+// for BIOS and for UEFI on that disk). The node image's `hostagent install` runs it on a
+// network-booted (or virtual-media-booted) machine; the installed system boots with root=UUID=…
+// through the same initramfs (iso/node/init).
 //
 // It drives the standard tools (sfdisk, mkfs.ext4, unsquashfs, grub-install, ignition), as an
 // installer in the field does (Ironic's agent, Debian's installer): their behaviour on real disks is

@@ -55,7 +55,7 @@ func TestChoose(t *testing.T) {
 					t.Fatalf("Choose = %s, %v; want ErrNoDisk", d.Name, err)
 				}
 				// The reason names the hints and every disk seen.
-				for _, want := range append([]string{"nodes[].rootDevice " + DescribeHints(tt.hints)}, "nvme0n1 960.0 GiB", "sda 240.0 GiB serial=\"PHYF1234ABC\"", "sdd 4000.0 GiB") {
+				for _, want := range append([]string{"nodes[].rootDevice " + tt.hints.String()}, "nvme0n1 960.0 GiB", "sda 240.0 GiB serial=\"PHYF1234ABC\"", "sdd 4000.0 GiB") {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("error lacks %q: %v", want, err)
 					}
@@ -92,39 +92,4 @@ func TestChoose(t *testing.T) {
 			t.Errorf("Choose(nil) = %v, want ErrNoDisk with 'disks seen: none'", err)
 		}
 	})
-}
-
-// TestHintsKernelArgs: the hints survive the kernel command line (no spaces, percent-encoded), and a
-// bad argument is an error naming it.
-func TestHintsKernelArgs(t *testing.T) {
-	no := false
-	h := config.RootDeviceHints{DeviceName: "/dev/disk/by-path/pci-0000:00:05.0", Model: "QEMU HARDDISK", SerialNumber: "NODE DISK/1%",
-		MinSizeGigabytes: 8, WWN: "0x5000c500a0b1c2d3", Rotational: &no, HCTL: "0:0:0:0", Vendor: "ATA",
-		WWNWithExtension: "0x5000c500a0b1c2d30000000000000001", WWNVendorExtension: "0x1"}
-	args := KernelArgs(h)
-	if len(args) != 10 {
-		t.Fatalf("KernelArgs gave %d arguments, want 10: %q", len(args), args)
-	}
-	for _, a := range args {
-		if strings.ContainsAny(a, " \t\n") || !strings.HasPrefix(a, KernelArgPrefix) {
-			t.Errorf("argument %q: want %s… without white space", a, KernelArgPrefix)
-		}
-	}
-	got, err := HintsFromKernelArgs(append([]string{"console=ttyS0", "appliance.url=https://x"}, args...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if DescribeHints(got) != DescribeHints(h) {
-		t.Errorf("round trip: %s, want %s", DescribeHints(got), DescribeHints(h))
-	}
-	for _, bad := range []struct{ arg, want string }{
-		{KernelArgPrefix + "serial=X", "unknown root-device hint"},
-		{KernelArgPrefix + "minSizeGigabytes=-1", "minSizeGigabytes"},
-		{KernelArgPrefix + "rotational=maybe", "rotational"},
-		{KernelArgPrefix + "model=%zz", "model"},
-	} {
-		if _, err := HintsFromKernelArgs([]string{bad.arg}); err == nil || !strings.Contains(err.Error(), bad.want) {
-			t.Errorf("HintsFromKernelArgs(%q) = %v, want an error naming %s", bad.arg, err, bad.want)
-		}
-	}
 }

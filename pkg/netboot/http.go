@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/agentapi"
 )
 
 // Handler is the plain-HTTP handler of the boot artefacts: GET or HEAD of ChainPath, ScriptPath+MAC,
@@ -67,11 +69,19 @@ func parseMAC(s string) (net.HardwareAddr, bool) {
 	return hw, err == nil && len(hw) == 6
 }
 
+// What iPXE writes for agentapi.BootArgs.BootIF and IP, from the settings of the NIC it booted
+// from (iPXE's settings: ${netX/mac:hexhyp} is the MAC with '-', the ip, gateway and netmask DHCP
+// gave): expanded by iPXE when it runs the script, so the kernel sees the values.
+const (
+	ipxeBootIF = "01-${netX/mac:hexhyp}"
+	ipxeIP     = "${netX/ip}::${netX/gateway}:${netX/netmask}"
+)
+
 // Script returns the iPXE script of the machine with this MAC, and false for a MAC not in the
 // inventory. It carries public data only: the kernel and initrd URLs and the command line
-// (Config.KernelArgs, the machine's KernelArgs, appliance.node=NAME, for UEFI initrd=initrd, and with
-// Config.RootFS the node image's arguments, see install.go). A machine marked installed gets a script
-// that boots its disk instead.
+// (for UEFI initrd=initrd, Config.KernelArgs, the machine's KernelArgs, then agentapi.BootArgs with
+// the node's name and, with Config.RootFS, the node image's network-boot arguments, see install.go).
+// A machine marked installed gets a script that boots its disk instead.
 func (s *Server) Script(mac net.HardwareAddr) (string, bool) {
 	script, _, ok := s.script(mac)
 	return script, ok
@@ -94,12 +104,13 @@ func (s *Server) script(mac net.HardwareAddr) (script string, disk, ok bool) {
 	}
 	args := append([]string{"initrd=initrd"}, s.cfg.KernelArgs...)
 	args = append(args, m.KernelArgs...)
-	args = append(args, "appliance.node="+m.Name)
+	boot := agentapi.BootArgs{Node: m.Name}
 	base := s.baseURL()
 	if s.rootFS.path != "" {
-		args = append(args, "appliance.rootfs="+base+RootFSPath, "appliance.rootfs_sha256="+s.rootFSSHA256,
-			"appliance.initrd="+base+InitrdPath, "BOOTIF=01-${netX/mac:hexhyp}", "appliance.ip=${netX/ip}::${netX/gateway}:${netX/netmask}")
+		boot.RootFSURL, boot.RootFSSHA256, boot.InitrdURL = base+RootFSPath, s.rootFSSHA256, base+InitrdPath
+		boot.BootIF, boot.IP = ipxeBootIF, ipxeIP
 	}
+	args = append(args, boot.Words()...)
 	return fmt.Sprintf("#!ipxe\n"+
 		"echo appliance: network boot of %s (${netX/mac})\n"+
 		"kernel %s%s %s\n"+

@@ -108,7 +108,7 @@ type Machine struct {
 	// MAC is its boot NIC's 48-bit address.
 	MAC net.HardwareAddr
 	// KernelArgs are this machine's own kernel arguments, after Config.KernelArgs (public data only,
-	// checked like them), e.g. its root-device hints (pkg/install.KernelArgs).
+	// checked like them), e.g. its root-device hints (agentapi.BootArgs.Words).
 	KernelArgs []string
 }
 

@@ -230,9 +230,9 @@ func (p *Plan) Node(name string) (NodeArtefacts, bool) {
 // and no Ignition URL: the booted machine runs `hostagent enroll` (agentapi.EnrollPathV1), which
 // proves it is the machine the appliance powered on and receives the node's credential, then fetches
 // its Ignition config with the token in the Authorization header. The same arguments as the
-// network-boot script's (pkg/netboot KernelArgs).
+// network-boot script's (pkg/netboot KernelArgs): agentapi.BootArgs, formatted.
 func KernelCmdline(applianceURL, caPin string) string {
-	return "appliance.url=" + applianceURL + " appliance.ca_pin=" + caPin
+	return agentapi.BootArgs{ApplianceURL: applianceURL, CAPin: caPin}.Format()
 }
 
 // ApplianceKeepalived is the bootstrap host's VRRP instance for the API VIP: unicast from its
