@@ -8,7 +8,9 @@
 # reported ready: nothing here can reach them over SSH), then
 # test/bench/fleet run for DURATION seconds inside the bootstrap namespace: N simulated nodes
 # speaking the real agent protocol through pkg/hostagent (CA against the pin, Ignition, node config,
-# a report at every step start and end) plus PULLERS pulling the bundle's real image set. Prints
+# a report at every step start and end), each from its own control-plane address as a real fleet
+# (fleet-lab.sh: an AnyIP route; the appliance caps connections per source address), plus PULLERS
+# pulling the bundle's real image set. Prints
 # p50/p99 per endpoint, errors (goal 0), appliance RSS (goal <= 150 MiB at N = 500), appliance CPU
 # per report, each with its ratio to the first N, and the load average beside every run.
 # Only lab namespaces; bounded by DURATION per N; processes stopped by PID (appliance stop).
