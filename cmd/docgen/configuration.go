@@ -1,25 +1,24 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"go/ast"
 	"go/constant"
 	"go/doc"
 	"go/doc/comment"
-	"go/parser"
-	"go/token"
 	"go/types"
-	"os"
 	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
+
+	"golang.org/x/tools/go/packages"
 )
 
 // rootType is the type bootstrap.yaml decodes into (config.Load).
@@ -443,54 +442,44 @@ func slug(heading string) string {
 	return b.String()
 }
 
-// srcPackage is a parsed package of the module: its documentation and its constants by name.
+// srcPackage is a loaded package of the module: its documentation and its constants by name.
 type srcPackage struct {
 	r      *resolver
-	dir    string
 	doc    *doc.Package
-	consts map[string]constSpec
+	consts map[string]*types.Const
 	order  []string // constant names in declaration order (files in name order)
 }
 
-// constSpec is one constant's declaration.
-type constSpec struct {
-	typ  ast.Expr // nil when untyped
-	expr ast.Expr
-	file *ast.File
-}
-
-// resolver parses packages of the module on demand, to resolve constants that name others'.
+// resolver loads packages of the module on demand (golang.org/x/tools/go/packages: `go list`, then
+// go/types over the package's own syntax, its imports from export data), to read the docs of types
+// that name other packages' and the values of constants, whatever expression defines them.
 type resolver struct {
 	root, module string
-	fset         *token.FileSet
-	pkgs         map[string]*srcPackage
+	pkgs         map[string]*srcPackage // by directory
 }
 
-// newResolver finds the module that holds dir (its go.mod).
+// loadMode is what the resolver needs of a package: its syntax with comments (go/doc) and its types
+// (constants' values).
+const loadMode = packages.NeedName | packages.NeedModule | packages.NeedSyntax | packages.NeedTypes | packages.NeedTypesInfo
+
+// newResolver finds the module that holds dir.
 func newResolver(dir string) (*resolver, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}
-	for d := abs; ; d = filepath.Dir(d) {
-		f, err := os.Open(filepath.Join(d, "go.mod"))
-		if err == nil {
-			defer f.Close()
-			sc := bufio.NewScanner(f)
-			for sc.Scan() {
-				if m, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "module "); ok {
-					return &resolver{root: d, module: strings.TrimSpace(m), fset: token.NewFileSet(), pkgs: map[string]*srcPackage{}}, nil
-				}
-			}
-			return nil, fmt.Errorf("%s/go.mod has no module line", d)
-		}
-		if filepath.Dir(d) == d {
-			return nil, fmt.Errorf("%s is not inside a Go module", dir)
-		}
+	ps, err := packages.Load(&packages.Config{Mode: packages.NeedName | packages.NeedModule, Dir: abs}, ".")
+	if err != nil {
+		return nil, err
 	}
+	if len(ps) != 1 || ps[0].Module == nil {
+		return nil, fmt.Errorf("%s is not a package inside a Go module", dir)
+	}
+	return &resolver{root: ps[0].Module.Dir, module: ps[0].Module.Path, pkgs: map[string]*srcPackage{}}, nil
 }
 
-// pkg parses the package in dir (its non-test files), once.
+// pkg loads the package in dir (its non-test files), once. Errors: the package's own (parse, type
+// check, go list), all of them.
 func (r *resolver) pkg(dir string) (*srcPackage, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -499,48 +488,34 @@ func (r *resolver) pkg(dir string) (*srcPackage, error) {
 	if p := r.pkgs[abs]; p != nil {
 		return p, nil
 	}
-	names, err := filepath.Glob(filepath.Join(abs, "*.go"))
+	ps, err := packages.Load(&packages.Config{Mode: loadMode, Dir: abs}, ".")
 	if err != nil {
 		return nil, err
 	}
-	var files []*ast.File
-	for _, n := range names {
-		if strings.HasSuffix(n, "_test.go") {
-			continue
+	if len(ps) != 1 {
+		return nil, fmt.Errorf("%s: %d packages, want 1", dir, len(ps))
+	}
+	lp := ps[0]
+	if len(lp.Errors) > 0 {
+		var errs []error
+		for _, e := range lp.Errors {
+			errs = append(errs, e)
 		}
-		f, err := parser.ParseFile(r.fset, n, nil, parser.ParseComments)
-		if err != nil {
-			return nil, err
-		}
-		files = append(files, f)
+		return nil, fmt.Errorf("%s: %w", dir, errors.Join(errs...))
 	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("%s: no Go files", dir)
-	}
-	rel, err := filepath.Rel(r.root, abs)
-	if err != nil {
-		return nil, err
-	}
-	p := &srcPackage{r: r, dir: abs, consts: map[string]constSpec{}}
-	// Constants first: doc.NewFromFiles rewrites the declarations it files under types.
-	for _, f := range files {
-		for _, d := range f.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.CONST {
-				continue
-			}
-			for _, s := range gd.Specs {
-				vs := s.(*ast.ValueSpec)
-				for i, id := range vs.Names {
-					if i < len(vs.Values) {
-						p.consts[id.Name] = constSpec{typ: vs.Type, expr: vs.Values[i], file: f}
-						p.order = append(p.order, id.Name)
-					}
-				}
-			}
+	p := &srcPackage{r: r, consts: map[string]*types.Const{}}
+	scope := lp.Types.Scope()
+	for _, name := range scope.Names() {
+		if c, ok := scope.Lookup(name).(*types.Const); ok {
+			p.consts[name] = c
+			p.order = append(p.order, name)
 		}
 	}
-	p.doc, err = doc.NewFromFiles(r.fset, files, r.module+"/"+filepath.ToSlash(rel))
+	sort.Slice(p.order, func(i, j int) bool {
+		a, b := lp.Fset.Position(p.consts[p.order[i]].Pos()), lp.Fset.Position(p.consts[p.order[j]].Pos())
+		return a.Filename < b.Filename || a.Filename == b.Filename && a.Offset < b.Offset
+	})
+	p.doc, err = doc.NewFromFiles(lp.Fset, lp.Syntax, lp.PkgPath)
 	if err != nil {
 		return nil, err
 	}
@@ -550,22 +525,25 @@ func (r *resolver) pkg(dir string) (*srcPackage, error) {
 
 // mustString is the value of string constant name, or name itself when it has none.
 func (p *srcPackage) mustString(name string) string {
-	v, _, err := p.value(name, 0)
+	v, _, err := p.value(name)
 	if err != nil || v.Kind() != constant.String {
 		return name
 	}
 	return constant.StringVal(v)
 }
 
-// valuesOf lists the values of the constants of named type typ, as code spans, in declaration order.
+// valuesOf lists the distinct values of the constants of named type typ, as code spans, in
+// declaration order (a constant naming another, DefaultBootDevice = BootPXE, adds no value).
 func (p *srcPackage) valuesOf(typ string) []string {
 	var out []string
+	seen := map[string]bool{}
 	for _, name := range p.order {
-		c := p.consts[name]
-		if id, ok := c.typ.(*ast.Ident); !ok || id.Name != typ {
+		named, ok := p.consts[name].Type().(*types.Named)
+		if !ok || named.Obj().Name() != typ || named.Obj().Pkg() != p.consts[name].Pkg() {
 			continue
 		}
-		if s, err := p.display(name); err == nil {
+		if s, err := p.display(name); err == nil && !seen[s] {
+			seen[s] = true
 			out = append(out, s)
 		}
 	}
@@ -601,7 +579,7 @@ func (p *srcPackage) constsIn(text string, funcs map[string]*doc.Func) []string 
 
 // display is constant name's value as a code span: a string unquoted, a duration as Go prints it.
 func (p *srcPackage) display(name string) (string, error) {
-	v, dur, err := p.value(name, 0)
+	v, dur, err := p.value(name)
 	if err != nil {
 		return "", err
 	}
@@ -618,91 +596,12 @@ func (p *srcPackage) display(name string) (string, error) {
 	return "`" + v.ExactString() + "`", nil
 }
 
-// errNotConstant is an expression this evaluator does not reduce to a constant.
-var errNotConstant = errors.New("not a constant expression")
-
-// value evaluates constant name; dur says whether it is a time.Duration.
-func (p *srcPackage) value(name string, depth int) (constant.Value, bool, error) {
+// value is constant name's value (go/types folded it: literals, other constants of any package,
+// arithmetic, conversions); dur says whether its type is time.Duration.
+func (p *srcPackage) value(name string) (constant.Value, bool, error) {
 	c, ok := p.consts[name]
-	if !ok || depth > 10 {
-		return nil, false, fmt.Errorf("%s: %w", name, errNotConstant)
+	if !ok {
+		return nil, false, fmt.Errorf("%s: not a constant of the package", name)
 	}
-	v, dur, err := p.eval(c.file, c.expr, depth+1)
-	if err == nil && c.typ != nil && types.ExprString(c.typ) == "time.Duration" {
-		dur = true
-	}
-	return v, dur, err
-}
-
-// durations are the time package's units, in nanoseconds.
-var durations = map[string]int64{
-	"Nanosecond": int64(time.Nanosecond), "Microsecond": int64(time.Microsecond), "Millisecond": int64(time.Millisecond),
-	"Second": int64(time.Second), "Minute": int64(time.Minute), "Hour": int64(time.Hour),
-}
-
-// eval evaluates a constant expression of file f: literals, constants of this package or of another
-// package of the module, time units, arithmetic and conversions.
-func (p *srcPackage) eval(f *ast.File, e ast.Expr, depth int) (constant.Value, bool, error) {
-	switch e := e.(type) {
-	case *ast.BasicLit:
-		return constant.MakeFromLiteral(e.Value, e.Kind, 0), false, nil
-	case *ast.ParenExpr:
-		return p.eval(f, e.X, depth)
-	case *ast.Ident:
-		return p.value(e.Name, depth)
-	case *ast.SelectorExpr:
-		x, ok := e.X.(*ast.Ident)
-		if !ok {
-			break
-		}
-		if x.Name == "time" {
-			if ns, ok := durations[e.Sel.Name]; ok {
-				return constant.MakeInt64(ns), true, nil
-			}
-		}
-		for _, imp := range f.Imports {
-			path, _ := strconv.Unquote(imp.Path.Value)
-			local := filepath.Base(path)
-			if imp.Name != nil {
-				local = imp.Name.Name
-			}
-			rel, ok := strings.CutPrefix(path, p.r.module+"/")
-			if local != x.Name || !ok {
-				continue
-			}
-			q, err := p.r.pkg(filepath.Join(p.r.root, filepath.FromSlash(rel)))
-			if err != nil {
-				return nil, false, err
-			}
-			return q.value(e.Sel.Name, depth)
-		}
-	case *ast.UnaryExpr:
-		v, dur, err := p.eval(f, e.X, depth)
-		if err != nil {
-			return nil, false, err
-		}
-		return constant.UnaryOp(e.Op, v, 0), dur, nil
-	case *ast.BinaryExpr:
-		x, dx, err := p.eval(f, e.X, depth)
-		if err != nil {
-			return nil, false, err
-		}
-		y, dy, err := p.eval(f, e.Y, depth)
-		if err != nil {
-			return nil, false, err
-		}
-		op := e.Op
-		if op == token.QUO && x.Kind() == constant.Int && y.Kind() == constant.Int {
-			op = token.QUO_ASSIGN // integer division
-		}
-		return constant.BinaryOp(x, op, y), dx || dy, nil
-	case *ast.CallExpr:
-		// A conversion, T(x): the value of x.
-		if len(e.Args) == 1 {
-			if _, ok := e.Fun.(*ast.Ident); ok {
-				return p.eval(f, e.Args[0], depth)
-			}
-		}
-	}
-	return nil, false, fmt.Errorf("%s: %w", types.ExprString(e), errNotConstant)
+	return c.Val(), types.TypeString(c.Type(), nil) == "time.Duration", nil
 }
