@@ -1,14 +1,12 @@
 package csrapprove
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/airgap-appliance/appliance/test/logbuf"
 )
 
 // createCSR creates a CSR through the API as the given client (a node's credentials, so the API
@@ -47,23 +47,8 @@ func findCondition(csr *certificatesv1.CertificateSigningRequest, typ certificat
 
 var servingUsages = []string{UsageDigitalSignature, UsageKeyEncipherment, UsageServerAuth}
 
-// syncBuffer is a log sink read while the approver writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writers (test/logbuf).
+type syncBuffer = logbuf.Buffer
 
 // TestApproverAgainstAPIServer runs the approver against a real kube-apiserver + etcd (v1.34.4
 // fixture). CSRs are created with node client certificates (CN=system:node:NAME, O=system:nodes), so

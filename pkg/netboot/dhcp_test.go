@@ -12,11 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
+
+	"github.com/airgap-appliance/appliance/test/logbuf"
 )
 
 var (
@@ -33,23 +34,8 @@ func mustMAC(s string) net.HardwareAddr {
 	return hw
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writers (test/logbuf).
+type syncBuffer = logbuf.Buffer
 
 // testKit writes a stand-in kernel and initrd (bytes, not bootable: the QEMU test boots a real one).
 func testKit(t testing.TB) (kernel, initrd string) {

@@ -54,10 +54,10 @@ func labInputs(t *testing.T) Inputs {
 	}
 }
 
-// TestBuildGolden pins every file of the lab's plan (testdata/golden/<path>), and that two builds
-// from the same inputs give identical bytes.
-func TestBuildGolden(t *testing.T) {
-	in := labInputs(t)
+// buildTwice builds in's plan twice and returns its files, failing t unless both builds give
+// identical bytes.
+func buildTwice(t *testing.T, in Inputs) map[string][]byte {
+	t.Helper()
 	p1, err := Build(in)
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +74,14 @@ func TestBuildGolden(t *testing.T) {
 	if !maps.EqualFunc(f1, f2, bytes.Equal) {
 		t.Fatal("two builds from the same inputs differ")
 	}
+	return f1
+}
+
+// TestBuildGolden pins every file of the lab's plan (testdata/golden/<path>), and that two builds
+// from the same inputs give identical bytes.
+func TestBuildGolden(t *testing.T) {
+	in := labInputs(t)
+	f1 := buildTwice(t, in)
 	for _, want := range []string{"cp1/hostagent.yaml", "cp1/nodeconfig.json", "w1/kernel-cmdline", "w1/ignition/3.5.0.json",
 		"appliance/firewall.json", "appliance/keepalived.json"} {
 		if _, ok := f1[want]; !ok {
@@ -99,7 +107,7 @@ func TestBuildGolden(t *testing.T) {
 		}
 	}
 	seen := map[string]bool{}
-	err = filepath.WalkDir(golden, func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(golden, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -136,25 +144,10 @@ func TestBuildGoldenOtherMinor(t *testing.T) {
 		t.Fatalf("the golden plan is for %s, this test for v1.34.4", in.Config.KubernetesVersion)
 	}
 	in.Config.KubernetesVersion = "v1.37.2"
-	p1, err := Build(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p2, err := Build(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f1, err := p1.Files()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f2, _ := p2.Files()
-	if !maps.EqualFunc(f1, f2, bytes.Equal) {
-		t.Fatal("two builds from the same inputs differ")
-	}
+	f1 := buildTwice(t, in)
 	golden := filepath.Join("testdata", "golden")
 	var seen, changed int
-	err = filepath.WalkDir(golden, func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(golden, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}

@@ -17,13 +17,13 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/test/logbuf"
 )
 
 const (
@@ -490,20 +490,5 @@ func BenchmarkEnroll(b *testing.B) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writers (test/logbuf).
+type syncBuffer = logbuf.Buffer
