@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# ignition.sh — the Ignition endpoint under load: `wrk -t2 -c200` (200 concurrent keep-alive clients,
-# TLS) for DURATION seconds against GET /ignition/cp1 of a real `appliance serve` (bootstrapped in a
-# lab namespace, token and Ignition Accept header as a node sends them), and against nginx (TLS)
-# serving the same rendered file as a static reference, in the same run. Prints requests/s, p50/p99
-# latency and the ratio to nginx. Targets (issue): >= 2,000 req/s and p99 < 50 ms.
+# ignition.sh — the Ignition endpoint under load: 200 concurrent keep-alive TLS clients for DURATION
+# seconds against GET /ignition/cp1 of a real `appliance serve` (bootstrapped in a lab namespace, token
+# and Ignition Accept header as a node sends them), and against nginx (TLS) serving the same rendered
+# file as a static reference, in the same run. The appliance caps connections per source address
+# (pkg/connlimit: 64), as a fleet has an address per node, so its 200 clients come from the four lab
+# nodes' namespaces, `wrk -t1 -c50` in each at once (requests/s summed, the worst p50/p99 of the
+# four); nginx, which has no cap, gets one `wrk -t2 -c200` from the bootstrap namespace. Prints
+# requests/s, p50/p99 latency and the ratio to nginx. Targets (issue): >= 2,000 req/s and p99 < 50 ms.
 # Only addresses inside the lab's own namespaces; bounded by DURATION; processes stopped by PID.
 #
 # Usage: test/bench/ignition.sh   (DURATION=10 to change). Needs: make build fixtures; nginx, wrk.
@@ -62,21 +65,39 @@ $BOOT nginx -c "$WORK/nginx/nginx.conf" -g 'daemon off;' &
 NGINX_PID=$!
 for _ in $(seq 50); do $BOOT curl -sk -o /dev/null https://127.0.0.1:9443/cp1 && break; sleep 0.1; done
 
-run() { # name url -> "rps p50 p99"
-	local out
-	out=$($BOOT wrk -t2 -c200 -d"${DURATION}s" --latency -s "$WORK/node.lua" "$2")
-	echo "$out" >"$WORK/$1.out"
-	awk '/Requests\/sec/ {rps=$2}
-	     /^ +50%/ {p50=$2} /^ +99%/ {p99=$2}
-	     /Non-2xx/ {bad=$NF}
-	     END {printf "%s %s %s %s\n", rps, p50, p99, (bad==""?0:bad)}' "$WORK/$1.out"
-}
 ms() { # wrk latency (e.g. 3.21ms, 812.00us, 1.02s) -> milliseconds
 	awk -v v="$1" 'BEGIN { if (v ~ /us$/) {sub(/us$/,"",v); print v/1000} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v+0} else {sub(/s$/,"",v); print v*1000} }'
 }
+summary() { # wrk outputs... -> "rps p50 p99 non-2xx": requests/s summed, the worst p50 and p99 (as NNms)
+	local f rps=0 p50=0 p99=0 bad=0 r a b n
+	for f in "$@"; do
+		read -r r a b n < <(awk '/Requests\/sec/ {rps=$2} /^ +50%/ {p50=$2} /^ +99%/ {p99=$2} /Non-2xx/ {bad=$NF}
+			END {printf "%s %s %s %s\n", rps, p50, p99, (bad==""?0:bad)}' "$f")
+		rps=$(awk -v x="$rps" -v y="$r" 'BEGIN {printf "%.2f", x+y}')
+		a=$(ms "$a") b=$(ms "$b")
+		p50=$(awk -v x="$p50" -v y="$a" 'BEGIN {print (y>x?y:x)}')
+		p99=$(awk -v x="$p99" -v y="$b" 'BEGIN {print (y>x?y:x)}')
+		bad=$((bad + n))
+	done
+	printf '%s %sms %sms %s\n' "$rps" "$p50" "$p99" "$bad"
+}
+run_appliance() { # 4 nodes x 50 clients, one source address each
+	local ns pids=()
+	for ns in cp1 cp2 cp3 w1; do
+		ip netns exec "${LAB_PREFIX}-$ns" wrk -t1 -c50 -d"${DURATION}s" --latency -s "$WORK/node.lua" \
+			https://10.100.0.2:8443/ignition/cp1 >"$WORK/appliance-$ns.out" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	summary "$WORK"/appliance-*.out
+}
+run_nginx() {
+	$BOOT wrk -t2 -c200 -d"${DURATION}s" --latency -s "$WORK/node.lua" https://127.0.0.1:9443/cp1 >"$WORK/nginx.out"
+	summary "$WORK/nginx.out"
+}
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
-read -r a_rps a_p50 a_p99 a_bad < <(run appliance https://127.0.0.1:8443/ignition/cp1)
-read -r n_rps n_p50 n_p99 n_bad < <(run nginx https://127.0.0.1:9443/cp1)
+read -r a_rps a_p50 a_p99 a_bad < <(run_appliance)
+read -r n_rps n_p50 n_p99 n_bad < <(run_nginx)
 echo "load average: $load0 -> $(cut -d' ' -f1-3 /proc/loadavg) (2 cores; wrk shares them)"
 printf '%-22s %10s %10s %10s %8s\n' server req/s p50 p99 non-2xx
 printf '%-22s %10s %10s %10s %8s\n' "appliance /ignition" "$a_rps" "$a_p50" "$a_p99" "$a_bad"
