@@ -28,6 +28,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/airgap-appliance/appliance/pkg/nodestate"
 )
 
 // Defaults (Config's zero values).
@@ -94,7 +96,7 @@ type Listener struct {
 	bySource map[string]map[*conn]struct{}
 	stats    Stats
 	refusing int
-	logged   map[string]time.Time // source → when its last refusal was logged
+	logged   nodestate.NoteThrottle // source → when its last refusal was logged
 }
 
 // New wraps inner with the limits of cfg.
@@ -112,7 +114,8 @@ func New(inner net.Listener, cfg Config) *Listener {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Listener{Listener: inner, cfg: cfg, log: log, bySource: map[string]map[*conn]struct{}{}, logged: map[string]time.Time{}}
+	return &Listener{Listener: inner, cfg: cfg, log: log, bySource: map[string]map[*conn]struct{}{},
+		logged: nodestate.NoteThrottle{Every: refusalLogEvery, MaxKeys: maxLoggedSources}}
 }
 
 // Stats returns the counts.
@@ -292,18 +295,9 @@ func (l *Listener) setState(c *conn, st http.ConnState) {
 }
 
 func (l *Listener) logRefusal(source string, code int, dropped bool) {
-	now := time.Now()
-	l.mu.Lock()
-	last, seen := l.logged[source]
-	if seen && now.Sub(last) < refusalLogEvery {
-		l.mu.Unlock()
+	if !l.logged.Allow(source, time.Now()) {
 		return
 	}
-	if len(l.logged) >= maxLoggedSources {
-		clear(l.logged)
-	}
-	l.logged[source] = now
-	l.mu.Unlock()
 	which, limit := "the source's", l.cfg.MaxConnsPerSource
 	if code == http.StatusServiceUnavailable {
 		which, limit = "the total", l.cfg.MaxConns
