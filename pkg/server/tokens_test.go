@@ -240,7 +240,8 @@ func TestTokenReplayAfterReinstallRefused(t *testing.T) {
 	}
 }
 
-// TestRevokedTokenRefusedEverywhere: after `appliance node revoke` (pki.RevokeNodeToken) w1's token
+// TestRevokedTokenRefusedEverywhere: a retry of w1's enrolment with its key is answered the same
+// token; after `appliance node revoke` (pki.RevokeNodeToken) that token
 // is refused on every authenticated endpoint, a config watch it opened before ends with that 401,
 // and a retry of its enrolment with the same key (within the window) does not bring a token back.
 func TestRevokedTokenRefusedEverywhere(t *testing.T) {
@@ -250,6 +251,9 @@ func TestRevokedTokenRefusedEverywhere(t *testing.T) {
 	code, tok := l.enrol(key)
 	if code != http.StatusOK {
 		t.Fatalf("enrolment: %d %s", code, tok)
+	}
+	if code, again := l.enrol(key); code != http.StatusOK || again != tok {
+		t.Fatalf("a retry of the enrolment with the same key: %d, same token %v; want the token the binding issued", code, again == tok)
 	}
 	_, etag, _ := l.do(context.Background(), http.MethodGet, agentapi.ConfigPathV1, tok, "")
 	watch := make(chan [2]string, 1)
