@@ -23,9 +23,10 @@
 // rebooted).
 //
 // The history is what an operator reads of a node's life (`appliance status NODE`): added to the
-// configuration, first ready, ready again after a reboot, hostagent upgraded, removed. Record derives
-// ready, rebooted and upgraded from reports; the bootstrap's render phase records added and removed
-// (SyncMembership); other commands call RecordLifecycle. It is append-only (one fsynced write per
+// configuration, first ready, ready again after a reboot, hostagent upgraded, removed, its token
+// rotated or revoked. Record derives ready, rebooted and upgraded from reports; the bootstrap's
+// render phase records added and removed (SyncMembership); other commands and the enrolment call
+// RecordLifecycle. It is append-only (one fsynced write per
 // line; a torn last line is ignored on read and cut before the next append) and capped at
 // HistoryCap entries per node.
 package nodestate
