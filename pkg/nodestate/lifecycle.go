@@ -157,7 +157,13 @@ func (s *Store) recordLifecycle(node string, kind LifecycleKind, detail string) 
 			return false, nil
 		}
 	}
-	return true, s.appendHistory(node, hist, LifecycleEntry{Time: s.now(), Node: node, Kind: kind, Detail: detail})
+	if err := s.appendHistory(node, hist, LifecycleEntry{Time: s.now(), Node: node, Kind: kind, Detail: detail}); err != nil {
+		return true, err
+	}
+	if kind == Removed {
+		return true, s.unmarkKubeadm(node)
+	}
+	return true, nil
 }
 
 // SyncMembership records a bootstrap run's configuration: Added (with detail) for every node of

@@ -7,6 +7,8 @@
 //	<node>/events.jsonl  0600  one Event per line, appended (fsynced) for every recorded change
 //	<node>/events.jsonl.1 0600 the previous events.jsonl, moved aside at EventsMaxBytes
 //	<node>/history.jsonl 0600  one LifecycleEntry per line: the node's day-2 history (lifecycle.go)
+//	<node>/kubeadm-done.json 0600 the node's first kubeadm-done report, kept across reboots until
+//	                           it is Removed (kubeadm.go: RanKubeadm)
 //
 // status.json is replaced atomically (pkg/atomicfile), so a reader never sees a torn file.
 //
@@ -271,6 +273,9 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		Detail: r.Detail, State: st.State, Reason: st.Reason}
 	if err := s.commit(st, ev); err != nil {
 		return st, false, err
+	}
+	if err := s.markKubeadm(node, r); err != nil {
+		return st, true, err
 	}
 	if herr != nil {
 		return st, true, fmt.Errorf("node %s: state recorded, history not: %w", node, herr)

@@ -40,7 +40,9 @@ func headerBearer(r *http.Request) string {
 // AgentAPI serves the hostagent API (pkg/agentapi) under /agent/v1/:
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
-//	                            rendered (passed through Gate when set); reading it records nothing
+//	                            rendered (passed through Gate when set, then through
+//	                            agentapi.WithholdSecrets by the node's kubeadm record in Nodes:
+//	                            least secret per node); reading it records nothing
 //	                            (a node moves only by its reports). Its ETag is the served bytes'
 //	                            SHA-256 (first 128 bits, hex, quoted); with ?wait=<that ETag> the
 //	                            answer waits until the served config differs, up to
@@ -240,15 +242,45 @@ func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, er
 	return b, &nc, nil
 }
 
-// served is the node's config as served now: the rendered file, passed through Gate.
+// served is the node's config as served now: the rendered file, passed through Gate, then
+// stripped of the kubeadm secrets the node does not need now (agentapi.WithholdSecrets: the
+// cluster CA key once the node has run kubeadm, a joining node's join secrets outside its turn).
+// Whether it has run kubeadm is the node store's record (RanKubeadm); a store that cannot say is
+// read as "it has" (withhold rather than leak: the node retries).
 func (a *AgentAPI) served(node string) ([]byte, error) {
 	data, nc, err := a.readNodeConfig(node)
-	if err != nil || a.Gate == nil {
+	if err != nil {
 		return data, err
 	}
-	a.Gate(node, nc)
+	if a.Gate != nil {
+		a.Gate(node, nc)
+	}
+	if k := nc.Kubernetes; k != nil {
+		// The record is read only when it decides something: a CA key to serve, or join secrets
+		// of a node whose turn it is.
+		joined := false
+		if k.CAKeyPEM != "" || (!k.RenewsJoinSecrets() && k.Proceed) {
+			joined = a.ranKubeadm(node)
+		}
+		agentapi.WithholdSecrets(nc, joined)
+	} else if a.Gate == nil {
+		return data, nil
+	}
 	data, err = json.MarshalIndent(nc, "", "  ")
 	return append(data, '\n'), err
+}
+
+// ranKubeadm is Nodes.RanKubeadm, true when there is no store or it cannot say.
+func (a *AgentAPI) ranKubeadm(node string) bool {
+	if a.Nodes == nil {
+		return true
+	}
+	ran, err := a.Nodes.RanKubeadm(node)
+	if err != nil {
+		a.Log.Error("read whether the node has run kubeadm; withholding its kubeadm secrets", "node", node, "error", err)
+		return true
+	}
+	return ran
 }
 
 // configETag is the ETag of served config bytes: their SHA-256's first 128 bits in hex, quoted
