@@ -93,6 +93,11 @@ type Cluster struct {
 	// BootstrapTokenTTL is how long the bootstrap token lives after init (bootstrapTokens[0].ttl).
 	// Must be positive: kubeadm reads 0 as "never expires".
 	BootstrapTokenTTL time.Duration
+	// NodeBootstrapTokens are further bootstrap tokens InitConfig lists after BootstrapToken, with
+	// its TTL, usages and group and a description naming the node: the workers' own join tokens
+	// (one per worker), which `kubeadm init` and `kubeadm init phase bootstrap-token` create in the
+	// cluster. Each has the token format and an ID of its own. SECRET. JoinConfig ignores them.
+	NodeBootstrapTokens []NodeToken
 	// CertificateKey is the AES-256 key, 64 hex characters, that `kubeadm init` encrypts the
 	// kubeadm-certs Secret with (uploaded because InitConfiguration carries it) and joining control
 	// planes decrypt it with. kubeadm deletes that Secret after 2 hours. SECRET. Required.
@@ -101,6 +106,20 @@ type Cluster struct {
 	// of the CA certificate's SubjectPublicKeyInfo (what `kubeadm token create --print-join-command`
 	// prints). Rendered deduplicated and sorted. Required by JoinConfig; unused by InitConfig.
 	CACertHashes []string
+}
+
+// NodeToken is one node's own bootstrap token (Cluster.NodeBootstrapTokens).
+type NodeToken struct {
+	// Node names the node, in the token's description. Required.
+	Node string
+	// Token is "[a-z0-9]{6}.[a-z0-9]{16}". SECRET. Required.
+	Token string
+}
+
+// NodeTokenDescription is the description InitConfig gives a node's own bootstrap token (what
+// `kubeadm token list` shows in its DESCRIPTION column).
+func NodeTokenDescription(node string) string {
+	return "appliance: join token of node " + node + " only"
 }
 
 // Node is one node's part of the configuration.
@@ -136,14 +155,9 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 	}
 	docs := []any{
 		initConfiguration{
-			APIVersion: kubeadmAPIVersion,
-			Kind:       "InitConfiguration",
-			BootstrapTokens: []bootstrapToken{{
-				Token:  c.BootstrapToken,
-				TTL:    c.BootstrapTokenTTL.String(),
-				Usages: []string{"signing", "authentication"},
-				Groups: []string{BootstrapTokenGroup},
-			}},
+			APIVersion:       kubeadmAPIVersion,
+			Kind:             "InitConfiguration",
+			BootstrapTokens:  bootstrapTokens(c),
 			NodeRegistration: v.nodeRegistration,
 			LocalAPIEndpoint: v.localAPIEndpoint,
 			CertificateKey:   c.CertificateKey,
@@ -198,6 +212,22 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 		},
 	}
 	return encode(docs)
+}
+
+// bootstrapTokens is InitConfiguration.bootstrapTokens: Cluster.BootstrapToken, then each of
+// Cluster.NodeBootstrapTokens, all with the same TTL, usages (signing for discovery's signed
+// cluster-info, authentication for the kubelet's TLS bootstrap) and group (kubeadm's RBAC for node
+// bootstrap is bound to it).
+func bootstrapTokens(c Cluster) []bootstrapToken {
+	tok := func(token, description string) bootstrapToken {
+		return bootstrapToken{Token: token, Description: description, TTL: c.BootstrapTokenTTL.String(),
+			Usages: []string{"signing", "authentication"}, Groups: []string{BootstrapTokenGroup}}
+	}
+	out := []bootstrapToken{tok(c.BootstrapToken, "")}
+	for _, n := range c.NodeBootstrapTokens {
+		out = append(out, tok(n.Token, NodeTokenDescription(n.Node)))
+	}
+	return out
 }
 
 // JoinConfig renders the JoinConfiguration for `kubeadm join --config`: bootstrap-token discovery

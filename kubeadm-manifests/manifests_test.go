@@ -24,6 +24,8 @@ const (
 	labToken  = "abcdef.0123456789abcdef"
 	labKey    = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	labCAHash = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	// labWorkerToken is w1's own join token, which init creates beside labToken.
+	labWorkerToken = "w1w1w1.0123456789abcdef"
 )
 
 // labCluster is the lab's cluster (/work/shared/LAB.md): VIP 10.100.0.100, control planes
@@ -57,7 +59,9 @@ var goldenCases = []struct {
 	{"init-cp1.yaml", func() ([]byte, error) {
 		n := labNode("cp1", "10.100.0.11", true)
 		n.IgnorePreflightErrors = []string{"SystemVerification", "Swap"}
-		return km.InitConfig(labCluster(), n)
+		c := labCluster()
+		c.NodeBootstrapTokens = []km.NodeToken{{Node: "w1", Token: labWorkerToken}}
+		return km.InitConfig(c, n)
 	}},
 	{"join-cp2.yaml", func() ([]byte, error) { return km.JoinConfig(labCluster(), labNode("cp2", "10.100.0.12", true)) }},
 	{"join-w1.yaml", func() ([]byte, error) { return km.JoinConfig(labCluster(), labNode("w1", "10.100.0.21", false)) }},
@@ -209,6 +213,15 @@ func TestInvalidInput(t *testing.T) {
 		init  bool // only InitConfig refuses it
 	}{
 		{"cluster name empty", "Cluster.Name", func(c *km.Cluster, _ *km.Node) { c.Name = "" }, false, false},
+		{"node token malformed", "Cluster.NodeBootstrapTokens[1].Token", func(c *km.Cluster, _ *km.Node) {
+			c.NodeBootstrapTokens = []km.NodeToken{{Node: "w1", Token: labWorkerToken}, {Node: "w2", Token: "W2W2W2.0123456789abcdef"}}
+		}, false, false},
+		{"node token without node", "Cluster.NodeBootstrapTokens[0].Node", func(c *km.Cluster, _ *km.Node) {
+			c.NodeBootstrapTokens = []km.NodeToken{{Token: labWorkerToken}}
+		}, false, false},
+		{"node token with the control planes' token ID", "Cluster.NodeBootstrapTokens[0].Token", func(c *km.Cluster, _ *km.Node) {
+			c.NodeBootstrapTokens = []km.NodeToken{{Node: "w1", Token: "abcdef.fedcba9876543210"}}
+		}, false, false},
 		{"cluster name uppercase", "Cluster.Name", func(c *km.Cluster, _ *km.Node) { c.Name = "Lab" }, false, false},
 		{"version empty", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "" }, false, false},
 		{"version without v", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "1.34.4" }, false, false},

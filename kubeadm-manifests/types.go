@@ -29,10 +29,11 @@ type initConfiguration struct {
 
 // bootstrapToken mirrors bootstraptoken/v1.BootstrapToken.
 type bootstrapToken struct {
-	Token  string   `yaml:"token"`
-	TTL    string   `yaml:"ttl"` // metav1.Duration, Go duration syntax ("2h0m0s")
-	Usages []string `yaml:"usages"`
-	Groups []string `yaml:"groups"`
+	Token       string   `yaml:"token"`
+	Description string   `yaml:"description,omitempty"`
+	TTL         string   `yaml:"ttl"` // metav1.Duration, Go duration syntax ("2h0m0s")
+	Usages      []string `yaml:"usages"`
+	Groups      []string `yaml:"groups"`
 }
 
 type nodeRegistration struct {

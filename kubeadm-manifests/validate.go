@@ -117,6 +117,25 @@ func validate(c Cluster, n Node, forJoin bool) (validated, error) {
 	} else if !tokenRE.MatchString(c.BootstrapToken) {
 		add("Cluster.BootstrapToken", "does not match [a-z0-9]{6}.[a-z0-9]{16} (value not shown: secret)")
 	}
+	ids := map[string]string{}
+	if id, _, ok := strings.Cut(c.BootstrapToken, "."); ok {
+		ids[id] = "Cluster.BootstrapToken"
+	}
+	for i, nt := range c.NodeBootstrapTokens {
+		f := fmt.Sprintf("Cluster.NodeBootstrapTokens[%d]", i)
+		if nt.Node == "" {
+			add(f+".Node", "is empty; name the node the token is for")
+		}
+		if !tokenRE.MatchString(nt.Token) {
+			add(f+".Token", "does not match [a-z0-9]{6}.[a-z0-9]{16} (value not shown: secret)")
+			continue
+		}
+		id, _, _ := strings.Cut(nt.Token, ".")
+		if other, dup := ids[id]; dup {
+			add(f+".Token", "has the token ID of %s: every token needs an ID of its own", other)
+		}
+		ids[id] = f
+	}
 	if c.BootstrapTokenTTL <= 0 {
 		add("Cluster.BootstrapTokenTTL", "%v must be positive (kubeadm reads 0 as a token that never expires)", c.BootstrapTokenTTL)
 	}

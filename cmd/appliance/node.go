@@ -21,9 +21,9 @@ import (
 func newNodeCommand(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Day-2 node operations: remove, reinstall",
+		Short: "Day-2 node operations: remove, reinstall, revoke",
 	}
-	cmd.AddCommand(newNodeRemoveCommand(g), newNodeReinstallCommand())
+	cmd.AddCommand(newNodeRemoveCommand(g), newNodeReinstallCommand(), newNodeRevokeCommand())
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/power"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
@@ -33,6 +34,9 @@ redfish, power.bootDevice pxe) install again at its next boot. An installed node
 keeping its state across reboots (the appliance's iPXE script for it boots the local disk); reinstalling
 is only ever this explicit command:
 
+  token   NODE's token is replaced (STATE/pki/tokens/NODE, 0600): a running appliance serve refuses the
+          old one at once, so the installed system (and anyone holding a copy of its token) stops
+          authenticating; the node gets a new token when it enrols ("token-rotated" in its history)
   mark    the appliance forgets that NODE is installed (STATE/netboot/installed/NODE.json): its next
           network boot loads the node image, which enrols and writes the disk chosen by
           nodes[].rootDevice again
@@ -84,6 +88,15 @@ func runNodeReinstall(ctx context.Context, out io.Writer, f *nodeReinstallFlags,
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
 	}
+	// The token first: whatever follows fails, the installed system's token is already worthless.
+	if _, err := pki.RotateNodeToken(statedir.PKI(dir), name); err != nil {
+		return fmt.Errorf("reinstall %s: %w", name, err)
+	}
+	store := nodestate.Open(statedir.Nodes(dir))
+	if err := store.RecordLifecycle(name, nodestate.TokenRotated, "appliance node reinstall with "+f.config); err != nil {
+		return fmt.Errorf("reinstall %s: the token was replaced, recording it in the node's history failed: %w", name, err)
+	}
+	fmt.Fprintf(out, "reinstall %s: replaced its token; the old one is refused from now on, the node gets the new one when it enrols\n", name)
 	had, err := netboot.ClearInstalled(filepath.Join(dir, "netboot"), name)
 	if err != nil {
 		return fmt.Errorf("forget %s's install: %w", name, err)
@@ -107,7 +120,7 @@ func runNodeReinstall(ctx context.Context, out io.Writer, f *nodeReinstallFlags,
 	}
 	defer ctrl.Close()
 	// The enrolment is accepted only within the window after a recorded power-on.
-	if _, err := nodestate.Open(statedir.Nodes(dir)).Set(name, agentapi.StatePowering, "reinstall"); err != nil {
+	if _, err := store.Set(name, agentapi.StatePowering, "reinstall"); err != nil {
 		return err
 	}
 	if err := ctrl.SetBootDevice(ctx, power.BootPXE, false); err != nil {

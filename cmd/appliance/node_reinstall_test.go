@@ -15,6 +15,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 	"github.com/airgap-appliance/appliance/test/labns"
 )
@@ -77,8 +78,26 @@ func TestNodeReinstall(t *testing.T) {
 	if err != nil || !strings.Contains(stderr, "it was not marked installed") {
 		t.Errorf("second reinstall: %v, stderr %q; want it to say w1 was not marked installed", err, stderr)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.StateDir, "nodes")); err == nil {
-		t.Errorf("--no-power recorded a power-on in the node store")
+	evs, _ := nodestate.Open(statedir.Nodes(cfg.StateDir)).Events("w1")
+	for _, ev := range evs {
+		if ev.State == agentapi.StatePowering {
+			t.Errorf("--no-power recorded a power-on in the node store: %+v", ev)
+		}
+	}
+	// Each reinstall replaced the token (0600) and recorded it in w1's history.
+	hist, err := nodestate.Open(statedir.Nodes(cfg.StateDir)).History("w1")
+	rotated := 0
+	for _, e := range hist {
+		if e.Kind == nodestate.TokenRotated {
+			rotated++
+		}
+	}
+	if err != nil || rotated != 2 || !strings.Contains(stderr, "replaced its token") {
+		t.Errorf("w1's history holds %d token-rotated entries (%v), want 2; stderr %q", rotated, err, stderr)
+	}
+	tokPath := pki.NodeTokenPath(statedir.PKI(cfg.StateDir), "w1")
+	if st, err := os.Stat(tokPath); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("%s after reinstall: %v, want mode 0600", tokPath, err)
 	}
 }
 

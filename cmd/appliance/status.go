@@ -36,7 +36,8 @@ type statusRow struct {
 	AgentVersion string `json:"agentVersion,omitempty"`
 	AgentSHA256  string `json:"agentSHA256,omitempty"`
 	// History is the node's day-2 history, oldest first (pkg/nodestate: added, ready, rebooted,
-	// upgraded, removed), with --history or when nodes are named; never null then.
+	// upgraded, removed, token-rotated, token-revoked), with --history or when nodes are named;
+	// never null then.
 	History []nodestate.LifecycleEntry `json:"history,omitempty"`
 }
 
@@ -177,7 +178,7 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&withHistory, "history", false, "after the table, print each node's day-2 history (added, ready, rebooted, upgraded, removed) and include it in JSON")
+	cmd.Flags().BoolVar(&withHistory, "history", false, "after the table, print each node's day-2 history (added, ready, rebooted, upgraded, removed, token-rotated, token-revoked) and include it in JSON")
 	cmd.Flags().StringVarP(&configPath, "config", "c", "bootstrap.yaml", "BootstrapConfiguration file (for the node list and stateDir)")
 	cmd.Flags().StringVarP(&stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	return cmd

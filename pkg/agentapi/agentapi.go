@@ -1,7 +1,8 @@
 // Package agentapi holds what the appliance and hostagent exchange: the per-node hostagent
 // configuration (delivered in Ignition or over SSH as /etc/hostagent/config.yaml, mode 0600), the
-// agent API (api.go), the enrolment (enroll.go), the steps and pin format (contract.go), and the
-// boot contract: the node image's kernel arguments (bootargs.go: BootArgs, RootDeviceHints).
+// agent API (api.go), the enrolment (enroll.go), the steps and pin format (contract.go), the
+// boot contract: the node image's kernel arguments (bootargs.go: BootArgs, RootDeviceHints), and
+// which secrets each node class is served when (secrets.go: WithholdSecrets, with its table).
 package agentapi
 
 import (

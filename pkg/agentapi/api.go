@@ -96,8 +96,9 @@ type NodeConfig struct {
 	// CAPEM is the appliance CA certificate (PEM).
 	CAPEM string `json:"caPEM"`
 	// Kubernetes is set when the node joins a Kubernetes cluster (bootstrap.yaml kubernetes.enabled).
-	// It holds secrets (bootstrap token, certificate key, on the first control plane the cluster CA
-	// key): it travels only over the token-authenticated agent API and is cached 0600.
+	// It holds secrets (bootstrap tokens, certificate key, on the init node the cluster CA key),
+	// each only while the node needs it (WithholdSecrets, secrets.go): it travels only over the
+	// token-authenticated agent API and is cached 0600.
 	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
 	// Handoff is set once `appliance handoff` has begun (issue 15): what moves from the appliance into
 	// the cluster so that the bootstrap host can be switched off. nil before; the hostagent's handoff
@@ -280,18 +281,26 @@ type KubernetesConfig struct {
 	// APIServerCertSANs are extra API server certificate SANs: the VIP and every control plane's
 	// static addresses.
 	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
-	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}". Secret.
+	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}" the node joins with:
+	// on control planes the cluster's control-plane join token, on a worker its own token
+	// (NodeBootstrapTokens). Secret; served only while the node needs it (WithholdSecrets).
 	BootstrapToken string `json:"bootstrapToken"`
-	// BootstrapTokenExpires is when the token (and the certificate key's uploaded certificates)
-	// expire; kubeadm gets the remaining time as the token's ttl.
+	// BootstrapTokenExpires is when the tokens (and the certificate key's uploaded certificates)
+	// expire; kubeadm gets the remaining time as the tokens' ttl.
 	BootstrapTokenExpires time.Time `json:"bootstrapTokenExpires"`
 	// CertificateKey is the 64-hex-character key of kubeadm's kubeadm-certs Secret (control planes
-	// only). Secret.
+	// only). Secret; served only while the node needs it (WithholdSecrets).
 	CertificateKey string `json:"certificateKey,omitempty"`
+	// NodeBootstrapTokens are the workers' own bootstrap tokens, one per worker, given to the
+	// kubeadm leader only (the control plane whose config has no After), which creates them in the
+	// cluster with its own (InitConfiguration bootstrapTokens), expiring at BootstrapTokenExpires.
+	// Each worker receives only its own, as BootstrapToken. Secret.
+	NodeBootstrapTokens []NodeBootstrapToken `json:"nodeBootstrapTokens,omitempty"`
 	// CACertHashes pin the cluster CA for join discovery: "sha256:<hex of the SPKI>".
 	CACertHashes []string `json:"caCertHashes"`
-	// CACertPEM is the cluster CA certificate; CAKeyPEM its key, sent to the first control plane only
-	// (kubeadm init uses an existing /etc/kubernetes/pki/ca.{crt,key}). CAKeyPEM is secret.
+	// CACertPEM is the cluster CA certificate; CAKeyPEM its key, sent only to the control plane that
+	// runs `kubeadm init` (which uses an existing /etc/kubernetes/pki/ca.{crt,key}) and only until it
+	// has reported its kubeadm step done (WithholdSecrets). CAKeyPEM is secret.
 	CACertPEM string `json:"caCertPEM"`
 	CAKeyPEM  string `json:"caKeyPEM,omitempty"`
 	// PodCIDR is this node's pod range (a /24 of PodSubnet) for the bridge CNI; PodRoutes are the other
@@ -327,6 +336,12 @@ type KubernetesConfig struct {
 	// the one whose hostagent keeps the join secrets (bootstrap token, uploaded certificates) renewed
 	// in the cluster (plan.RenewsJoinSecrets); a leader that joined keeps ActionJoinControlPlane.
 	After string `json:"after,omitempty"`
+}
+
+// NodeBootstrapToken is one worker's own kubeadm bootstrap token (KubernetesConfig.NodeBootstrapTokens).
+type NodeBootstrapToken struct {
+	Node  string `json:"node"`
+	Token string `json:"token"`
 }
 
 // PodRoute routes another node's pod range via its workload-plane address.

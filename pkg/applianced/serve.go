@@ -11,9 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
@@ -75,10 +73,10 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	for _, n := range cfg.Nodes {
 		nodes = append(nodes, n.Name)
 	}
-	tokens, err := readTokens(pkiDir, nodes)
-	if err != nil {
-		return err
-	}
+	// The node tokens are read from STATE/pki/tokens at every authentication, not once here: an
+	// enrolment (below), `appliance node reinstall` and `appliance node revoke` change them while
+	// this process serves, and the old token must stop working at once.
+	tokens := server.NodeTokensIn(pkiDir, nodes)
 	b, err := bundle.Open(cfg.Bundle.Path)
 	if err != nil {
 		return fmt.Errorf("bundle.path: %w", err)
@@ -97,7 +95,12 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		return fmt.Errorf("load CA certificate (run `appliance bootstrap` first): %w", err)
 	}
 	store := nodestate.Open(statedir.Nodes(stateDir))
-	agent := server.NewAgentAPI(statedir.Rendered(stateDir), tokens, store, log.With("component", "agent"))
+	agent := server.NewAgentAPI(statedir.Rendered(stateDir), nil, store, log.With("component", "agent"))
+	agent.UseTokens(tokens)
+	ignitionStore := server.NewIgnitionStore(statedir.Rendered(stateDir), nil)
+	ignitionStore.UseTokens(tokens)
+	enrollment := server.NewEnrollment(statedir.Rendered(stateDir), filepath.Join(stateDir, "enrolment"), enrollNodes(cfg), store, log.With("component", "enroll"))
+	enrollment.PKIDir = pkiDir
 	kubeadm := kubeadmGate(store)
 	upgrade := agentUpgradeGate(stateDir, o.HostagentBinary != "")
 	agent.Gate = func(node string, nc *agentapi.NodeConfig) {
@@ -116,9 +119,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		Certificate: cert,
 		Registry:    reg,
 		RepoDir:     filepath.Dir(b.RepoDir()), // bundle repo/: /repo/debian/... now, /repo/rpm/... later
-		Ignition:    server.NewIgnitionStore(statedir.Rendered(stateDir), tokens),
+		Ignition:    ignitionStore,
 		Agent:       agent,
-		Enroll:      server.NewEnrollment(statedir.Rendered(stateDir), filepath.Join(stateDir, "enrolment"), enrollNodes(cfg), store, log.With("component", "enroll")),
+		Enroll:      enrollment,
 		CAPEM:       caPEM,
 		NodeISO:     nodeISO,
 		Artifacts:   artifacts,
@@ -201,23 +204,12 @@ func sweepNodeRecords(stateDir string, log *slog.Logger) {
 	}
 }
 
-// readTokens reads the node tokens the pki phase made, without creating any.
-func readTokens(pkiDir string, nodes []string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, n := range nodes {
-		b, err := os.ReadFile(filepath.Join(pkiDir, "tokens", n))
-		if err != nil {
-			return nil, fmt.Errorf("node token for %s (run `appliance bootstrap` to create it): %w", n, err)
-		}
-		out[n] = strings.TrimSpace(string(b))
-	}
-	return out, nil
-}
-
 // Generation fingerprints everything a running server has loaded at start: the configuration
-// file, the serving certificate, the node tokens, the hostagent binary and this program's version.
-// The serve phase restarts a server whose /healthz reports another generation.
-func Generation(configPath string, cert tls.Certificate, tokens map[string]string, hostagent string) (string, error) {
+// file, the serving certificate, the hostagent binary and this program's version. The serve phase
+// restarts a server whose /healthz reports another generation. The node tokens are not part of it:
+// the server reads them as they change (server.NodeTokensIn), and an enrolment rotates them
+// without a restart.
+func Generation(configPath string, cert tls.Certificate, hostagent string) (string, error) {
 	h := sha256.New()
 	cfg, err := os.ReadFile(configPath)
 	if err != nil {
@@ -227,15 +219,6 @@ func Generation(configPath string, cert tls.Certificate, tokens map[string]strin
 	h.Write(cfg)
 	for _, c := range cert.Certificate {
 		h.Write(c)
-	}
-	names := make([]string, 0, len(tokens))
-	for n := range tokens {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		t := sha256.Sum256([]byte(tokens[n]))
-		fmt.Fprintf(h, "token %s %x\n", n, t)
 	}
 	if hostagent != "" {
 		st, err := os.Stat(hostagent)
@@ -280,12 +263,24 @@ func enrollInstallArgs(cfg *config.BootstrapConfiguration, n config.Node) []stri
 	return args.Words()
 }
 
+// reenrol is what the enrolment's refusals tell the operator to run so that n enrols again: only a
+// power-on the appliance records opens an enrolment. `appliance node reinstall` does that for a
+// network-booted node; for another BMC node the power phase does it, for a node that is off and not
+// configured or ready (a revoked node is failed).
+func reenrol(n config.Node) string {
+	if n.NetworkBootable() {
+		return "" // server.EnrollNode's default: appliance node reinstall
+	}
+	return fmt.Sprintf("power it off (`appliance power off %s`), run `appliance node revoke %s` (unless it is already revoked) and then `appliance bootstrap`, whose power phase powers it on to enrol", n.Name, n.Name)
+}
+
 // enrollNodes is the inventory as the enrolment endpoint sees it (pkg/server.Enrollment).
 func enrollNodes(cfg *config.BootstrapConfiguration) []server.EnrollNode {
 	out := make([]server.EnrollNode, 0, len(cfg.Nodes))
 	for _, n := range cfg.Nodes {
 		out = append(out, server.EnrollNode{Name: n.Name, MAC: n.MAC, SystemUUID: n.SystemUUID,
-			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish, InstallArgs: enrollInstallArgs(cfg, n)})
+			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish, InstallArgs: enrollInstallArgs(cfg, n),
+			Reenrol: reenrol(n)})
 	}
 	return out
 }

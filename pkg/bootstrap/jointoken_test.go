@@ -73,13 +73,21 @@ func TestEnsureJoinToken(t *testing.T) {
 		}
 	}
 	kubeadmDone(init)
-	// cp2 has yet to join: it needs the certificates cp1 re-uploads under the new key before the
-	// token, so the token is left to cp1.
-	if d, ch, err := ensureJoinToken(ctx, st); d != "join token "+id+" not in the cluster yet: cp1 creates it at its next resync, with the certificates control plane cp2 joins with" || ch || err != nil {
+	// The workers' own tokens are created at once (they need no certificates); cp2 has yet to
+	// join: it needs the certificates cp1 re-uploads under the new key before the token, so the
+	// control planes' token is left to cp1.
+	expires := secrets.Expires(pki.BootstrapTokenTTL).UTC().Format(time.RFC3339)
+	w1, _, _ := strings.Cut(secrets.NodeBootstrapToken("w1"), ".")
+	w2, _, _ := strings.Cut(secrets.NodeBootstrapToken("w2"), ".")
+	workers := "created worker w1's join token " + w1 + " in the cluster (expires " + expires + "); created worker w2's join token " + w2 + " in the cluster (expires " + expires + "); "
+	if d, ch, err := ensureJoinToken(ctx, st); d != workers+"join token "+id+" not in the cluster yet: cp1 creates it at its next resync, with the certificates control plane cp2 joins with" || !ch || err != nil {
 		t.Errorf("with cp2 still to join: %q %v %v", d, ch, err)
 	}
 	kubeadmDone("cp2")
 	kubeadmDone("cp3")
+	// The workers have joined: their tokens are not looked at again.
+	kubeadmDone("w1")
+	kubeadmDone("w2")
 
 	st.Options.DryRun = true
 	if d, ch, err := ensureJoinToken(ctx, st); !strings.HasPrefix(d, "would create join token "+id+" in the cluster (expires ") || !ch || err != nil {
@@ -95,7 +103,7 @@ func TestEnsureJoinToken(t *testing.T) {
 	}
 
 	st.Options.DryRun = false
-	want := "created join token " + id + " in the cluster (expires " + secrets.Expires(pki.BootstrapTokenTTL).UTC().Format(time.RFC3339) + ")"
+	want := "created join token " + id + " in the cluster (expires " + expires + ")"
 	if d, ch, err := ensureJoinToken(ctx, st); d != want || !ch || err != nil {
 		t.Errorf("ensureJoinToken: %q %v %v, want %q", d, ch, err, want)
 	}
@@ -118,6 +126,14 @@ func TestEnsureJoinToken(t *testing.T) {
 	}
 	if u := review.Status.UserInfo; u.Username != "system:bootstrap:"+id || !slices.Contains(u.Groups, kubeadmNodeTokenGroup) {
 		t.Errorf("the token authenticates as %q %v, want system:bootstrap:%s in %s", u.Username, u.Groups, id, kubeadmNodeTokenGroup)
+	}
+	// A worker's own token authenticates as its own bootstrap user.
+	b, err = exec.CommandContext(ctx, "curl", "-sfS", "--cacert", api.CAFile,
+		"-H", "Authorization: Bearer "+secrets.NodeBootstrapToken("w1"), "-H", "Content-Type: application/json",
+		"-d", `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
+		fmt.Sprintf("https://127.0.0.1:%d/apis/authentication.k8s.io/v1/selfsubjectreviews", apiPort)).CombinedOutput()
+	if err != nil || json.Unmarshal(b, &review) != nil || review.Status.UserInfo.Username != "system:bootstrap:"+w1 {
+		t.Errorf("w1's own token: %v %s, want system:bootstrap:%s", err, b, w1)
 	}
 
 	if d, ch, err := ensureJoinToken(ctx, st); d != "join token "+id+" in the cluster" || ch || err != nil {

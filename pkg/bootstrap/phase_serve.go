@@ -25,7 +25,7 @@ type servePhase struct{}
 func (servePhase) Name() string { return "serve" }
 
 func (servePhase) Run(ctx context.Context, st *State) (Result, error) {
-	gen, err := applianced.Generation(st.Options.ConfigPath, st.ServingCert, st.Tokens, st.Options.HostagentBinary)
+	gen, err := applianced.Generation(st.Options.ConfigPath, st.ServingCert, st.Options.HostagentBinary)
 	if err != nil {
 		return Result{}, err
 	}

@@ -71,20 +71,7 @@ func ForgottenNodes(stateDir string, nodes []string) ([]string, error) {
 // (powered on and failed, say with a wrong BMC password) is not: dropping it from nodes[] needs no
 // removal. A history with reports but no membership entry (the node joined before histories were
 // kept) counts as in the cluster.
-func memberOf(hist []nodestate.LifecycleEntry) bool {
-	joined := false
-	for i := len(hist) - 1; i >= 0; i-- {
-		switch hist[i].Kind {
-		case nodestate.Removed:
-			return false
-		case nodestate.Added:
-			return joined
-		case nodestate.Ready, nodestate.Rebooted, nodestate.Upgraded:
-			joined = true
-		}
-	}
-	return len(hist) > 0
-}
+func memberOf(hist []nodestate.LifecycleEntry) bool { return nodestate.InCluster(hist) }
 
 // checkForgotten returns the nodes the configuration dropped while they are still in the cluster;
 // without Options.Prune it refuses them (ErrForgotten, naming each and the two ways on). The runner
@@ -177,27 +164,11 @@ func readClusterRecord(st *State) (clusterRecord, error) {
 	return r, nil
 }
 
-// joinedCluster reports whether node has run kubeadm in the cluster, from its records: not removed
-// since it was last added, and since then reported ready (memberOf) or its kubeadm step is done
-// (a node that joined but has not reported ready yet).
+// joinedCluster reports whether node has run kubeadm in the cluster, from its records
+// (nodestate.Store.RanKubeadm): not removed since it was last added, and since then its kubeadm step
+// reported done (its kubeadm mark, kept across reboots) or ready at least once.
 func joinedCluster(store *nodestate.Store, node string) (bool, error) {
-	hist, err := store.History(node)
-	if err != nil {
-		return false, err
-	}
-	for i := len(hist) - 1; i >= 0; i-- {
-		if hist[i].Kind == nodestate.Removed {
-			return false, nil
-		}
-		if hist[i].Kind == nodestate.Added {
-			break
-		}
-	}
-	if memberOf(hist) {
-		return true, nil
-	}
-	s, err := store.Get(node)
-	return err == nil && s.Steps[agentapi.StepKubeadm].Status == agentapi.StatusDone, nil
+	return store.RanKubeadm(node)
 }
 
 // recordPodRanges writes the allocation of r (plan.WritePodRanges: one atomic write) unless it is a

@@ -20,8 +20,14 @@ import (
 )
 
 // ErrUnauthorized is wrapped when the appliance refuses the node's token (HTTP 401): retrying will
-// not help; fix token in the hostagent config.
+// not help. The error carries the appliance's words: a wrong token, or one that was replaced (the
+// node was reinstalled or enrolled again) or revoked (`appliance node revoke`). A node cannot get a
+// new token by itself; only the appliance gives one (an enrolment after a power-on it made, or an
+// install over SSH), so the agent stops and says so.
 var ErrUnauthorized = errors.New("the appliance refused this node's token")
+
+// maxRefusalText bounds the appliance's 401 text quoted in an error.
+const maxRefusalText = 1024
 
 // maxNodeConfigBytes bounds a node config download.
 const maxNodeConfigBytes = 4 << 20
@@ -77,7 +83,11 @@ func (c *Client) doHeader(ctx context.Context, method, path string, body []byte)
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
-		return nil, nil, fmt.Errorf("%s %s: %w (check token in the hostagent config)", method, path, ErrUnauthorized)
+		words := strings.TrimSpace(string(data))
+		if len(words) > maxRefusalText {
+			words = words[:maxRefusalText] + "…"
+		}
+		return nil, nil, fmt.Errorf("%s %s: %w: %s", method, path, ErrUnauthorized, words)
 	case resp.StatusCode >= 300:
 		return nil, nil, fmt.Errorf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(data)))
 	}

@@ -474,9 +474,27 @@ type kubeadmState struct {
 	Done   time.Time `json:"done"`
 	// TokenID is the ID part of the bootstrap token the cluster got from this node (init only).
 	TokenID string `json:"tokenID,omitempty"`
+	// NodeTokenIDs are the IDs of the workers' own tokens the cluster got from this node with it
+	// (agentapi.KubernetesConfig.NodeBootstrapTokens), sorted.
+	NodeTokenIDs []string `json:"nodeTokenIDs,omitempty"`
 }
 
 func tokenID(token string) string { id, _, _ := strings.Cut(token, "."); return id }
+
+// nodeTokenIDs are the sorted IDs of k's workers' tokens.
+func nodeTokenIDs(k *agentapi.KubernetesConfig) []string {
+	var ids []string
+	for _, t := range k.NodeBootstrapTokens {
+		ids = append(ids, tokenID(t.Token))
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// createdTokens records in st the tokens of k the cluster now has from this node.
+func createdTokens(st *kubeadmState, k *agentapi.KubernetesConfig) {
+	st.TokenID, st.NodeTokenIDs = tokenID(k.BootstrapToken), nodeTokenIDs(k)
+}
 
 // leftovers lists what an interrupted kubeadm run leaves behind.
 func leftovers() []string {
@@ -534,6 +552,12 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 		}
 		return "", &waitError{msg}
 	}
+	if k.BootstrapToken == "" {
+		return "", fmt.Errorf("the node config has no bootstrap token: the appliance serves it from this node's kubeadm turn until it has joined (a node recorded as joined gets none: run `appliance node remove %s` before joining it again)", nc.Node)
+	}
+	if k.Action == agentapi.ActionInit && k.CAKeyPEM == "" {
+		return "", errors.New("kubeadm init without the cluster CA key: the appliance hands it out only until the cluster exists, and its records say a node of this cluster has run kubeadm already; this node must not start a second cluster (to build the cluster anew, `appliance node remove` every node first)")
+	}
 	if time.Until(k.BootstrapTokenExpires) < time.Minute {
 		return "", fmt.Errorf("the bootstrap token expired at %s: run `appliance bootstrap` again to renew it", k.BootstrapTokenExpires.UTC().Format(time.RFC3339))
 	}
@@ -581,7 +605,7 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 	}
 	st = kubeadmState{Action: k.Action, Done: time.Now().UTC()}
 	if k.Action == agentapi.ActionInit {
-		st.TokenID = tokenID(k.BootstrapToken)
+		createdTokens(&st, k)
 	}
 	b, _ := json.Marshal(st)
 	if _, err := atomicfile.Write(KubeadmStatePath, b, 0o600); err != nil {
@@ -593,12 +617,22 @@ func (a *Agent) stepKubeadm(ctx context.Context) (string, error) {
 // renewsJoinSecrets reports whether this node, whose kubeadm record is st, must put the join secrets
 // of its node config k into the cluster: it is a control plane that has run kubeadm (init or
 // join-control-plane), its config makes it the kubeadm leader (a control-plane action without an
-// After node: pkg/plan RenewsJoinSecrets, "the first remaining control plane", which after the init
-// node's removal is a control plane that joined), and the cluster has not got k's bootstrap token
-// from it yet.
+// After node: agentapi.KubernetesConfig.RenewsJoinSecrets, "the first remaining control plane",
+// which after the init node's removal is a control plane that joined), and the cluster has not got
+// k's bootstrap token, or one of its workers' tokens (a worker added), from it yet.
 func renewsJoinSecrets(st kubeadmState, k *agentapi.KubernetesConfig) bool {
-	return st.Action != "" && st.Action != agentapi.ActionJoin &&
-		k.Action != agentapi.ActionJoin && k.After == "" && st.TokenID != tokenID(k.BootstrapToken)
+	if st.Action == "" || st.Action == agentapi.ActionJoin || !k.RenewsJoinSecrets() || k.BootstrapToken == "" {
+		return false
+	}
+	if st.TokenID != tokenID(k.BootstrapToken) {
+		return true
+	}
+	for _, id := range nodeTokenIDs(k) {
+		if _, found := slices.BinarySearch(st.NodeTokenIDs, id); !found {
+			return true
+		}
+	}
+	return false
 }
 
 // renewJoinSecrets uploads the control-plane certificates under the appliance's current certificate
@@ -621,14 +655,14 @@ func (a *Agent) renewJoinSecrets(ctx context.Context, nc agentapi.NodeConfig, k 
 	if _, err := run(ctx, kubeadmTimeout, KubeadmLogPath, nil, "kubeadm", "init", "phase", "bootstrap-token", "--config", KubeadmConfigPath, "--skip-token-print"); err != nil {
 		return "", err
 	}
-	st.TokenID = tokenID(k.BootstrapToken)
+	createdTokens(&st, k)
 	b, _ := json.Marshal(st)
 	if _, err := atomicfile.Write(KubeadmStatePath, b, 0o600); err != nil {
 		return "", err
 	}
 	// The token ID (public; the secret part is not) makes each renewal's report differ from the
 	// last one: the appliance drops a report equal to the step's previous one.
-	return "renewed the bootstrap token " + st.TokenID + " (the control-plane certificates re-uploaded first)", nil
+	return fmt.Sprintf("renewed the bootstrap token %s and %d workers' tokens (the control-plane certificates re-uploaded first)", st.TokenID, len(st.NodeTokenIDs)), nil
 }
 
 // renewalConfig is the kubeadm configuration renewJoinSecrets runs its init phases with: the node's
@@ -654,6 +688,9 @@ func renderKubeadm(nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr ne
 		BootstrapTokenTTL:    time.Until(k.BootstrapTokenExpires).Truncate(time.Second),
 		CertificateKey:       k.CertificateKey,
 		CACertHashes:         k.CACertHashes,
+	}
+	for _, t := range k.NodeBootstrapTokens {
+		c.NodeBootstrapTokens = append(c.NodeBootstrapTokens, kubeadmmanifests.NodeToken{Node: t.Node, Token: t.Token})
 	}
 	n := kubeadmmanifests.Node{
 		Name:                  nc.Node,

@@ -46,6 +46,41 @@ func TestRenewsJoinSecrets(t *testing.T) {
 	}
 }
 
+// TestRenewsWorkerTokens: the leader puts a worker's own token into the cluster when the cluster
+// has not got it from it (a worker added), not again for a worker it already has, and not for a
+// worker removed from its list.
+func TestRenewsWorkerTokens(t *testing.T) {
+	const token = "abcdef.0123456789abcdef"
+	w := func(ids ...string) []agentapi.NodeBootstrapToken {
+		var out []agentapi.NodeBootstrapToken
+		for _, id := range ids {
+			out = append(out, agentapi.NodeBootstrapToken{Node: "w-" + id, Token: id + ".0123456789abcdef"})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		created []string
+		listed  []agentapi.NodeBootstrapToken
+		want    bool
+	}{
+		{"same workers", []string{"w1w1w1", "w2w2w2"}, w("w2w2w2", "w1w1w1"), false},
+		{"worker added", []string{"w1w1w1"}, w("w1w1w1", "w2w2w2"), true},
+		{"worker removed", []string{"w1w1w1", "w2w2w2"}, w("w1w1w1"), false},
+		{"first worker tokens (a cluster made by an older hostagent)", nil, w("w1w1w1"), true},
+	} {
+		st := kubeadmState{Action: agentapi.ActionInit, TokenID: "abcdef", NodeTokenIDs: tc.created}
+		k := &agentapi.KubernetesConfig{Action: agentapi.ActionInit, BootstrapToken: token, NodeBootstrapTokens: tc.listed}
+		if got := renewsJoinSecrets(st, k); got != tc.want {
+			t.Errorf("%s: renewsJoinSecrets = %v, want %v", tc.name, got, tc.want)
+		}
+		createdTokens(&st, k)
+		if renewsJoinSecrets(st, k) {
+			t.Errorf("%s: still renews after createdTokens", tc.name)
+		}
+	}
+}
+
 // TestRenewalConfigIsInit: a leader that joined renews with an InitConfiguration (kubeadm's init
 // phases upload-certs and bootstrap-token read one) carrying the config's bootstrap token and
 // certificate key; its own kubeadm join configuration would give upload-certs no certificate key.

@@ -47,10 +47,17 @@ const (
 	// Removed: the node left the configuration (SyncMembership at a bootstrap run, or
 	// `appliance node remove` through RecordLifecycle), recorded once; again only after an Added.
 	Removed LifecycleKind = "removed"
+	// TokenRotated: the node's token was replaced by a new one (pkg/pki.RotateNodeToken) at an
+	// enrolment, `appliance node reinstall` or an install over SSH; the old one is refused from then
+	// on. Detail says which, never the token.
+	TokenRotated LifecycleKind = "token-rotated"
+	// TokenRevoked: `appliance node revoke` removed the node's token: nothing authenticates as the
+	// node until it is enrolled or installed again.
+	TokenRevoked LifecycleKind = "token-revoked"
 )
 
 // LifecycleKinds lists every kind.
-var LifecycleKinds = []LifecycleKind{Added, Ready, Rebooted, Upgraded, Removed}
+var LifecycleKinds = []LifecycleKind{Added, Ready, Rebooted, Upgraded, Removed, TokenRotated, TokenRevoked}
 
 // AgentBuild is one hostagent build as a node reported it (agentapi.Report.AgentVersion, AgentSHA256).
 type AgentBuild struct {
@@ -150,7 +157,13 @@ func (s *Store) recordLifecycle(node string, kind LifecycleKind, detail string) 
 			return false, nil
 		}
 	}
-	return true, s.appendHistory(node, hist, LifecycleEntry{Time: s.now(), Node: node, Kind: kind, Detail: detail})
+	if err := s.appendHistory(node, hist, LifecycleEntry{Time: s.now(), Node: node, Kind: kind, Detail: detail}); err != nil {
+		return true, err
+	}
+	if kind == Removed {
+		return true, s.unmarkKubeadm(node)
+	}
+	return true, nil
 }
 
 // SyncMembership records a bootstrap run's configuration: Added (with detail) for every node of

@@ -180,7 +180,7 @@ func TestSyncMembership(t *testing.T) {
 	if h := history(t, s, "b"); kinds(h) != "added removed added removed" || h[3].Detail != "appliance node remove" {
 		t.Errorf("history of b after node remove twice: %s", kinds(h))
 	}
-	if err := s.RecordLifecycle("b", "deleted", ""); !errors.Is(err, ErrInvalidState) || !strings.Contains(err.Error(), "added, ready, rebooted, upgraded, removed") {
+	if err := s.RecordLifecycle("b", "deleted", ""); !errors.Is(err, ErrInvalidState) || !strings.Contains(err.Error(), "added, ready, rebooted, upgraded, removed, token-rotated, token-revoked") {
 		t.Errorf("unknown kind: %v", err)
 	}
 	if err := s.RecordLifecycle("../b", Added, ""); !errors.Is(err, ErrInvalidState) {

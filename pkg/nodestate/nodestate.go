@@ -7,6 +7,8 @@
 //	<node>/events.jsonl  0600  one Event per line, appended (fsynced) for every recorded change
 //	<node>/events.jsonl.1 0600 the previous events.jsonl, moved aside at EventsMaxBytes
 //	<node>/history.jsonl 0600  one LifecycleEntry per line: the node's day-2 history (lifecycle.go)
+//	<node>/kubeadm-done.json 0600 the node's first kubeadm-done report, kept across reboots until
+//	                           it is Removed (kubeadm.go: RanKubeadm)
 //
 // status.json is replaced atomically (pkg/atomicfile), so a reader never sees a torn file.
 //
@@ -23,9 +25,10 @@
 // rebooted).
 //
 // The history is what an operator reads of a node's life (`appliance status NODE`): added to the
-// configuration, first ready, ready again after a reboot, hostagent upgraded, removed. Record derives
-// ready, rebooted and upgraded from reports; the bootstrap's render phase records added and removed
-// (SyncMembership); other commands call RecordLifecycle. It is append-only (one fsynced write per
+// configuration, first ready, ready again after a reboot, hostagent upgraded, removed, its token
+// rotated or revoked. Record derives ready, rebooted and upgraded from reports; the bootstrap's
+// render phase records added and removed (SyncMembership); other commands and the enrolment call
+// RecordLifecycle. It is append-only (one fsynced write per
 // line; a torn last line is ignored on read and cut before the next append) and capped at
 // HistoryCap entries per node.
 package nodestate
@@ -270,6 +273,9 @@ func (s *Store) Record(node string, plan []string, r agentapi.Report) (agentapi.
 		Detail: r.Detail, State: st.State, Reason: st.Reason}
 	if err := s.commit(st, ev); err != nil {
 		return st, false, err
+	}
+	if err := s.markKubeadm(node, r); err != nil {
+		return st, true, err
 	}
 	if herr != nil {
 		return st, true, fmt.Errorf("node %s: state recorded, history not: %w", node, herr)

@@ -1,7 +1,9 @@
 package pki
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
@@ -40,6 +42,39 @@ type KubeadmSecrets struct {
 
 // Expires is when the secrets stop working for ttl.
 func (s KubeadmSecrets) Expires(ttl time.Duration) time.Time { return s.Created.Add(ttl) }
+
+// NodeBootstrapToken is node's own bootstrap token (a worker's: issue 34, item 3), derived from the
+// certificate key: HMAC-SHA256 under the key of "appliance node bootstrap token" and the node name,
+// read as base-36 digits (rejection sampling, so every character is uniform over [a-z0-9]). It is
+// renewed with the pair (a new certificate key gives every node a new token), needs no storage, and
+// reveals nothing of the key or of other nodes' tokens to the node that holds it. "" when the
+// certificate key is not hex (EnsureKubeadmSecrets refuses such a file).
+func (s KubeadmSecrets) NodeBootstrapToken(node string) string {
+	key, err := hex.DecodeString(s.CertificateKey)
+	if err != nil || len(key) == 0 {
+		return ""
+	}
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	tok := make([]byte, 0, 23)
+	for counter := byte(0); len(tok) < 23; counter++ {
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte("appliance node bootstrap token\x00"))
+		mac.Write([]byte(node))
+		mac.Write([]byte{0, counter})
+		for _, b := range mac.Sum(nil) {
+			if b >= 252 { // 252 = 7*36: the rest would favour the first characters
+				continue
+			}
+			if len(tok) == 6 {
+				tok = append(tok, '.')
+			}
+			if len(tok) < 23 {
+				tok = append(tok, alphabet[b%36])
+			}
+		}
+	}
+	return string(tok)
+}
 
 var (
 	bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)

@@ -356,3 +356,32 @@ func TestCAKeyPEMWithOpenSSL(t *testing.T) {
 		t.Errorf("openssl: KeyPEM's public key differs from the CA certificate's\n%s\n%s", a, b)
 	}
 }
+
+// TestNodeBootstrapToken: a node's own bootstrap token has the token format, is the same for the
+// same secrets and node, and differs between nodes, from the control-plane token, and after the
+// secrets are renewed (another certificate key).
+func TestNodeBootstrapToken(t *testing.T) {
+	a, err := newKubeadmSecrets(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newKubeadmSecrets(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1, w2 := a.NodeBootstrapToken("w1"), a.NodeBootstrapToken("w2")
+	for _, tok := range []string{w1, w2} {
+		if !bootstrapTokenRE.MatchString(tok) {
+			t.Fatalf("token %q does not match %s", tok, bootstrapTokenRE)
+		}
+	}
+	if again := a.NodeBootstrapToken("w1"); again != w1 {
+		t.Fatalf("not deterministic: %q then %q", w1, again)
+	}
+	if w1 == w2 || w1 == a.BootstrapToken || w1 == b.NodeBootstrapToken("w1") {
+		t.Fatalf("tokens collide: w1 %q w2 %q control plane %q renewed w1 %q", w1, w2, a.BootstrapToken, b.NodeBootstrapToken("w1"))
+	}
+	if got := (KubeadmSecrets{CertificateKey: "zz"}).NodeBootstrapToken("w1"); got != "" {
+		t.Fatalf("a malformed key gave %q", got)
+	}
+}

@@ -194,3 +194,69 @@ func BenchmarkEnsureCACreate(b *testing.B) {
 		}
 	}
 }
+
+// TestRotateRevokeReadNodeToken: a rotation replaces the token atomically (new inode, 0600, a new
+// 256-bit value that EnsureNodeTokens then reuses); a revocation removes it (ReadNodeToken finds
+// none, a second revocation reports nothing removed); EnsureNodeTokens creates a revoked node's
+// token anew; bad node names are refused before any file is touched.
+func TestRotateRevokeReadNodeToken(t *testing.T) {
+	dir := t.TempDir()
+	toks, _, err := EnsureNodeTokens(dir, []string{"w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := NodeTokenPath(dir, "w1")
+	before, _ := os.Stat(path)
+	tok, err := RotateNodeToken(dir, "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok == toks["w1"] || !validToken(tok) {
+		t.Fatalf("rotated token equals the old one or is not 256-bit base64url")
+	}
+	assertMode(t, path, 0o600)
+	if after, _ := os.Stat(path); os.SameFile(before, after) {
+		t.Error("rotation rewrote the file in place; want an atomic replace (new inode)")
+	}
+	if got, found, err := ReadNodeToken(dir, "w1"); err != nil || !found || got != tok {
+		t.Errorf("ReadNodeToken after rotation: found=%v err=%v, same=%v", found, err, got == tok)
+	}
+	if again, _, err := EnsureNodeTokens(dir, []string{"w1"}); err != nil || again["w1"] != tok {
+		t.Errorf("EnsureNodeTokens after rotation: %v, reused=%v", err, again["w1"] == tok)
+	}
+
+	if had, err := RevokeNodeToken(dir, "w1"); err != nil || !had {
+		t.Fatalf("revoke: had=%v err=%v", had, err)
+	}
+	if _, found, err := ReadNodeToken(dir, "w1"); err != nil || found {
+		t.Errorf("ReadNodeToken after revocation: found=%v err=%v", found, err)
+	}
+	if had, err := RevokeNodeToken(dir, "w1"); err != nil || had {
+		t.Errorf("second revoke: had=%v err=%v, want nothing removed", had, err)
+	}
+	fresh, out, err := EnsureNodeTokens(dir, []string{"w1"})
+	if err != nil || !out.Changed || fresh["w1"] == tok || fresh["w1"] == toks["w1"] {
+		t.Errorf("EnsureNodeTokens after revocation: %+v %v; want a new token", out, err)
+	}
+
+	// A first rotation creates the tokens directory and file.
+	if _, err := RotateNodeToken(dir, "w2"); err != nil {
+		t.Fatal(err)
+	}
+	assertMode(t, NodeTokenPath(dir, "w2"), 0o600)
+
+	for _, bad := range []string{"", "../x", "W1", ".hidden"} {
+		if _, err := RotateNodeToken(dir, bad); err == nil {
+			t.Errorf("RotateNodeToken(%q): no error", bad)
+		}
+		if _, err := RevokeNodeToken(dir, bad); err == nil {
+			t.Errorf("RevokeNodeToken(%q): no error", bad)
+		}
+	}
+	if err := os.WriteFile(NodeTokenPath(dir, "w3"), []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadNodeToken(dir, "w3"); !errors.Is(err, ErrConflict) || strings.Contains(err.Error(), "short") {
+		t.Errorf("ReadNodeToken of a bad file: %v, want ErrConflict without the content", err)
+	}
+}

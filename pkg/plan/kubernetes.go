@@ -91,9 +91,7 @@ func KubeadmLeader(cps []config.Node, joined map[string]string) (leader string, 
 // one control plane whose config has no After node. This is "the first remaining control plane",
 // not "Action init": after the init node's removal the leader is a control plane that joined.
 // hostagent applies the same rule.
-func RenewsJoinSecrets(k *agentapi.KubernetesConfig) bool {
-	return k != nil && k.Action != agentapi.ActionJoin && k.After == ""
-}
+func RenewsJoinSecrets(k *agentapi.KubernetesConfig) bool { return k.RenewsJoinSecrets() }
 
 // JoinSecretsRenewer is the node of the plan for which RenewsJoinSecrets holds ("" without
 // Kubernetes).
@@ -115,8 +113,14 @@ func (p *Plan) JoinSecretsRenewer() string {
 //   - SandboxImage: the pause image of the version's minor (PauseImage);
 //   - ControlPlaneEndpoint VIP:port, the cluster networks, API certificate SANs (the VIP, every
 //     control plane's static addresses, and with baseDomain api.<cluster>.<baseDomain> and api-int.…);
-//   - the bootstrap token for every node, the certificate key for control planes, and the cluster CA
-//     key for an ActionInit leader only;
+//   - the least secret per node (agentapi.WithholdSecrets' table; the agent API withholds more as it
+//     serves): the control-plane bootstrap token and the certificate key for control planes; for
+//     each worker its own token (pki.KubeadmSecrets.NodeBootstrapToken), which the leader gets
+//     too, all of them (NodeBootstrapTokens), to create them in the cluster; the cluster CA key
+//     only for an ActionInit leader of a cluster still to be built (no node has run kubeadm:
+//     cluster.Joined empty): once the init node has, re-rendering never brings the key back;
+//     re-initialising is explicit (`appliance node remove` of every node, which forgets that
+//     they joined);
 //   - PodCIDR: the node's range of cluster.PodRanges (AllocatePodRanges: stable per node name, the
 //     i-th /24 or /64 of networks.pods for the i-th node on a first allocation), and PodRoutes to
 //     every other node's range via its first workload-plane address (bridge CNI only);
@@ -153,7 +157,6 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		ImageRepository:       ImageRepository,
 		PodSubnet:             c.Networks.Pods,
 		ServiceSubnet:         c.Networks.Services,
-		BootstrapToken:        cluster.Kubeadm.BootstrapToken,
 		BootstrapTokenExpires: cluster.Kubeadm.Expires(pki.BootstrapTokenTTL),
 		CACertHashes:          []string{agentapi.PinOf(cluster.CA.Cert)},
 		CACertPEM:             string(cluster.CA.CertPEM),
@@ -182,20 +185,31 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 	switch idx := slices.Index(order, n.Name); {
 	case idx == 0 && init:
 		k.Action = agentapi.ActionInit
-		key, err := cluster.CA.KeyPEM()
-		if err != nil {
-			return nil, err
+		if len(cluster.Joined) == 0 {
+			key, err := cluster.CA.KeyPEM()
+			if err != nil {
+				return nil, err
+			}
+			k.CAKeyPEM = string(key)
 		}
-		k.CAKeyPEM = string(key)
-		k.CertificateKey = cluster.Kubeadm.CertificateKey
 	case idx == 0:
 		k.Action = agentapi.ActionJoinControlPlane
-		k.CertificateKey = cluster.Kubeadm.CertificateKey
 	case idx > 0:
 		k.Action, k.After = agentapi.ActionJoinControlPlane, order[idx-1]
-		k.CertificateKey = cluster.Kubeadm.CertificateKey
 	default:
 		k.Action, k.After = agentapi.ActionJoin, leader
+	}
+	if k.Action == agentapi.ActionJoin {
+		k.BootstrapToken = cluster.Kubeadm.NodeBootstrapToken(n.Name)
+	} else {
+		k.BootstrapToken, k.CertificateKey = cluster.Kubeadm.BootstrapToken, cluster.Kubeadm.CertificateKey
+	}
+	if k.RenewsJoinSecrets() {
+		for _, w := range c.Nodes {
+			if !w.HasRole(config.RoleControlPlane) {
+				k.NodeBootstrapTokens = append(k.NodeBootstrapTokens, agentapi.NodeBootstrapToken{Node: w.Name, Token: cluster.Kubeadm.NodeBootstrapToken(w.Name)})
+			}
+		}
 	}
 	if err := cniFor(c, n, k); err != nil {
 		return nil, err

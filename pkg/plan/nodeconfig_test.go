@@ -111,7 +111,11 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 		if k.Action != want[i].action || k.After != want[i].after || k.PodCIDR != p(want[i].podCIDR) {
 			t.Errorf("%s: action %q after %q pod CIDR %s, want %+v", n.Name, k.Action, k.After, k.PodCIDR, want[i])
 		}
-		if k.ControlPlaneEndpoint != "10.100.0.100:6443" || k.BootstrapToken != secrets.BootstrapToken ||
+		wantToken := secrets.BootstrapToken // the control planes' join token
+		if n.Name == "w1" {
+			wantToken = secrets.NodeBootstrapToken("w1") // a worker's own
+		}
+		if k.ControlPlaneEndpoint != "10.100.0.100:6443" || k.BootstrapToken != wantToken ||
 			!k.BootstrapTokenExpires.Equal(now.Add(pki.BootstrapTokenTTL)) || len(k.CACertHashes) != 1 || k.CACertHashes[0] != agentapi.PinOf(ca.Cert) {
 			t.Errorf("%s: endpoint %q token/expiry/hashes wrong: %+v", n.Name, k.ControlPlaneEndpoint, k)
 		}
@@ -120,6 +124,15 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 		}
 		if (k.CertificateKey != "") != (i < 3) {
 			t.Errorf("%s: certificate key handed out = %v, want control planes only", n.Name, k.CertificateKey != "")
+		}
+		// The workers' tokens go to the leader (cp1), which creates them in the cluster, and to no
+		// one else.
+		wantWorkers := []agentapi.NodeBootstrapToken(nil)
+		if i == 0 {
+			wantWorkers = []agentapi.NodeBootstrapToken{{Node: "w1", Token: secrets.NodeBootstrapToken("w1")}}
+		}
+		if !slices.Equal(k.NodeBootstrapTokens, wantWorkers) {
+			t.Errorf("%s: worker tokens %v, want %v", n.Name, k.NodeBootstrapTokens, wantWorkers)
 		}
 		if len(k.PodRoutes) != 3 || slices.ContainsFunc(k.PodRoutes, func(r agentapi.PodRoute) bool { return r.Node == n.Name }) {
 			t.Errorf("%s: pod routes %+v, want the 3 other nodes", n.Name, k.PodRoutes)

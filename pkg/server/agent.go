@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,65 +26,6 @@ import (
 // MaxReportBytes bounds the body of POST agentapi.ReportPathV1.
 const MaxReportBytes = 64 << 10
 
-// tokenSet holds SHA-256 digests of the node tokens; both the Ignition store and the agent API
-// check bearer tokens through it, so they answer a bad token identically.
-type tokenSet struct {
-	mu     sync.RWMutex
-	tokens map[string][32]byte // node → SHA-256 of its token
-}
-
-func (t *tokenSet) set(tokens map[string]string) {
-	m := make(map[string][32]byte, len(tokens))
-	for n, tok := range tokens {
-		m[n] = sha256.Sum256([]byte(tok))
-	}
-	t.mu.Lock()
-	t.tokens = m
-	t.mu.Unlock()
-}
-
-// authorized compares hashes in constant time; an unknown node is compared against a dummy.
-func (t *tokenSet) authorized(node, token string) bool {
-	got := sha256.Sum256([]byte(token))
-	t.mu.RLock()
-	want, ok := t.tokens[node]
-	t.mu.RUnlock()
-	eq := subtle.ConstantTimeCompare(got[:], want[:]) == 1
-	return ok && token != "" && eq
-}
-
-// nodeFor returns the node whose token is token. It compares against every node's digest in
-// constant time, so the time taken depends on the number of nodes only.
-func (t *tokenSet) nodeFor(token string) (string, bool) {
-	got := sha256.Sum256([]byte(token))
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	found := ""
-	for n, want := range t.tokens {
-		if subtle.ConstantTimeCompare(got[:], want[:]) == 1 {
-			found = n
-		}
-	}
-	return found, found != "" && token != ""
-}
-
-// bearerChallenge is the WWW-Authenticate value of every 401 (RFC 6750 §3).
-const bearerChallenge = `Bearer realm="appliance"`
-
-// unauthorized is /ignition/'s one 401 answer, whatever was wrong: it takes the token in the header
-// only, like the agent API.
-func unauthorized(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", bearerChallenge)
-	http.Error(w, "unauthorized: send this node's token as Authorization: Bearer <token> (never in the URL)", http.StatusUnauthorized)
-}
-
-// agentUnauthorized is the agent API's one 401 answer, whatever was wrong: it takes the token in the
-// header only.
-func agentUnauthorized(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", bearerChallenge)
-	http.Error(w, "unauthorized: send this node's token as Authorization: Bearer <token>", http.StatusUnauthorized)
-}
-
 // headerBearer returns the token of an "Authorization: Bearer <token>" header, or "". The scheme is
 // matched case-insensitively and may be followed by several spaces (RFC 7235 §2.1: credentials =
 // auth-scheme 1*SP token68; RFC 6750 §2.1 names the scheme "Bearer").
@@ -100,7 +40,9 @@ func headerBearer(r *http.Request) string {
 // AgentAPI serves the hostagent API (pkg/agentapi) under /agent/v1/:
 //
 //	GET  agentapi.ConfigPathV1  the node's NodeConfig, the file Dir/<node>/nodeconfig.json as
-//	                            rendered (passed through Gate when set); reading it records nothing
+//	                            rendered (passed through Gate when set, then through
+//	                            agentapi.WithholdSecrets by the node's kubeadm record in Nodes:
+//	                            least secret per node); reading it records nothing
 //	                            (a node moves only by its reports). Its ETag is the served bytes'
 //	                            SHA-256 (first 128 bits, hex, quoted); with ?wait=<that ETag> the
 //	                            answer waits until the served config differs, up to
@@ -119,8 +61,12 @@ func headerBearer(r *http.Request) string {
 //
 // The node is the one whose token is sent as "Authorization: Bearer <token>" (scheme in any case;
 // never in the query: it would reach logs of proxies). A missing, wrong or unknown token gets one
-// and the same 401 (the challenge /ignition/ sends, a text naming the header), so a node can read and
-// write only its own records and a caller learns nothing about which nodes exist.
+// and the same 401 (the challenge /ignition/ sends, a text naming the header and the token
+// lifecycle), so a node can read and write only its own records and a caller learns nothing about
+// which nodes exist; a token this process saw replaced or revoked is told so (NodeTokens.Refusal).
+// The token is the node's current one at every request (UseTokens with NodeTokensIn follows the
+// state directory), and a config watch re-checks it as it polls: a watch opened with a token that
+// is then replaced or revoked ends with that 401.
 type AgentAPI struct {
 	// Dir is the rendered dir (STATE/rendered), one directory per node.
 	Dir string
@@ -137,7 +83,7 @@ type AgentAPI struct {
 	// answered 404 (this appliance does not network-boot).
 	Installed func(ctx context.Context, node string, n agentapi.InstallNotice, remote string) error
 
-	tokens tokenSet
+	tokens *NodeTokens
 
 	// refused holds the install-notice refusals already logged (logged once each, not per retry).
 	refusedMu sync.Mutex
@@ -179,13 +125,15 @@ func NewAgentAPI(dir string, tokens map[string]string, nodes *nodestate.Store, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &AgentAPI{Dir: dir, Nodes: nodes, Log: log, reports: newKeyedLimiter(ReportRate, ReportBurst)}
-	a.tokens.set(tokens)
-	return a
+	return &AgentAPI{Dir: dir, Nodes: nodes, Log: log, reports: newKeyedLimiter(ReportRate, ReportBurst), tokens: NewNodeTokens(tokens)}
 }
 
-// SetTokens replaces the accepted tokens (node name → token).
+// SetTokens replaces the accepted tokens by a fixed set (node name → token).
 func (a *AgentAPI) SetTokens(tokens map[string]string) { a.tokens.set(tokens) }
+
+// UseTokens makes the API accept the tokens of t (NodeTokensIn: the state directory's, followed as
+// they change; shared with the IgnitionStore). Call it before serving.
+func (a *AgentAPI) UseTokens(t *NodeTokens) { a.tokens = t }
 
 func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var want string
@@ -198,14 +146,15 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	node, ok := a.tokens.nodeFor(headerBearer(r))
+	token := headerBearer(r)
+	node, ok := a.tokens.nodeFor(token)
 	if !ok {
 		if r.URL.Path == agentapi.InstalledPathV1 {
 			host, _, _ := net.SplitHostPort(r.RemoteAddr)
 			a.logRefusedOnce("unauthenticated|"+host, "install notice refused: no valid node token (401); the machine must send the token its enrolment gave it as Authorization: Bearer, over the pinned HTTPS API",
 				"remote", r.RemoteAddr)
 		}
-		agentUnauthorized(w)
+		unauthorized(w, a.tokens.Refusal(token))
 		return
 	}
 	if r.Method != want {
@@ -215,7 +164,7 @@ func (a *AgentAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	if want == http.MethodGet {
-		a.config(w, r, node)
+		a.config(w, r, node, token)
 		return
 	}
 	if r.URL.Path == agentapi.InstalledPathV1 {
@@ -293,15 +242,45 @@ func (a *AgentAPI) readNodeConfig(node string) ([]byte, *agentapi.NodeConfig, er
 	return b, &nc, nil
 }
 
-// served is the node's config as served now: the rendered file, passed through Gate.
+// served is the node's config as served now: the rendered file, passed through Gate, then
+// stripped of the kubeadm secrets the node does not need now (agentapi.WithholdSecrets: the
+// cluster CA key once the node has run kubeadm, a joining node's join secrets outside its turn).
+// Whether it has run kubeadm is the node store's record (RanKubeadm); a store that cannot say is
+// read as "it has" (withhold rather than leak: the node retries).
 func (a *AgentAPI) served(node string) ([]byte, error) {
 	data, nc, err := a.readNodeConfig(node)
-	if err != nil || a.Gate == nil {
+	if err != nil {
 		return data, err
 	}
-	a.Gate(node, nc)
+	if a.Gate != nil {
+		a.Gate(node, nc)
+	}
+	if k := nc.Kubernetes; k != nil {
+		// The record is read only when it decides something: a CA key to serve, or join secrets
+		// of a node whose turn it is.
+		joined := false
+		if k.CAKeyPEM != "" || (!k.RenewsJoinSecrets() && k.Proceed) {
+			joined = a.ranKubeadm(node)
+		}
+		agentapi.WithholdSecrets(nc, joined)
+	} else if a.Gate == nil {
+		return data, nil
+	}
 	data, err = json.MarshalIndent(nc, "", "  ")
 	return append(data, '\n'), err
+}
+
+// ranKubeadm is Nodes.RanKubeadm, true when there is no store or it cannot say.
+func (a *AgentAPI) ranKubeadm(node string) bool {
+	if a.Nodes == nil {
+		return true
+	}
+	ran, err := a.Nodes.RanKubeadm(node)
+	if err != nil {
+		a.Log.Error("read whether the node has run kubeadm; withholding its kubeadm secrets", "node", node, "error", err)
+		return true
+	}
+	return ran
 }
 
 // configETag is the ETag of served config bytes: their SHA-256's first 128 bits in hex, quoted
@@ -332,7 +311,7 @@ func (a *AgentAPI) startWatch(node string) (done func(), ok bool) {
 	}, true
 }
 
-func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
+func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node, token string) {
 	data, err := a.served(node)
 	if wait := r.URL.Query().Get(agentapi.ConfigWaitParam); wait != "" && err == nil && configETag(data) == wait {
 		done, ok := a.startWatch(node)
@@ -345,7 +324,8 @@ func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 		defer done()
 		// A watch on the config the node has: poll the rendered file and the gate (both cheap, and
 		// changed by other processes: `appliance bootstrap` renders, other nodes' reports move the
-		// gate) until the served bytes differ, the wait ends or the client goes away.
+		// gate) until the served bytes differ, the wait ends or the client goes away; and the token
+		// it was opened with, which ends the watch with a 401 once it is replaced or revoked.
 		deadline := time.NewTimer(agentapi.ConfigWaitMax)
 		defer deadline.Stop()
 		tick := time.NewTicker(configWatchPoll)
@@ -361,6 +341,10 @@ func (a *AgentAPI) config(w http.ResponseWriter, r *http.Request, node string) {
 			case <-ending:
 				break watch
 			case <-tick.C:
+			}
+			if !a.tokens.authorized(node, token) {
+				unauthorized(w, a.tokens.Refusal(token))
+				return
 			}
 			next, nerr := a.served(node)
 			if nerr != nil || configETag(next) != wait {

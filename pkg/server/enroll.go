@@ -22,6 +22,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/atomicfile"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/pki"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -37,6 +38,18 @@ type EnrollNode struct {
 	SystemUUID string
 	// InstallArgs are the node's install parameters (agentapi.EnrollResponse.InstallArgs).
 	InstallArgs []string
+	// Reenrol is what the operator runs to have the node enrol again (a power-on by the appliance,
+	// which opens a new enrolment and so gives the node a new token), as refusals say it; empty:
+	// "run `appliance node reinstall NODE --yes`".
+	Reenrol string
+}
+
+// reenrol is n.Reenrol or its default.
+func (n EnrollNode) reenrol() string {
+	if n.Reenrol != "" {
+		return n.Reenrol
+	}
+	return "run `appliance node reinstall " + n.Name + " --yes` (it writes the disk anew, replaces the token at once and power-cycles the node to enrol)"
 }
 
 // EnrollRecord is the binding of a node to the key it enrolled with for one power-on, kept in
@@ -57,6 +70,9 @@ type EnrollRecord struct {
 	SystemUUID string   `json:"systemUUID,omitempty"`
 	// Nonces are the nonces of every accepted request: none of them is accepted again.
 	Nonces []string `json:"nonces"`
+	// TokenSHA256 is the hex SHA-256 of the node token this binding issued (Enrollment.PKIDir set):
+	// a retry with the same key is answered that token only while it is still the node's.
+	TokenSHA256 string `json:"tokenSHA256,omitempty"`
 }
 
 // maxRecordNonces bounds EnrollRecord.Nonces (a node retries a handful of times).
@@ -81,7 +97,12 @@ const maxSeenNonces = 8192
 //  6. the appliance's power phase powered it on (its last "powering" event) within Window, and it
 //     has not reported since (no hostagent report after that event) → 403;
 //  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
-//     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409.
+//     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409;
+//  8. with PKIDir set, the token: a new binding rotates the node's token (pki.RotateNodeToken: the
+//     token any earlier install or enrolment gave it is refused from then on, and the node's history
+//     records token-rotated) and the answer carries the new one; a retry with the same key is
+//     answered the token its binding issued, or refused 409 when that token was revoked or replaced
+//     since.
 //
 // Every refusal from step 4 on is recorded in that node's events (nodestate.Store.NoteContact; a refusal
 // by the same rule of the same node at most once a minute, whatever key, UUID or address the requests
@@ -102,6 +123,10 @@ type Enrollment struct {
 	Now func() time.Time
 	// Log receives refusals (without keys or tokens); nil discards.
 	Log *slog.Logger
+	// PKIDir is the PKI directory (STATE/pki) whose tokens/<node> the enrolment rotates; the answer
+	// carries the node's new token in place of the rendered one. Empty: no token is rotated and the
+	// rendered configuration is answered as it is (a front without a state directory).
+	PKIDir string
 
 	mu     sync.Mutex
 	nodes  []EnrollNode
@@ -315,15 +340,20 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		return deny("not-powered", http.StatusForbidden, "enrolment refused: the appliance has not powered node %s on (run `appliance bootstrap`: its power phase powers the node on and opens a %s enrolment window)", n.Name, window)
 	}
 	if reported {
-		return deny("reported", http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s; power it on again through the appliance to enrol anew", n.Name, poweredOn.Format(time.RFC3339))
+		return deny("reported", http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s: "+
+			"an installed node keeps the token its enrolment gave it, and a machine enrols again only after the appliance powers it on for that. "+
+			"if this machine is node %s and must get a new token, %s; "+
+			"if it is not, `appliance node revoke %s` makes the current token worthless until the node enrols again", n.Name, poweredOn.Format(time.RFC3339), n.Name, n.reenrol(), n.Name)
 	}
 	if now.Sub(poweredOn) > window {
-		return deny("window", http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: power it on again through the appliance (`appliance bootstrap`) to enrol", n.Name, poweredOn.Format(time.RFC3339), window)
+		return deny("window", http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: to enrol it, %s", n.Name, poweredOn.Format(time.RFC3339), window, n.reenrol())
 	}
 	if found && rec.PoweredOn.Equal(poweredOn) {
 		if subtle.ConstantTimeCompare([]byte(rec.PublicKey), []byte(req.PublicKey)) != 1 {
-			return deny("other-key", http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s; a second machine claims its identity, or the machine lost its key: power it on again through the appliance to enrol anew",
-				n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339))
+			return deny("other-key", http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s, and holds the token that enrolment issued: "+
+				"a second machine claims its identity, or the machine lost its key (it rebooted). Only a new power-on by the appliance opens a new enrolment, whose token replaces this one: "+
+				"%s; and `appliance node revoke %s` now if a machine you do not trust may hold the current token",
+				n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339), n.reenrol(), n.Name)
 		}
 	} else {
 		rec = EnrollRecord{Node: n.Name, PublicKey: req.PublicKey, KeyFingerprint: fp, PoweredOn: poweredOn, Enrolled: now,
@@ -335,6 +365,23 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		return deny("no-config", http.StatusNotFound, "enrolment refused: no hostagent configuration rendered for node %s yet; rerun `appliance bootstrap` (render phase)", n.Name)
 	} else if err != nil {
 		return agentapi.EnrollResponse{}, fmt.Errorf("read the hostagent configuration of %s: %w", n.Name, err)
+	}
+	rotated := false
+	if e.PKIDir != "" {
+		token, ok, err := e.token(n.Name, rec, found)
+		if err != nil {
+			return agentapi.EnrollResponse{}, err
+		}
+		if !ok {
+			return deny("token-gone", http.StatusConflict, "enrolment refused: the token node %s's enrolment at %s issued was revoked or replaced since, "+
+				"and a retry of that enrolment cannot bring it back: to enrol the node anew, %s", n.Name, rec.Enrolled.Format(time.RFC3339), n.reenrol())
+		}
+		sum := sha256.Sum256([]byte(token))
+		rotated = rec.TokenSHA256 != hex.EncodeToString(sum[:])
+		rec.TokenSHA256 = hex.EncodeToString(sum[:])
+		if cfg, err = withToken(cfg, token); err != nil {
+			return agentapi.EnrollResponse{}, fmt.Errorf("the rendered hostagent configuration of %s: %w", n.Name, err)
+		}
 	}
 	rec.Answered = now
 	rec.Nonces = append(rec.Nonces, req.Nonce)
@@ -348,11 +395,43 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	if found {
 		what = "enrolment answered again (same key)"
 	}
+	if rotated {
+		if err := e.Nodes.RecordLifecycle(n.Name, nodestate.TokenRotated, "enrolled with key "+fp+" from "+remote+": the token of any earlier install is refused"); err != nil {
+			e.log().Error("record the token rotation", "node", n.Name, "error", err)
+		}
+	}
 	e.log().Info(what, "node", n.Name, "remote", remote, "key", fp)
 	if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolled, what+" with key "+fp+" from "+remote); err != nil {
 		e.log().Error("record the enrolment", "node", n.Name, "error", err)
 	}
 	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp, InstallArgs: n.InstallArgs}, nil
+}
+
+// token returns the node token the answer carries (e.mu held): for a new binding (found false) a
+// new one (pki.RotateNodeToken); for a retry with the binding's key the one the binding issued, ok
+// false when it is no longer the node's (revoked or replaced since). A binding recorded before
+// tokens were rotated (no TokenSHA256) is given a new one.
+func (e *Enrollment) token(node string, rec EnrollRecord, found bool) (string, bool, error) {
+	if found && rec.TokenSHA256 != "" {
+		cur, have, err := pki.ReadNodeToken(e.PKIDir, node)
+		if err != nil {
+			return "", false, fmt.Errorf("read the node token of %s: %w", node, err)
+		}
+		sum := sha256.Sum256([]byte(cur))
+		return cur, have && subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(rec.TokenSHA256)) == 1, nil
+	}
+	tok, err := pki.RotateNodeToken(e.PKIDir, node)
+	return tok, err == nil, err
+}
+
+// withToken returns the hostagent configuration cfg with its token replaced by token.
+func withToken(cfg []byte, token string) ([]byte, error) {
+	c, err := agentapi.Parse(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.Token = token
+	return c.Marshal()
 }
 
 // HTTPStatus is the status ServeHTTP answers err from Enroll with: the refusal's 4xx, else 500.
