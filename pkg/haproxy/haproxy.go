@@ -94,7 +94,10 @@ var cfgTemplate = template.Must(template.New("haproxy.cfg").Parse(`# Rendered by
 # The API load balancer: TCP passthrough to every kube-apiserver that answers {{.Path}}.
 global
 	# maxconn: HAProxy derives it from the file-descriptor limit (haproxy.service's LimitNOFILE).
-	# No log target: haproxy.service's stderr goes to the journal.
+	# One line per connection on stdout, which haproxy.service (foreground, -Ws) sends to the
+	# journal: the client, the server chosen, the times and the termination state ("SD": the server
+	# closed it mid-stream), so a failed API request through the VIP can be traced to its backend.
+	log stdout format raw local0 info
 
 defaults
 	mode tcp
@@ -108,6 +111,9 @@ defaults
 
 frontend apiserver
 	bind {{.Bind}}
+	log global
+	option tcplog
+	option dontlognull
 	default_backend apiservers
 
 backend apiservers
@@ -124,6 +130,9 @@ backend apiservers
 
 frontend {{.Name}}
 	bind {{.Bind}}
+	log global
+	option tcplog
+	option dontlognull
 	default_backend {{.Name}}
 
 backend {{.Name}}

@@ -11,10 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/airgap-appliance/appliance/test/logbuf"
 )
 
 // apiserver is a stand-in kube-apiserver for the balancer: a TLS server answering /readyz (200 "ok",
@@ -61,6 +64,12 @@ func freePort(t *testing.T) uint16 {
 // startHAProxy runs the real haproxy (Debian's) in the foreground with c, stopped at the end of the test.
 func startHAProxy(t *testing.T, c Config) {
 	t.Helper()
+	startHAProxyLog(t, c, os.Stderr)
+}
+
+// startHAProxyLog is startHAProxy with haproxy's stdout (its per-connection log) written to stdout.
+func startHAProxyLog(t *testing.T, c Config, stdout io.Writer) {
+	t.Helper()
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
 		t.Fatalf("haproxy not installed (make deps installs Debian's haproxy): %v", err)
@@ -77,7 +86,7 @@ func startHAProxy(t *testing.T, c Config) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-db", "-f", path)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = stdout, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +184,44 @@ func TestBalancesAcrossReadyAPIServers(t *testing.T) {
 	waitStatus(t, c.StatsPort, "cp2", "UP")
 	if got, failed = get(10); failed != 0 || got["cp2"] == 0 {
 		t.Errorf("cp2 ready again: served %v, %d failed; want cp2 back in the rotation", got, failed)
+	}
+}
+
+// TestLogsEachConnection: the real HAProxy logs a connection through the API frontend once it ends, in
+// the TCP log format with the server it was given to and its termination state ("--": a normal end),
+// the evidence a failed request through the VIP is traced with; health checks are not logged.
+func TestLogsEachConnection(t *testing.T) {
+	a := newAPIServer(t, "cp1")
+	c := Config{Port: freePort(t), Bind: netip.MustParseAddr("127.0.0.1"), StatsPort: freePort(t),
+		Servers: []Server{{Name: a.name, Address: a.addr()}}}
+	var log logbuf.Buffer
+	startHAProxyLog(t, c, &log)
+	waitStatus(t, c.StatsPort, a.name, "UP")
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // the stand-in's certificate is not the point here
+	resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/version", c.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	var lines []string
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		lines = nil
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, " apiserver apiservers/cp1 ") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 0 {
+			break
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("want one log line of the connection through apiserver to apiservers/cp1, got %d; haproxy's stdout:\n%s", len(lines), log.String())
+	}
+	if f := strings.Fields(lines[0]); !slices.Contains(f, "--") {
+		t.Errorf("the connection's log line has no normal termination state \"--\": %s", lines[0])
 	}
 }
 

@@ -343,7 +343,18 @@ spec:
 			t.Errorf("the VIP was never polled")
 		}
 		if len(failures) > 0 {
-			t.Errorf("the API VIP did not answer %d of %d polls:\n%s", len(failures), polls, strings.Join(failures, "\n"))
+			// Which backend each failed request had and how its connection ended: the balancers'
+			// connection logs (pkg/haproxy: one line per connection with its termination state),
+			// read from the worker's namespace as the bootstrap host is off.
+			var logs strings.Builder
+			for _, cp := range cps {
+				cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "ssh", cp,
+					"journalctl -u haproxy -o short-precise --no-pager --since '-15min' | grep -v ' -- ' | tail -n 60")
+				cmd.Env = append(slices.Clone(k.env), "LAB_SSH_FROM="+worker)
+				out, err := cmd.CombinedOutput()
+				fmt.Fprintf(&logs, "--- %s: haproxy's connections not ended normally, last 15 min (%v):\n%s\n", cp, err, out)
+			}
+			t.Errorf("the API VIP did not answer %d of %d polls:\n%s\n%s", len(failures), polls, strings.Join(failures, "\n"), logs.String())
 		}
 	})
 }
