@@ -37,6 +37,9 @@ const (
 	// DiscoveryTimeout is JoinConfiguration timeouts.discovery: how long `kubeadm join` keeps trying to
 	// fetch and verify the cluster-info ConfigMap from Cluster.ControlPlaneEndpoint.
 	DiscoveryTimeout = 5 * time.Minute
+	// EtcdClientPort is the port a stacked etcd member serves clients on (kubeadm constants
+	// EtcdListenClientPort).
+	EtcdClientPort = 2379
 	// EtcdDataDir is the local etcd member's data directory (kubeadm's default).
 	EtcdDataDir = "/var/lib/etcd"
 	// BootstrapTokenGroup is the group kubeadm's RBAC rules grant node bootstrap (CSR creation and
@@ -87,6 +90,18 @@ type Cluster struct {
 	// (wildcards allowed, as kubeadm allows). Rendered deduplicated and sorted. kubeadm adds the
 	// node's advertise address, the ControlPlaneEndpoint host and the in-cluster names itself.
 	APIServerCertSANs []string
+	// EtcdMembers are the control planes' addresses, each running a stacked etcd member that kubeadm
+	// makes listen for clients on https://ADDRESS:2379 (its advertise address; the etcd server
+	// certificate names it). Rendered, in this order, as every kube-apiserver's --etcd-servers
+	// (apiServer.extraArgs, which replaces kubeadm's https://127.0.0.1:2379), as OpenShift's
+	// apiservers list every member: when a node shuts down, systemd stops its apiserver and its etcd
+	// member at once, and an apiserver that knew only its own member could not serve a request
+	// during its shutdown delay (APIServerShutdownDelay) — requests hung, its /readyz hung so the
+	// balancer took it out late, and the requests it held were cut when it exited ("unexpected EOF"
+	// through the VIP). With every member listed, etcd's client fails over to the others. A member
+	// not yet joined is only unreachable until it is. Empty: kubeadm's default, the local member.
+	// Each is a valid address without zone, no duplicates.
+	EtcdMembers []netip.Addr
 	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}" (id.secret) that init
 	// creates and joining nodes authenticate with. SECRET. Required.
 	BootstrapToken string
@@ -174,8 +189,7 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 				ServiceSubnet: c.ServiceSubnet.String(),
 				DNSDomain:     v.dnsDomain,
 			},
-			APIServer: apiServer{CertSANs: v.certSANs,
-				ExtraArgs: []arg{{Name: "shutdown-delay-duration", Value: APIServerShutdownDelay.String()}}},
+			APIServer: apiServer{CertSANs: v.certSANs, ExtraArgs: v.apiServerArgs},
 			// The appliance assigns each node's pod /24 itself (bridge CNI with host-local IPAM), so
 			// the node IPAM controller must not.
 			ControllerManager: controlPlaneProcess{ExtraArgs: []arg{{Name: "allocate-node-cidrs", Value: "false"}}},

@@ -40,6 +40,7 @@ func labCluster() km.Cluster {
 		ServiceSubnet:        netip.MustParsePrefix("10.96.0.0/16"),
 		// Unsorted with a duplicate, to show the rendering sorts and deduplicates.
 		APIServerCertSANs: []string{"10.100.0.13", "10.100.0.100", "10.100.0.11", "10.100.0.12", "10.100.0.11"},
+		EtcdMembers:       []netip.Addr{netip.MustParseAddr("10.100.0.11"), netip.MustParseAddr("10.100.0.12"), netip.MustParseAddr("10.100.0.13")},
 		BootstrapToken:    labToken,
 		BootstrapTokenTTL: 2 * time.Hour,
 		CertificateKey:    labKey,
@@ -112,8 +113,10 @@ func TestGoldenContent(t *testing.T) {
 		"criSocket: unix:///run/containerd/containerd.sock",
 		"- name: node-ip\n      value: 10.100.0.11",
 		"- name: allocate-node-cidrs\n      value: \"false\"",
-		// The balancer takes a stopping apiserver out before it stops accepting (pkg/haproxy).
-		"apiServer:\n  certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n  extraArgs:\n    - name: shutdown-delay-duration\n      value: 5s\n",
+		// The balancer takes a stopping apiserver out before it stops accepting, and it keeps
+		// reaching etcd when its own member stops with it (pkg/haproxy TestStoppingAPIServerLosesNoRequest).
+		"apiServer:\n  certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n  extraArgs:\n    - name: shutdown-delay-duration\n      value: 5s\n" +
+			"    - name: etcd-servers\n      value: https://10.100.0.11:2379,https://10.100.0.12:2379,https://10.100.0.13:2379\n",
 		"certSANs:\n    - 10.100.0.100\n    - 10.100.0.11\n    - 10.100.0.12\n    - 10.100.0.13\n",
 		"ignorePreflightErrors:\n    - swap\n    - systemverification\n",
 		"dnsDomain: cluster.local", "podSubnet: 10.233.0.0/16", "serviceSubnet: 10.96.0.0/16",
@@ -141,11 +144,13 @@ func TestDNSDomainAndIPv6(t *testing.T) {
 	c.PodSubnet = netip.MustParsePrefix("fd00:233::/56")
 	c.ServiceSubnet = netip.MustParsePrefix("fd00:96::/112")
 	c.APIServerCertSANs = []string{"fd00::100", "api.corp.example"}
+	c.EtcdMembers = []netip.Addr{netip.MustParseAddr("fd00::11"), netip.MustParseAddr("fd00::12")}
 	out, err := km.InitConfig(c, labNode("cp1", "fd00::11", true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"dnsDomain: corp.example", "controlPlaneEndpoint: '[fd00::100]:7443'", "bindPort: 7443", "advertiseAddress: fd00::11"} {
+	for _, want := range []string{"dnsDomain: corp.example", "controlPlaneEndpoint: '[fd00::100]:7443'", "bindPort: 7443", "advertiseAddress: fd00::11",
+		"value: https://[fd00::11]:2379,https://[fd00::12]:2379"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("lacks %q:\n%s", want, out)
 		}
@@ -213,6 +218,9 @@ func TestInvalidInput(t *testing.T) {
 		init  bool // only InitConfig refuses it
 	}{
 		{"cluster name empty", "Cluster.Name", func(c *km.Cluster, _ *km.Node) { c.Name = "" }, false, false},
+		{"etcd member twice", "Cluster.EtcdMembers[3]", func(c *km.Cluster, _ *km.Node) { c.EtcdMembers = append(c.EtcdMembers, c.EtcdMembers[1]) }, false, false},
+		{"etcd member invalid", "Cluster.EtcdMembers[0]", func(c *km.Cluster, _ *km.Node) { c.EtcdMembers[0] = netip.Addr{} }, false, false},
+		{"etcd member with zone", "Cluster.EtcdMembers[0]", func(c *km.Cluster, _ *km.Node) { c.EtcdMembers[0] = netip.MustParseAddr("fe80::1%eth0") }, false, false},
 		{"node token malformed", "Cluster.NodeBootstrapTokens[1].Token", func(c *km.Cluster, _ *km.Node) {
 			c.NodeBootstrapTokens = []km.NodeToken{{Node: "w1", Token: labWorkerToken}, {Node: "w2", Token: "W2W2W2.0123456789abcdef"}}
 		}, false, false},

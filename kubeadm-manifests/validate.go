@@ -47,6 +47,7 @@ var (
 type validated struct {
 	dnsDomain        string
 	certSANs         []string
+	apiServerArgs    []arg
 	caCertHashes     []string
 	localAPIEndpoint apiEndpoint
 	nodeRegistration nodeRegistration
@@ -110,6 +111,25 @@ func validate(c Cluster, n Node, forJoin bool) (validated, error) {
 		}
 	}
 	v.certSANs = sortedUnique(c.APIServerCertSANs)
+
+	v.apiServerArgs = []arg{{Name: "shutdown-delay-duration", Value: APIServerShutdownDelay.String()}}
+	var etcdServers []string
+	for i, a := range c.EtcdMembers {
+		f := fmt.Sprintf("Cluster.EtcdMembers[%d]", i)
+		switch {
+		case !a.IsValid():
+			add(f, "is not an IP address")
+		case a.Zone() != "":
+			add(f, "%s: an IPv6 zone is not allowed", a)
+		case slices.Contains(c.EtcdMembers[:i], a):
+			add(f, "%s is listed twice", a)
+		default:
+			etcdServers = append(etcdServers, "https://"+netip.AddrPortFrom(a, EtcdClientPort).String())
+		}
+	}
+	if len(etcdServers) > 0 {
+		v.apiServerArgs = append(v.apiServerArgs, arg{Name: "etcd-servers", Value: strings.Join(etcdServers, ",")})
+	}
 
 	// Secrets: never quote the value.
 	if c.BootstrapToken == "" {

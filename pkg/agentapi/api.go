@@ -281,6 +281,10 @@ type KubernetesConfig struct {
 	// APIServerCertSANs are extra API server certificate SANs: the VIP and every control plane's
 	// static addresses.
 	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
+	// EtcdMembers are the control planes' addresses, each with a stacked etcd member: every
+	// kube-apiserver's --etcd-servers (kubeadm-manifests Cluster.EtcdMembers). Empty: kubeadm's
+	// default, the local member only (a node config from an appliance older than this field).
+	EtcdMembers []netip.Addr `json:"etcdMembers,omitempty"`
 	// BootstrapToken is the kubeadm bootstrap token "[a-z0-9]{6}.[a-z0-9]{16}" the node joins with:
 	// on control planes the cluster's control-plane join token, on a worker its own token
 	// (NodeBootstrapTokens). Secret; served only while the node needs it (WithholdSecrets).

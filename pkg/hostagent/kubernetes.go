@@ -684,6 +684,7 @@ func renderKubeadm(nc agentapi.NodeConfig, k *agentapi.KubernetesConfig, addr ne
 		PodSubnet:            k.PodSubnet,
 		ServiceSubnet:        k.ServiceSubnet,
 		APIServerCertSANs:    k.APIServerCertSANs,
+		EtcdMembers:          k.EtcdMembers,
 		BootstrapToken:       k.BootstrapToken,
 		BootstrapTokenTTL:    time.Until(k.BootstrapTokenExpires).Truncate(time.Second),
 		CertificateKey:       k.CertificateKey,

@@ -175,6 +175,7 @@ func kubernetesFor(c *config.BootstrapConfiguration, n config.Node, cluster *Clu
 		sans = append(sans, "api."+zone, "api-int."+zone)
 	}
 	k.APIServerCertSANs = sans
+	k.EtcdMembers = ControlPlaneAddresses(c)
 	leader, init := KubeadmLeader(cps, cluster.Joined)
 	order := []string{leader}
 	for _, cp := range cps {

@@ -80,6 +80,10 @@ type Options struct {
 	// creates pods: with no kube-controller-manager, no namespace gets its default service account
 	// and that plugin refuses every pod.
 	DisableAdmissionPlugins []string
+	// EtcdServers is --etcd-servers: the client URLs of an etcd cluster the API server uses
+	// (StartEtcdCluster), as a control plane's apiserver lists every stacked member
+	// (kubeadm-manifests Cluster.EtcdMembers). Empty: StartAPIServer runs an etcd of its own.
+	EtcdServers []string
 	// AdminKubeconfig is where the admin kubeconfig is written (mode 0600; missing parent
 	// directories are made 0700), e.g. STATE/kubernetes/admin.conf where kubeadm writes its
 	// admin.conf. Empty: admin.conf in a temporary directory.
@@ -136,13 +140,19 @@ func StartAPIServer(t testing.TB, opts Options) *APIServer {
 		mode = "Node,RBAC"
 	}
 
-	clientURL, peerURL, port := "http://127.0.0.1:"+freePort(t), "http://127.0.0.1:"+freePort(t), freePort(t)
+	ports := freePorts(t, 3)
+	port := ports[0]
 	exited := make(chan string, 2)
-	start(t, dir, exited, "etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
-		"--unsafe-no-fsync", "--log-level=warn")
-	argv := []string{apiBin, "--etcd-servers=" + clientURL,
+	etcdServers := strings.Join(opts.EtcdServers, ",")
+	if etcdServers == "" {
+		clientURL, peerURL := "http://127.0.0.1:"+ports[1], "http://127.0.0.1:"+ports[2]
+		start(t, dir, exited, "etcd", etcdBin, "--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
+			"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
+			"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=test="+peerURL,
+			"--unsafe-no-fsync", "--log-level=warn")
+		etcdServers = clientURL
+	}
+	argv := []string{apiBin, "--etcd-servers=" + etcdServers,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + port,
 		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 		"--tls-cert-file=" + filepath.Join(servingDir, pki.ServingCertFile),
@@ -185,6 +195,68 @@ func StartAPIServer(t testing.TB, opts Options) *APIServer {
 		case <-ctx.Done():
 			t.Fatalf("kube-apiserver not ready: %v", err)
 		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Etcd is one running member of an etcd cluster (StartEtcdCluster), killed by PID when the test ends.
+type Etcd struct {
+	// Name is the member's --name; ClientURL its client URL, http://127.0.0.1:PORT.
+	Name, ClientURL string
+
+	proc *process
+}
+
+// Signal sends sig to the member, e.g. SIGTERM as a node's shutdown sends it to etcd's static pod.
+func (e *Etcd) Signal(sig os.Signal) error { return e.proc.cmd.Process.Signal(sig) }
+
+// StartEtcdCluster runs n etcd members (the Kubernetes fixture's etcd, plain HTTP on 127.0.0.1, no
+// fsync) forming one new cluster, as kubeadm's stacked members of n control planes do, and returns
+// once the cluster answers a linearizable read (etcdctl endpoint health on every member). It fails
+// the test when a member exits before that or the cluster is not healthy within 2 minutes (a bound
+// on a hang). At cleanup each member is killed by PID.
+func StartEtcdCluster(t testing.TB, n int) []*Etcd {
+	t.Helper()
+	etcdBin := labns.KubernetesBin(t, "etcd")
+	dir := t.TempDir()
+	members := make([]*Etcd, n)
+	peers := make([]string, n)
+	ports := freePorts(t, 2*n) // distinct: freePort twice may return one port twice
+	var initial []string
+	for i := range members {
+		members[i] = &Etcd{Name: fmt.Sprintf("m%d", i+1), ClientURL: "http://127.0.0.1:" + ports[2*i]}
+		peers[i] = "http://127.0.0.1:" + ports[2*i+1]
+		initial = append(initial, members[i].Name+"="+peers[i])
+	}
+	exited := make(chan string, n)
+	for i, m := range members {
+		m.proc = start(t, dir, exited, "etcd-"+m.Name, etcdBin, "--name="+m.Name,
+			"--data-dir="+filepath.Join(dir, m.Name), "--listen-client-urls="+m.ClientURL, "--advertise-client-urls="+m.ClientURL,
+			"--listen-peer-urls="+peers[i], "--initial-advertise-peer-urls="+peers[i],
+			"--initial-cluster="+strings.Join(initial, ","), "--initial-cluster-state=new",
+			// Heartbeats and elections ten times etcd's defaults (100 ms, 1 s): a loaded test
+			// machine (CI's suites beside each other) must not make the members elect a new leader
+			// while a test measures the API.
+			"--heartbeat-interval=1000", "--election-timeout=10000",
+			"--unsafe-no-fsync", "--log-level=warn")
+	}
+	var urls []string
+	for _, m := range members {
+		urls = append(urls, m.ClientURL)
+	}
+	ctl := labns.KubernetesBin(t, "etcdctl")
+	for end := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) { // bounds a hang
+		out, err := exec.Command(ctl, "--endpoints="+strings.Join(urls, ","), "endpoint", "health").CombinedOutput()
+		if err == nil {
+			return members
+		}
+		select {
+		case msg := <-exited:
+			t.Fatal(msg)
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatalf("etcd cluster of %d members not healthy: %v %s", n, err, out)
 		}
 	}
 }
@@ -293,14 +365,20 @@ func ensureServiceAccountKey(t testing.TB, dir string) (keyFile, pubFile string)
 
 // freePort returns a TCP port that was free on 127.0.0.1 a moment ago (the kernel's choice for
 // port 0), as a string.
-func freePort(t testing.TB) string {
+// freePorts returns n distinct free TCP ports of 127.0.0.1: each listener stays open until all are
+// picked, so the kernel cannot hand one port out twice.
+func freePorts(t testing.TB, n int) []string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var ports []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports = append(ports, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return ports
 }
 
 // process is a command start runs; done is closed when it has exited.
