@@ -113,13 +113,17 @@ func TestAgentSelfUpgrade(t *testing.T) {
 	}
 	failedWith := func(what string) {
 		t.Helper()
+		// The failure report itself is checked, not a second read of the store: the agent retries
+		// with backoff, and a retry's first report ("unchanged: fetched node config; …") may have
+		// replaced it by then (CI at dc8f25f).
+		var detail string
 		waitFor(t, "w1 failed with "+what, func() bool {
 			st, _ := app.store.Get("w1")
-			return st.State == agentapi.StateFailed && strings.Contains(st.Steps[agentapi.StepConfig].Detail, what)
+			detail = st.Steps[agentapi.StepConfig].Detail
+			return st.State == agentapi.StateFailed && strings.Contains(detail, what)
 		})
-		st, _ := app.store.Get("w1")
-		if !strings.HasPrefix(st.Steps[agentapi.StepConfig].Detail, "hostagent upgrade to "+selfUpgradeVersion) {
-			t.Errorf("config step detail %q does not say which upgrade failed", st.Steps[agentapi.StepConfig].Detail)
+		if !strings.HasPrefix(detail, "hostagent upgrade to "+selfUpgradeVersion) {
+			t.Errorf("config step detail %q does not say which upgrade failed", detail)
 		}
 	}
 
