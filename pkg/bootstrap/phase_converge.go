@@ -87,7 +87,11 @@ func (convergePhase) Run(ctx context.Context, st *State) (Result, error) {
 			if !st.Config.Kubernetes.IsEnabled() {
 				return Result{Detail: fmt.Sprintf("%d nodes ready", len(st.Config.Nodes))}, nil
 			}
-			return convergeKubernetes(ctx, st, board, time.Until(deadline))
+			res, err := convergeKubernetes(ctx, st, board, time.Until(deadline))
+			if err != nil {
+				return res, err
+			}
+			return renderAgain(ctx, st, res)
 		}
 		if time.Now().After(deadline) {
 			return Result{}, fmt.Errorf("nodes not ready after %v: %s%s; `appliance status` shows each node, rerun bootstrap to keep waiting",
@@ -179,4 +183,21 @@ func waitClusterAPI(ctx context.Context, api *adminAPI, limit time.Duration) err
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// renderAgain runs the render phase again at the end of a converged run. The node configs rendered
+// before the cluster existed carry what only building it needs: the init node's cluster CA key
+// (plan.kubernetesFor gives it only while no node has run kubeadm; the agent API withholds it from the
+// moment the init node's kubeadm is done). Once every node is ready they no longer need it, so the
+// state directory keeps no more than a rerun would render, and a second run changes nothing.
+func renderAgain(ctx context.Context, st *State, res Result) (Result, error) {
+	r, err := (renderPhase{}).Run(ctx, st)
+	if err != nil {
+		return res, fmt.Errorf("every node is ready, but rendering the node configs again without the secrets only building the cluster needed failed: %w (a rerun of bootstrap renders them)", err)
+	}
+	if r.Changed {
+		res.Changed = true
+		res.Detail += "; rendered again now that every node has run kubeadm (no cluster CA key in any node config): " + r.Detail
+	}
+	return res, nil
 }
