@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -83,19 +84,13 @@ func runNodeRemove(ctx context.Context, cmd *cobra.Command, g *globalFlags, f *n
 	if f.drainTimeout <= 0 {
 		return fmt.Errorf("--drain-timeout %s: give a positive duration such as 2m", f.drainTimeout)
 	}
-	cfg, warnings, err := config.Load(f.config, config.ValidateOptions{})
-	for _, w := range warnings {
-		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s\n", w)
-	}
+	cfg, err := loadNodeConfig(cmd.ErrOrStderr(), f.config)
 	if err != nil {
-		return fmt.Errorf("%s is not valid:\n%w", f.config, err)
+		return err
 	}
-	dir := cfg.StateDir
-	if f.stateDir != "" {
-		dir = f.stateDir
-	}
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
+	dir, err := existingStateDir(cfg, f.stateDir)
+	if err != nil {
+		return err
 	}
 	if !f.dryRun {
 		unlock, err := bootstrap.LockStateDir(dir)
@@ -144,4 +139,31 @@ func nodeRemoveOptions(cfg *config.BootstrapConfiguration, cfgPath, stateDir, na
 			}
 		},
 	}
+}
+
+// loadNodeConfig loads the `node` commands' configuration (config.Load, validated), writing its
+// warnings to out. The error names the file and lists every invalid field with its path.
+func loadNodeConfig(out io.Writer, path string) (*config.BootstrapConfiguration, error) {
+	cfg, warnings, err := config.Load(path, config.ValidateOptions{})
+	for _, w := range warnings {
+		fmt.Fprintf(out, "warning: %s\n", w)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s is not valid:\n%w", path, err)
+	}
+	return cfg, nil
+}
+
+// existingStateDir is the state directory a `node` command works in: flag (--state-dir) when set,
+// else the configuration's stateDir. It must exist: the error says to run bootstrap first or name
+// the right one.
+func existingStateDir(cfg *config.BootstrapConfiguration, flag string) (string, error) {
+	dir := cfg.StateDir
+	if flag != "" {
+		dir = flag
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
+	}
+	return dir, nil
 }

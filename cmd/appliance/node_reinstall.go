@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
-	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
@@ -58,12 +56,9 @@ With --no-power the node reinstalls the next time it boots from the network.`,
 }
 
 func runNodeReinstall(ctx context.Context, out io.Writer, f *nodeReinstallFlags, name string) error {
-	cfg, warnings, err := config.Load(f.config, config.ValidateOptions{})
-	for _, w := range warnings {
-		fmt.Fprintf(out, "warning: %s\n", w)
-	}
+	cfg, err := loadNodeConfig(out, f.config)
 	if err != nil {
-		return fmt.Errorf("%s is not valid:\n%w", f.config, err)
+		return err
 	}
 	idx := -1
 	for i, n := range cfg.Nodes {
@@ -81,12 +76,9 @@ func runNodeReinstall(ctx context.Context, out io.Writer, f *nodeReinstallFlags,
 	if !f.yes {
 		return fmt.Errorf("reinstalling %s writes its disk anew (everything on it is lost): pass --yes to do it", name)
 	}
-	dir := cfg.StateDir
-	if f.stateDir != "" {
-		dir = f.stateDir
-	}
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
+	dir, err := existingStateDir(cfg, f.stateDir)
+	if err != nil {
+		return err
 	}
 	// The token first: whatever follows fails, the installed system's token is already worthless.
 	if _, err := pki.RotateNodeToken(statedir.PKI(dir), name); err != nil {

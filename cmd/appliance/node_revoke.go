@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,19 +55,13 @@ Revoking a node that has no token changes nothing but says so.`,
 }
 
 func runNodeRevoke(out io.Writer, f *nodeRevokeFlags, name string) error {
-	cfg, warnings, err := config.Load(f.config, config.ValidateOptions{})
-	for _, w := range warnings {
-		fmt.Fprintf(out, "warning: %s\n", w)
-	}
+	cfg, err := loadNodeConfig(out, f.config)
 	if err != nil {
-		return fmt.Errorf("%s is not valid:\n%w", f.config, err)
+		return err
 	}
-	dir := cfg.StateDir
-	if f.stateDir != "" {
-		dir = f.stateDir
-	}
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return fmt.Errorf("state directory %s is not there: run appliance bootstrap first, or name the right one (stateDir, --state-dir)", dir)
+	dir, err := existingStateDir(cfg, f.stateDir)
+	if err != nil {
+		return err
 	}
 	idx := -1
 	for i, n := range cfg.Nodes {
