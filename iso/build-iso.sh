@@ -76,7 +76,9 @@ start=$(date +%s)
 mkdir -p "$cache"
 
 # --- 1. the system -----------------------------------------------------------------------------------
-system_key=$( (echo "$ISO_SYSTEM_VERSION $SUITE $PACKAGES ${MODULES[*]}"; sha256sum "$here/init"
+# Paths relative to iso/ (sha256sum prints the name it was given): the key of one content is the same
+# in every checkout, which an absolute "$here/init" made differ per clone directory.
+system_key=$( (echo "$ISO_SYSTEM_VERSION $SUITE $PACKAGES ${MODULES[*]}"; cd "$here" && sha256sum init
 	cd "$here/rootfs" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-12)
 sys=$cache/iso-system-$system_key
 exec 9>"$sys.lock"
