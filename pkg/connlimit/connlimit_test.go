@@ -62,6 +62,21 @@ func (c *client) get(path string) (int, string, error) {
 	return resp.StatusCode, string(b), nil
 }
 
+// idleConns counts l's connections the server has marked idle (http.StateIdle).
+func idleConns(l *Listener) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, conns := range l.bySource {
+		for c := range conns {
+			if !c.idleSince.IsZero() {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
@@ -79,13 +94,16 @@ func TestIdleEvictedBeforeRefusing(t *testing.T) {
 	release := make(chan struct{})
 	l, addr := serve(t, Config{MaxConnsPerSource: 2, MaxConns: 3}, release)
 	a, b := dial(t, addr), dial(t, addr)
-	for _, c := range []*client{a, b} {
+	// a becomes idle before b does: each waits for the server to mark its connection idle, as the
+	// order of the server's idle transitions is not the order of the clients' requests under load
+	// (make test beside a fixture build saw b marked first, and b evicted).
+	for i, c := range []*client{a, b} {
 		if code, _, err := c.get("/"); code != 200 || err != nil {
 			t.Fatalf("GET: %d %v", code, err)
 		}
+		waitFor(t, fmt.Sprintf("%d idle", i+1), func() bool { return idleConns(l) == i+1 })
+		time.Sleep(20 * time.Millisecond) // a coarse clock must still order the two idle times
 	}
-	waitFor(t, "both idle", func() bool { return l.Stats().Open == 2 })
-	time.Sleep(20 * time.Millisecond) // a's idleSince is older than b's already; let the states settle
 	c := dial(t, addr)
 	if code, _, err := c.get("/"); code != 200 || err != nil {
 		t.Fatalf("a third connection at the cap with two idle: %d %v", code, err)
