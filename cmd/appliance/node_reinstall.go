@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 
 	"github.com/spf13/cobra"
 
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/bootstrap"
+	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/netboot"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/pki"
@@ -60,12 +62,7 @@ func runNodeReinstall(ctx context.Context, out io.Writer, f *nodeReinstallFlags,
 	if err != nil {
 		return err
 	}
-	idx := -1
-	for i, n := range cfg.Nodes {
-		if n.Name == name {
-			idx = i
-		}
-	}
+	idx := slices.IndexFunc(cfg.Nodes, func(n config.Node) bool { return n.Name == name })
 	if idx < 0 {
 		return fmt.Errorf("%s is not in nodes[] of %s: name a node of the configuration", name, f.config)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,12 +64,7 @@ func runNodeRevoke(out io.Writer, f *nodeRevokeFlags, name string) error {
 	if err != nil {
 		return err
 	}
-	idx := -1
-	for i, n := range cfg.Nodes {
-		if n.Name == name {
-			idx = i
-		}
-	}
+	idx := slices.IndexFunc(cfg.Nodes, func(n config.Node) bool { return n.Name == name })
 	pkiDir := statedir.PKI(dir)
 	_, hasToken, err := pki.ReadNodeToken(pkiDir, name)
 	if err != nil && idx < 0 {
