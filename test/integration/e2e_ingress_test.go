@@ -216,6 +216,41 @@ data: {tls.crt: %[4]s, tls.key: %[5]s}
 		t.Fatal(err)
 	}
 	t.Logf("https://%s/ answered again %.1fs after the kill; %d failed polls before: %s", host, time.Since(killed).Seconds(), len(tlsFails), strings.Join(tlsFails, "; "))
+
+	// The killed keepalived also held the API VIP. hostagent restarts it and its priority takes
+	// both VIPs back, and a VIP move resets the TCP connections in flight to the old holder. CI
+	// (stop 40) saw the deferred `kubectl delete namespace` fail 0.8 s after this point, which left
+	// the pod on w1 and made day 2's drain refuse it. So the test ends only once both VIPs have
+	// settled: keepalived runs again on the killed node and each VIP has kept one holder for 5 s.
+	if err := k.waitVIPsSettled(holders[0], 90*time.Second); err != nil {
+		t.Errorf("after the kill on %s: %v", holders[0], err)
+	}
+}
+
+// waitVIPsSettled waits, up to d, until keepalived runs again on node (its pid file names a live
+// process) and the API and ingress VIPs have each had the same single holder for 5 s. It returns
+// what was last seen when d passes.
+func (k *k8sLab) waitVIPsSettled(node string, d time.Duration) error {
+	var since time.Time
+	var last string
+	return waitFor(d, func() error {
+		if _, err := k.run(node, "sh", "-c", "kill -0 $(cat /etc/keepalived/keepalived.pid)"); err != nil {
+			since = time.Time{}
+			return fmt.Errorf("keepalived not running again on %s: %v", node, err)
+		}
+		api, ingress := k.vipHolders(), k.ingressHolders()
+		if len(api) != 1 || len(ingress) != 1 {
+			since = time.Time{}
+			return fmt.Errorf("VIP holders: API %v, ingress %v, want one each", api, ingress)
+		}
+		if now := api[0] + " " + ingress[0]; now != last || since.IsZero() {
+			last, since = now, time.Now()
+		}
+		if time.Since(since) < 5*time.Second {
+			return fmt.Errorf("VIP holders (API, ingress) %s for %.1fs, want 5 s unchanged", last, time.Since(since).Seconds())
+		}
+		return nil
+	})
 }
 
 // ingressCert makes a CA and a certificate for host signed by it (ECDSA P-256, one day): the CA's

@@ -212,6 +212,9 @@ func newK8sLabCNI(t *testing.T, prefix, cni string) *k8sLab {
 func (k *k8sLab) kube(args ...string) (string, error) {
 	argv := append([]string{k.kubectl, "--kubeconfig", statedir.AdminKubeconfig(k.state), "--server", apiVIPURL, "--request-timeout", "5s"}, args...)
 	out, err := k.exec("boot", argv...).Output()
+	if ee, ok := err.(*exec.ExitError); ok && len(ee.Stderr) > 0 {
+		err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+	}
 	return string(out), err
 }
 
