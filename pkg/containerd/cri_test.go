@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,27 @@ import (
 
 const testPause = "registry.k8s.io/pause:3.10.1"
 
+var update = flag.Bool("update", false, "rewrite testdata/cri-config.toml from the current output")
+
+// TestCRIConfigGolden: the whole file a Kubernetes node gets, as reviewed in testdata/cri-config.toml
+// (`go test ./pkg/containerd -run Golden -update` rewrites it; the diff is the review).
+func TestCRIConfigGolden(t *testing.T) {
+	got := CRIConfig(testPause)
+	golden := filepath.Join("testdata", "cri-config.toml")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("CRIConfig differs from %s (rerun with -update and review the diff):\n%s", golden, got)
+	}
+}
+
 func TestCRIConfigDeterministic(t *testing.T) {
 	a, b := CRIConfig(testPause), CRIConfig(testPause)
 	if !bytes.Equal(a, b) {
@@ -25,10 +47,10 @@ func TestCRIConfigDeterministic(t *testing.T) {
 		t.Error("config does not end with a newline")
 	}
 	for _, want := range []string{
-		"version = 2\n",
-		`sandbox_image = "registry.k8s.io/pause:3.10.1"`,
+		"version = 3\n",
+		`sandbox = "registry.k8s.io/pause:3.10.1"`,
 		`config_path = "/etc/containerd/certs.d"`,
-		`bin_dir = "/usr/lib/cni"`,
+		`bin_dirs = ["/usr/lib/cni"]`,
 	} {
 		if !bytes.Contains(a, []byte(want)) {
 			t.Errorf("config lacks %q:\n%s", want, a)
