@@ -207,6 +207,27 @@ func KubernetesBin(t testing.TB, name string) string {
 	return ""
 }
 
+// ContainerdVersion is the version of the container runtime fixture (Makefile CONTAINERD_VERSION,
+// test/fixtures/build-bundle.sh), whose containerd and runc the bundle's repository carries.
+const ContainerdVersion = "v2.3.7"
+
+// ContainerdBin returns the path of a binary of the container runtime fixture
+// (FixtureCache()/containerd-ContainerdVersion/bin/NAME: containerd, containerd-shim-runc-v2, ctr, runc;
+// test/fixtures/build-containerd.sh). Missing, it fails the test under CI and skips it loudly elsewhere.
+func ContainerdBin(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(FixtureCache(), "containerd-"+ContainerdVersion, "bin", name)
+	if isExec(p) {
+		return p
+	}
+	msg := fmt.Sprintf("real %s missing at %s: `make fixtures` builds it (test/fixtures/build-containerd.sh %s)", name, p, ContainerdVersion)
+	if InCI() {
+		t.Fatalf("REAL PEER MISSING: %s: %s", t.Name(), msg)
+	}
+	t.Skipf("SKIPPED %s: %s", t.Name(), msg)
+	return ""
+}
+
 // MachineSession makes cmd, a TCG virtual machine (QEMU), the leader of a session of its own
 // (setsid(2) at exec; any SysProcAttr already set, such as Pdeathsig, is kept).
 //
