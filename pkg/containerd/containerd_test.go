@@ -116,28 +116,44 @@ func TestSetConfigPath(t *testing.T) {
 	}
 }
 
-// TestSetConfigPathContainerd checks with the real containerd that the edited default config
-// parses and carries the config_path.
+// TestSetConfigPathContainerd checks with real containerds that their edited default config parses
+// and carries the config_path: the host's Debian containerd 1.6 (a version 2 file) and the runtime
+// fixture's containerd 2.x (build-containerd.sh; its default config quotes the plugin ids as TOML
+// literal strings, 'io.containerd.cri.v1.images', which SetConfigPath must recognise rather than append a
+// second registry table).
 func TestSetConfigPathContainerd(t *testing.T) {
-	bin := labns.RequireTool(t, "containerd")
-	def, err := exec.Command(bin, "config", "default").Output()
-	if err != nil {
-		t.Fatalf("containerd config default: %v", err)
-	}
-	edited, changed, err := SetConfigPath(def, CertsDir)
-	if err != nil || !changed {
-		t.Fatalf("SetConfigPath(default) = changed %v, %v", changed, err)
-	}
-	path := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(path, edited, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(bin, "--config", path, "config", "dump").CombinedOutput()
-	if err != nil {
-		t.Fatalf("containerd config dump: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), `config_path = "/etc/containerd/certs.d"`) {
-		t.Errorf("containerd does not see config_path:\n%s", out)
+	for _, tc := range []struct {
+		name string
+		bin  func(t *testing.T) string
+	}{
+		{"host", func(t *testing.T) string { return labns.RequireTool(t, "containerd") }},
+		{"fixture", func(t *testing.T) string { return labns.ContainerdBin(t, "containerd") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := tc.bin(t)
+			def, err := exec.Command(bin, "config", "default").Output()
+			if err != nil {
+				t.Fatalf("containerd config default: %v", err)
+			}
+			edited, changed, err := SetConfigPath(def, CertsDir)
+			if err != nil || !changed {
+				t.Fatalf("SetConfigPath(default) = changed %v, %v", changed, err)
+			}
+			if n := bytes.Count(edited, []byte("config_path")); n != bytes.Count(def, []byte("config_path")) {
+				t.Errorf("SetConfigPath added a config_path instead of setting the one there (%d, was %d):\n%s", n, bytes.Count(def, []byte("config_path")), edited)
+			}
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, edited, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(bin, "--config", path, "config", "dump").CombinedOutput()
+			if err != nil {
+				t.Fatalf("containerd config dump: %v\n%s", err, out)
+			}
+			if !strings.Contains(string(out), `config_path = "/etc/containerd/certs.d"`) && !strings.Contains(string(out), `config_path = '/etc/containerd/certs.d'`) {
+				t.Errorf("containerd does not see config_path:\n%s", out)
+			}
+		})
 	}
 }
 
