@@ -177,8 +177,10 @@ func Link(t testing.TB, a *NS, addrA string, b *NS, addrB string) (string, strin
 // String implements fmt.Stringer.
 func (n *NS) String() string { return fmt.Sprintf("netns(%s)", n.Name) }
 
-// KubernetesVersion is the version of the Kubernetes fixture (Makefile KUBERNETES_VERSION,
-// test/fixtures/build-bundle.sh).
+// KubernetesVersion is the version of the Kubernetes fixture: pkg/config's DefaultKubernetesVersion,
+// which labns cannot import (pkg/config's own tests import labns), like the Makefile's
+// KUBERNETES_VERSION and test/fixtures/build-bundle.sh's; test/fixtures/kubernetes'
+// TestDefaultVersionEverywhere keeps them all equal.
 const KubernetesVersion = "v1.34.4"
 
 // FixtureCache is the directory `make fixtures` builds into: $APPLIANCE_CACHE, else
