@@ -10,7 +10,7 @@ LDFLAGS   := -X github.com/airgap-appliance/appliance/pkg/version.Version=$(VERS
 export APPLIANCE_CACHE ?= /var/cache/appliance
 LAB_CONFIG := test/lab/bootstrap.yaml
 LAB_STATE  := /var/lib/appliance-lab/state
-KUBERNETES_VERSION := v1.34.4
+KUBERNETES_VERSION := v1.37.2
 # The nodes' container runtime (test/fixtures/build-containerd.sh; pinned again in build-bundle.sh).
 CONTAINERD_VERSION := v2.3.7
 RUNC_VERSION := v1.5.3

@@ -69,8 +69,8 @@ func TestValidateErrors(t *testing.T) {
 		{"kubernetes repository of another minor", kubernetesAt("v1.37.2", "v1.36"),
 			[]string{"apt.sources[2].uri"}, `"https://pkgs.k8s.io/core:/stable:/v1.36/deb/" serves the Kubernetes v1.36 packages but kubernetes.version is v1.37.2: ` +
 				"the nodes would get kubelet, kubeadm and kubectl of another minor than the bundle's images; use https://pkgs.k8s.io/core:/stable:/v1.37/deb/"},
-		{"kubernetes repository left at the example's", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.37.2" },
-			[]string{"apt.sources[2].uri"}, "serves the Kubernetes v1.34 packages but kubernetes.version is v1.37.2"},
+		{"kubernetes repository left at the example's", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.36.3" },
+			[]string{"apt.sources[2].uri"}, "serves the Kubernetes v1.37 packages but kubernetes.version is v1.36.3"},
 		{"kubernetes repository without the final slash", func(s *BundleSpecification) {
 			kubernetesAt("v1.36.3", "v1.35")(s)
 			s.Apt.Sources[2].URI = strings.TrimSuffix(s.Apt.Sources[2].URI, "/")

@@ -92,7 +92,7 @@ func TestSupportedKubernetesVersion(t *testing.T) {
 		{"v1.36.3", "", ""},
 		{"v1.37.2", "", ""},
 		{"v1.37.99", "", ""},
-		{DefaultKubernetesVersion, `"v1.34.4": Kubernetes v1.34 reached its end of life in October 2026`, ""},
+		{"v1.34.4", `"v1.34.4": Kubernetes v1.34 reached its end of life in October 2026`, ""},
 		{"v1.34.0", "until its nodes' containerd moves to 2.x (issue 31)", ""},
 		{"v1.33.5", "", "unsupported Kubernetes minor v1.33: the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34)"},
 		{"v1.38.0", "", `"v1.38.0" cannot be deployed: unsupported Kubernetes minor v1.38`},
@@ -124,16 +124,16 @@ func TestSupportedKubernetesVersion(t *testing.T) {
 // (bundle.yaml) must be the configured one.
 func TestKubernetesVersionMatchesBundle(t *testing.T) {
 	f := newFileFixture(t)
-	meta := "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: k8s-1.34.2\nkubernetesVersion: v1.34.2\ncreated: 2025-01-31T12:00:00Z\n"
+	meta := "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: k8s-1.36.3\nkubernetesVersion: v1.36.3\ncreated: 2025-01-31T12:00:00Z\n"
 	f.write(t, filepath.Join("bundle", "bundle.yaml"), []byte(meta), 0o644)
 	_, errs := Validate(f.c, ValidateOptions{CheckFiles: true})
 	if got := errPaths(errs); !slices.Equal(got, []string{"kubernetesVersion"}) {
 		t.Fatalf("error paths = %q, want [kubernetesVersion]; errors:\n%v", got, errs)
 	}
-	requireErr(t, errs, "kubernetesVersion", `"`+DefaultKubernetesVersion+`" differs from the bundle's Kubernetes v1.34.2`, 0)
-	requireErr(t, errs, "kubernetesVersion", "set kubernetesVersion: v1.34.2", 0)
+	requireErr(t, errs, "kubernetesVersion", `"`+DefaultKubernetesVersion+`" differs from the bundle's Kubernetes v1.36.3`, 0)
+	requireErr(t, errs, "kubernetesVersion", "set kubernetesVersion: v1.36.3", 0)
 
-	f.c.KubernetesVersion = "v1.34.2"
+	f.c.KubernetesVersion = "v1.36.3"
 	if _, errs := Validate(f.c, ValidateOptions{CheckFiles: true}); len(errs) > 0 {
 		t.Fatalf("matching version: %v", errs)
 	}

@@ -181,7 +181,7 @@ func (n *NS) String() string { return fmt.Sprintf("netns(%s)", n.Name) }
 // which labns cannot import (pkg/config's own tests import labns), like the Makefile's
 // KUBERNETES_VERSION and test/fixtures/build-bundle.sh's; test/fixtures/kubernetes'
 // TestDefaultVersionEverywhere keeps them all equal.
-const KubernetesVersion = "v1.34.4"
+const KubernetesVersion = "v1.37.2"
 
 // FixtureCache is the directory `make fixtures` builds into: $APPLIANCE_CACHE, else
 // /var/cache/appliance (.ci/run points it at a cache of its own that starts empty).
