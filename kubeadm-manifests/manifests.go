@@ -65,7 +65,7 @@ type Cluster struct {
 	// writes). Required; an RFC 1123 subdomain ("lab").
 	Name string
 	// KubernetesVersion is ClusterConfiguration.kubernetesVersion, an exact version with a leading "v"
-	// ("v1.34.4"). kubeadm's labels ("stable", "latest") are refused: resolving them needs the internet.
+	// ("v1.37.2"). kubeadm's labels ("stable", "latest") are refused: resolving them needs the internet.
 	// It selects the control-plane image tags.
 	KubernetesVersion string
 	// ControlPlaneEndpoint is ClusterConfiguration.controlPlaneEndpoint and the join discovery

@@ -24,7 +24,7 @@ var KubernetesPackages = []string{"containerd", "runc", "containernetworking-plu
 const ImageRepository = k8sversion.DefaultImageRepository
 
 // PauseImage is the sandbox image kubeadm of kubernetesVersion's minor expects (pkg/k8sversion's
-// table, kubeadm constants.PauseVersion): "registry.k8s.io/pause:3.10.1" for v1.34.4,
+// table, kubeadm constants.PauseVersion): "registry.k8s.io/pause:3.10.1" for v1.35.4,
 // "registry.k8s.io/pause:3.10.2" for v1.37.2. containerd's CRI sandbox image (pinned_images.sandbox
 // in config version 3) must match or kubeadm warns and kubelet pulls two pause images. The error (a
 // minor outside the table, which config validation refuses) wraps k8sversion.ErrUnsupported or
