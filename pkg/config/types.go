@@ -103,7 +103,8 @@ type Kubernetes struct {
 	Enabled *bool `yaml:"enabled"`
 	// IgnorePreflightErrors are kubeadm preflight checks to downgrade to warnings on every node
 	// (kubeadm nodeRegistration.ignorePreflightErrors, e.g. SystemVerification where the kernel
-	// config cannot be read, as in containers). Empty by default.
+	// config cannot be read, as in containers, or on a cgroup v1 host, which kubeadm refuses for
+	// Kubernetes v1.35 and newer). Empty by default.
 	IgnorePreflightErrors []string `yaml:"ignorePreflightErrors,omitempty"`
 }
 
