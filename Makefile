@@ -10,7 +10,10 @@ LDFLAGS   := -X github.com/airgap-appliance/appliance/pkg/version.Version=$(VERS
 export APPLIANCE_CACHE ?= /var/cache/appliance
 LAB_CONFIG := test/lab/bootstrap.yaml
 LAB_STATE  := /var/lib/appliance-lab/state
-KUBERNETES_VERSION := v1.34.4
+KUBERNETES_VERSION := v1.37.2
+# The nodes' container runtime (test/fixtures/build-containerd.sh; pinned again in build-bundle.sh).
+CONTAINERD_VERSION := v2.3.7
+RUNC_VERSION := v1.5.3
 # Each stage (deps, build, every fixture, every suite) runs through test/stage.sh: timed, quiet unless V=1.
 STAGE := test/stage.sh
 
@@ -18,6 +21,7 @@ STAGE := test/stage.sh
 # (OpenStack/Ironic) are third-party Redfish clients that check the lab's own Redfish BMC emulator
 # (test/redfishbmc; HPE's ilorest was tried and cannot drive a non-HPE service: see its conformance
 # test); nbdkit's curl plugin streams its virtual media (InsertMedia TransferMethod Stream).
+# libseccomp-dev (libseccomp.a) and pkg-config build the nodes' runc with seccomp (build-containerd.sh).
 DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-server ignition nginx wrk jq bc \
 	iproute2 iputils-ping ca-certificates curl openssl apt-utils dpkg-dev busybox-static xz-utils \
 	docker-registry systemd-container debootstrap openipmi ipmitool qemu-system-x86 cpio openssh-client util-linux libc6-dev gcc \
@@ -25,7 +29,8 @@ DEB_PACKAGES := skopeo containerd runc nftables keepalived haproxy openssh-serve
 	grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools squashfs-tools ovmf dosfstools kmod e2fsprogs \
 	redfishtool python3-sushy nbdkit ipxe \
 	bind9-utils bind9-dnsutils \
-	grub2-common fdisk
+	grub2-common fdisk \
+	libseccomp-dev pkg-config
 
 .PHONY: help
 help: ## list the targets
@@ -67,6 +72,7 @@ fixtures-demo: deps
 
 fixtures-bundle:
 	@$(STAGE) fixture-kubernetes -- test/fixtures/build-kubernetes.sh $(KUBERNETES_VERSION)
+	@$(STAGE) fixture-containerd -- env RUNC_VERSION=$(RUNC_VERSION) test/fixtures/build-containerd.sh $(CONTAINERD_VERSION)
 	@$(STAGE) fixture-bundle -- test/fixtures/build-bundle.sh
 
 fixtures-rootfs:

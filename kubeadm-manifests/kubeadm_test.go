@@ -1,7 +1,7 @@
 package kubeadmmanifests_test
 
-// Validation by the real Kubernetes binaries (kubeadm, kube-proxy v1.34.4), built by
-// test/fixtures/build-kubernetes.sh into /var/cache/appliance/kubernetes-v1.34.4/bin.
+// Validation by the real Kubernetes binaries (kubeadm, kube-proxy of labns.KubernetesVersion, v1.37.2),
+// built by test/fixtures/build-kubernetes.sh into /var/cache/appliance/kubernetes-v1.37.2/bin.
 
 import (
 	"bytes"
@@ -24,7 +24,8 @@ import (
 	"github.com/airgap-appliance/appliance/test/labns"
 )
 
-// kubeBinary returns the path of a Kubernetes v1.34.4 binary: $env if set, else the fixture cache.
+// kubeBinary returns the path of a Kubernetes binary of labns.KubernetesVersion: $env if set, else
+// the fixture cache.
 // Missing, it fails the test under CI=true and skips it loudly elsewhere.
 func kubeBinary(t *testing.T, env, name string) string {
 	t.Helper()
@@ -112,8 +113,8 @@ func TestKubeadmImagesList(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Images vs kubeadm config images list (-Images +kubeadm):\n%s", diff)
 	}
-	if !slices.Contains(got, "registry.k8s.io/kube-apiserver:v1.34.4") {
-		t.Errorf("kubeadm lists no registry.k8s.io/kube-apiserver:v1.34.4: %q", got)
+	if !slices.Contains(got, "registry.k8s.io/kube-apiserver:v1.37.2") {
+		t.Errorf("kubeadm lists no registry.k8s.io/kube-apiserver:v1.37.2: %q", got)
 	}
 }
 

@@ -4,8 +4,10 @@
 // `kubeadm join --config` on every other node.
 //
 // The output targets kubeadm's API kubeadm.k8s.io/v1beta4, which kubeadm reads from v1.31 through
-// v1.37 (the newest minor of pkg/k8sversion's table; v1.37 adds v1 beside it). It is built from typed structs and
-// serialised with go.yaml.in/yaml/v3, so the same input always gives the same bytes. The tests feed
+// v1.37 (the newest minor of pkg/k8sversion's table). In kubeadm v1.37.2 v1beta4 is still the
+// preferred version and not deprecated (apis/kubeadm/scheme/scheme.go:47, util/config/common.go:93);
+// kubeadm.k8s.io/v1 exists beside it but is experimental, refused without --allow-experimental-api
+// (common.go:88). It is built from typed structs and serialised with go.yaml.in/yaml/v3, so the same input always gives the same bytes. The tests feed
 // every rendered file to the real `kubeadm config validate` (strict decoding) and
 // `kubeadm config images list`.
 //
@@ -65,7 +67,7 @@ type Cluster struct {
 	// writes). Required; an RFC 1123 subdomain ("lab").
 	Name string
 	// KubernetesVersion is ClusterConfiguration.kubernetesVersion, an exact version with a leading "v"
-	// ("v1.34.4"). kubeadm's labels ("stable", "latest") are refused: resolving them needs the internet.
+	// ("v1.37.2"). kubeadm's labels ("stable", "latest") are refused: resolving them needs the internet.
 	// It selects the control-plane image tags.
 	KubernetesVersion string
 	// ControlPlaneEndpoint is ClusterConfiguration.controlPlaneEndpoint and the join discovery
@@ -201,7 +203,11 @@ func InitConfig(c Cluster, n Node) ([]byte, error) {
 			CgroupDriver:             "systemd",
 			ContainerRuntimeEndpoint: CRISocket,
 			FailSwapOn:               false,
-			// kubelet 1.34 refuses to start on a cgroup v1 host unless told otherwise; the lab host is v1.
+			// kubelet v1.35 and newer default failCgroupV1 to true and refuse to start on a cgroup v1
+			// host (pkg/kubelet/apis/config/v1beta1/defaults.go:291 in v1.37.2; false in v1.34); the
+			// lab host is v1. kubeadm's SystemVerification preflight fails there too for such a
+			// kubelet (k8s.io/system-validators v1.12.1 CgroupsValidator), so those hosts also need
+			// kubernetes.ignorePreflightErrors: [SystemVerification], as the lab's configuration has.
 			FailCgroupV1: false,
 			// The kubelet asks for its serving certificate with a CSR (signer
 			// kubernetes.io/kubelet-serving) instead of signing one itself, so clients verify it

@@ -33,7 +33,7 @@ const (
 func labCluster() km.Cluster {
 	return km.Cluster{
 		Name:                 "lab",
-		KubernetesVersion:    "v1.34.4",
+		KubernetesVersion:    "v1.37.2",
 		ControlPlaneEndpoint: "10.100.0.100:6443",
 		ImageRepository:      "registry.k8s.io",
 		PodSubnet:            netip.MustParsePrefix("10.233.0.0/16"),
@@ -163,26 +163,6 @@ func TestImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"registry.k8s.io/kube-apiserver:v1.34.4",
-		"registry.k8s.io/kube-controller-manager:v1.34.4",
-		"registry.k8s.io/kube-scheduler:v1.34.4",
-		"registry.k8s.io/kube-proxy:v1.34.4",
-		"registry.k8s.io/coredns/coredns:v1.12.1",
-		"registry.k8s.io/pause:3.10.1",
-		"registry.k8s.io/etcd:3.6.5-0",
-	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("Images (-want +got):\n%s", diff)
-	}
-	// Another supported minor: kubeadm v1.37's CoreDNS, pause and etcd (pkg/k8sversion), under a
-	// private repository too (CoreDNS not one level down there).
-	c := labCluster()
-	c.KubernetesVersion = "v1.37.2"
-	got, err = km.Images(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = []string{
 		"registry.k8s.io/kube-apiserver:v1.37.2",
 		"registry.k8s.io/kube-controller-manager:v1.37.2",
 		"registry.k8s.io/kube-scheduler:v1.37.2",
@@ -192,11 +172,31 @@ func TestImages(t *testing.T) {
 		"registry.k8s.io/etcd:3.7.0-0",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("Images v1.37.2 (-want +got):\n%s", diff)
+		t.Errorf("Images (-want +got):\n%s", diff)
+	}
+	// Another supported minor: kubeadm v1.35's CoreDNS, pause and etcd (pkg/k8sversion), under a
+	// private repository too (CoreDNS not one level down there).
+	c := labCluster()
+	c.KubernetesVersion = "v1.35.4"
+	got, err = km.Images(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []string{
+		"registry.k8s.io/kube-apiserver:v1.35.4",
+		"registry.k8s.io/kube-controller-manager:v1.35.4",
+		"registry.k8s.io/kube-scheduler:v1.35.4",
+		"registry.k8s.io/kube-proxy:v1.35.4",
+		"registry.k8s.io/coredns/coredns:v1.13.1",
+		"registry.k8s.io/pause:3.10.1",
+		"registry.k8s.io/etcd:3.6.6-0",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Images v1.35.4 (-want +got):\n%s", diff)
 	}
 	c.ImageRepository = "10.100.0.2:8443/k8s"
-	if got, err := km.Images(c); err != nil || got[4] != "10.100.0.2:8443/k8s/coredns:v1.14.6" || got[6] != "10.100.0.2:8443/k8s/etcd:3.7.0-0" {
-		t.Errorf("Images v1.37.2 from a private repository = %q, %v", got, err)
+	if got, err := km.Images(c); err != nil || got[4] != "10.100.0.2:8443/k8s/coredns:v1.13.1" || got[6] != "10.100.0.2:8443/k8s/etcd:3.6.6-0" {
+		t.Errorf("Images v1.35.4 from a private repository = %q, %v", got, err)
 	}
 	for _, v := range []string{"v1.33.2", "v1.38.0"} {
 		c.KubernetesVersion = v
@@ -232,9 +232,9 @@ func TestInvalidInput(t *testing.T) {
 		}, false, false},
 		{"cluster name uppercase", "Cluster.Name", func(c *km.Cluster, _ *km.Node) { c.Name = "Lab" }, false, false},
 		{"version empty", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "" }, false, false},
-		{"version without v", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "1.34.4" }, false, false},
+		{"version without v", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "1.37.2" }, false, false},
 		{"version label", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "stable" }, false, false},
-		{"version partial", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "v1.34" }, false, false},
+		{"version partial", "Cluster.KubernetesVersion", func(c *km.Cluster, _ *km.Node) { c.KubernetesVersion = "v1.37" }, false, false},
 		{"endpoint missing", "Cluster.ControlPlaneEndpoint", func(c *km.Cluster, _ *km.Node) { c.ControlPlaneEndpoint = "" }, false, false},
 		{"endpoint without port", "Cluster.ControlPlaneEndpoint", func(c *km.Cluster, _ *km.Node) { c.ControlPlaneEndpoint = "10.100.0.100" }, false, false},
 		{"endpoint port zero", "Cluster.ControlPlaneEndpoint", func(c *km.Cluster, _ *km.Node) { c.ControlPlaneEndpoint = "10.100.0.100:0" }, false, false},

@@ -6,7 +6,8 @@ package kubeadmmanifests
 // and the real `kubeadm config validate` (strict decoding) checks them in the tests. Field order is
 // serialisation order, so output is deterministic.
 //
-// Upstream sources (v1.34):
+// Upstream sources (checked against v1.37.2 and its staging modules v0.37.2; every field here exists
+// there with the same JSON name, and none is deprecated):
 //   - k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4/types.go
 //   - k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1/types.go
 //   - k8s.io/kubelet/config/v1beta1/types.go

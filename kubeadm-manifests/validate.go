@@ -220,16 +220,16 @@ func validate(c Cluster, n Node, forJoin bool) (validated, error) {
 
 func checkVersion(version string, errs *[]error) {
 	if version == "" {
-		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", "is empty; set an exact version such as \"v1.34.4\""))
+		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", "is empty; set an exact version such as \"v1.37.2\""))
 		return
 	}
 	rest, ok := strings.CutPrefix(version, "v")
 	if !ok {
-		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", fmt.Sprintf("%q must start with \"v\" (e.g. \"v1.34.4\"; labels such as \"stable\" need the internet)", version)))
+		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", fmt.Sprintf("%q must start with \"v\" (e.g. \"v1.37.2\"; labels such as \"stable\" need the internet)", version)))
 		return
 	}
 	if _, err := semver.NewVersion(rest); err != nil {
-		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", fmt.Sprintf("%q is not an exact version such as \"v1.34.4\": %v", version, err)))
+		*errs = append(*errs, fieldErr("Cluster.KubernetesVersion", fmt.Sprintf("%q is not an exact version such as \"v1.37.2\": %v", version, err)))
 	}
 }
 

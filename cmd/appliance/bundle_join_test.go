@@ -26,7 +26,7 @@ func TestBundleSplitJoin(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "extra", "data"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "cli-parts", KubernetesVersion: "v1.34.4",
+	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "cli-parts", KubernetesVersion: "v1.37.2",
 		Created: time.Date(2025, 1, 31, 12, 0, 0, 0, time.UTC)}
 	if err := bundle.Create(context.Background(), dir, meta); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 // writeConfig writes c (Marshal) to a file in a temporary directory and returns its path.
@@ -94,7 +93,6 @@ func TestConfigValidateJSON(t *testing.T) {
 	}
 
 	bad := config.Example()
-	bad.KubernetesVersion = k8sversion.Newest().Source // maintained: no end-of-life warning (the default's v1.34 has one)
 	bad.Server.Port = 6443
 	bad.Nodes = append(bad.Nodes[:1], bad.Nodes[2:]...) // two control planes: a warning
 	out, _, err = runCLI("config", "validate", "--offline", "-o", "json", writeConfig(t, bad))

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
-	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/pkg/vipcheck"
 )
 
@@ -18,8 +17,6 @@ import (
 func TestConfigValidateCollisions(t *testing.T) {
 	mk := func(name, vip string, vrid uint8) string {
 		c := config.Example()
-		// A maintained version: the default's minor (v1.34) is past its end of life and warned.
-		c.KubernetesVersion = k8sversion.Newest().Source
 		c.ClusterName = name
 		c.APIServer.VIP = netip.MustParseAddr(vip)
 		c.APIServer.Keepalived.VirtualRouterID = vrid

@@ -262,7 +262,7 @@ const (
 
 // KubernetesConfig is what a node's hostagent needs to install Kubernetes and run kubeadm.
 type KubernetesConfig struct {
-	// Version is the Kubernetes version, "v1.34.4".
+	// Version is the Kubernetes version, "v1.37.2".
 	Version string `json:"version"`
 	// Action is ActionInit, ActionJoinControlPlane or ActionJoin.
 	Action string `json:"action"`

@@ -455,7 +455,7 @@ func newServeLab(t *testing.T, kernel []byte) *serveLab {
 	}
 	writeFile(t, filepath.Join(pkiDir, pki.CACertFile), caPEM)
 	meta, err := bundle.MarshalMetadata(bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "netboot-test",
-		KubernetesVersion: "v1.34.4", Created: time.Now()})
+		KubernetesVersion: "v1.37.2", Created: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func signedBundle(t *testing.T) (string, config.Bundle) {
 			t.Fatal(err)
 		}
 	}
-	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "t", KubernetesVersion: "v1.34.4", Created: time.Now().UTC()}
+	meta := bundle.Metadata{APIVersion: bundle.APIVersion, Kind: bundle.Kind, Name: "t", KubernetesVersion: "v1.37.2", Created: time.Now().UTC()}
 	if err := bundle.Create(context.Background(), dir, meta); err != nil {
 		t.Fatal(err)
 	}

@@ -127,10 +127,10 @@ type Metadata struct {
 	APIVersion string `yaml:"apiVersion"`
 	// Kind must be Kind.
 	Kind string `yaml:"kind"`
-	// Name identifies the bundle for people, e.g. "k8s-1.34.4-bookworm" (1-63 characters of [a-z0-9.-],
+	// Name identifies the bundle for people, e.g. "k8s-1.37.2-bookworm" (1-63 characters of [a-z0-9.-],
 	// starting and ending alphanumeric, like a DNS label extended with dots).
 	Name string `yaml:"name"`
-	// KubernetesVersion is the Kubernetes release the bundle carries, "v" + semantic version (v1.34.4).
+	// KubernetesVersion is the Kubernetes release the bundle carries, "v" + semantic version (v1.37.2).
 	KubernetesVersion string `yaml:"kubernetesVersion"`
 	// Created is when the bundle was made (RFC 3339 in the file).
 	Created time.Time `yaml:"created"`
@@ -150,7 +150,7 @@ type BaseRef struct {
 	SumsDigest string `yaml:"sumsDigest"`
 }
 
-// String is e.g. `k8s-1.34.4 (SHA256SUMS sha256:3a1f…)`, the full digest.
+// String is e.g. `k8s-1.37.2 (SHA256SUMS sha256:3a1f…)`, the full digest.
 func (r BaseRef) String() string { return fmt.Sprintf("%s (%s %s)", r.Name, SumsFile, r.SumsDigest) }
 
 var (
@@ -161,7 +161,7 @@ var (
 )
 
 // Validate returns every problem with m at once (errors.Join), each prefixed with its field path, e.g.
-// `kubernetesVersion: "1.34" is not a version like v1.34.4`. Each wraps ErrMetadata.
+// `kubernetesVersion: "1.37" is not a version like v1.37.2`. Each wraps ErrMetadata.
 func (m Metadata) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) {
@@ -177,7 +177,7 @@ func (m Metadata) Validate() error {
 		add("name: %q must be 1-63 characters of a-z, 0-9, '.', '-', starting and ending with a letter or digit", m.Name)
 	}
 	if !k8sVerRE.MatchString(m.KubernetesVersion) {
-		add("kubernetesVersion: %q is not a version like v1.34.4", m.KubernetesVersion)
+		add("kubernetesVersion: %q is not a version like v1.37.2", m.KubernetesVersion)
 	}
 	if m.Created.IsZero() {
 		add("created: required (RFC 3339 time, e.g. 2025-01-31T12:00:00Z)")

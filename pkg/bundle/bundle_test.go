@@ -32,7 +32,7 @@ var testMeta = Metadata{
 	APIVersion:        APIVersion,
 	Kind:              Kind,
 	Name:              "test-bundle",
-	KubernetesVersion: "v1.34.4",
+	KubernetesVersion: "v1.37.2",
 	Created:           time.Date(2025, 1, 31, 12, 0, 0, 0, time.UTC),
 }
 
@@ -452,10 +452,10 @@ func TestOpen(t *testing.T) {
 		want string
 	}{
 		{"missing", "", "bundle.yaml: invalid bundle metadata: not found"},
-		{"unknown key", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.34.4\ncreated: 2025-01-01T00:00:00Z\nextra: 1\n", "line 6: field extra not found"},
-		{"bad version", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: \"1.34\"\ncreated: 2025-01-01T00:00:00Z\n", `kubernetesVersion: "1.34" is not a version like v1.34.4`},
+		{"unknown key", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.37.2\ncreated: 2025-01-01T00:00:00Z\nextra: 1\n", "line 6: field extra not found"},
+		{"bad version", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: \"1.37\"\ncreated: 2025-01-01T00:00:00Z\n", `kubernetesVersion: "1.37" is not a version like v1.37.2`},
 		{"all errors at once", "apiVersion: v1\nkind: Pod\nname: UPPER\n", "apiVersion: \"v1\" is not"},
-		{"two documents", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.34.4\ncreated: 2025-01-01T00:00:00Z\n---\nkind: Bundle\n", "more than one YAML document"},
+		{"two documents", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.37.2\ncreated: 2025-01-01T00:00:00Z\n---\nkind: Bundle\n", "more than one YAML document"},
 		{"wrong type", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: [x]\n", "line 3"},
 		{"empty", "\n", "empty document"},
 	}

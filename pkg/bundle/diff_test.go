@@ -323,7 +323,7 @@ func TestMetadataBase(t *testing.T) {
 		base *BaseRef
 		want string
 	}{
-		{&BaseRef{Name: "k8s-1.34.4", SumsDigest: "sha256:" + strings.Repeat("0a", 32)}, ""},
+		{&BaseRef{Name: "k8s-1.37.2", SumsDigest: "sha256:" + strings.Repeat("0a", 32)}, ""},
 		{&BaseRef{Name: "K8S", SumsDigest: "sha256:" + strings.Repeat("0a", 32)}, `base.name: "K8S"`},
 		{&BaseRef{Name: "k8s", SumsDigest: strings.Repeat("0a", 32)}, `base.sumsDigest: "0a0a`},
 		{&BaseRef{Name: "k8s", SumsDigest: "sha256:" + strings.Repeat("0A", 32)}, `base.sumsDigest:`},
@@ -349,7 +349,7 @@ func TestMetadataBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(data), "base:\n  name: k8s-1.34.4\n  sumsDigest: sha256:") {
+	if !strings.Contains(string(data), "base:\n  name: k8s-1.37.2\n  sumsDigest: sha256:") {
 		t.Errorf("bundle.yaml:\n%s", data)
 	}
 	got, err := ParseMetadata(data)

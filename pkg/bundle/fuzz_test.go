@@ -39,7 +39,7 @@ func FuzzParseSums(f *testing.F) {
 
 // FuzzParseMetadata: no panic, and valid metadata survives a MarshalMetadata round trip.
 func FuzzParseMetadata(f *testing.F) {
-	f.Add([]byte("apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.34.4\ncreated: 2025-01-01T00:00:00Z\n"))
+	f.Add([]byte("apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: x\nkubernetesVersion: v1.37.2\ncreated: 2025-01-01T00:00:00Z\n"))
 	f.Add([]byte("name: [a, b]\n"))
 	f.Add([]byte("---\n---\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {

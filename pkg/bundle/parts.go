@@ -72,13 +72,13 @@ const maxPartsManifest = 4 << 20
 //
 //	apiVersion: appliance.airgap.dev/v1alpha1
 //	kind: BundleParts
-//	bundle: k8s-1.34.4
-//	kubernetesVersion: v1.34.4
+//	bundle: k8s-1.37.2
+//	kubernetesVersion: v1.37.2
 //	sumsSHA256: 5d41…      # SHA-256 of the bundle's SHA256SUMS: names the bundle the parts rebuild
 //	size: 9876543210       # bytes of the whole archive (the parts concatenated)
 //	partSize: 4294967296   # every part but the last holds exactly this many bytes
 //	parts:
-//	  - name: k8s-1.34.4.part001
+//	  - name: k8s-1.37.2.part001
 //	    size: 4294967296
 //	    sha256: 9b02…
 type PartsManifest struct {

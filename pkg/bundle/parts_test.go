@@ -257,7 +257,7 @@ func writeCraftedParts(t *testing.T, stream []byte, sumsSHA256 string) string {
 	dir := t.TempDir()
 	name := partName("crafted", 1, 1)
 	write(t, filepath.Join(dir, name), stream)
-	m := PartsManifest{APIVersion: APIVersion, Kind: PartsKind, Bundle: "crafted", KubernetesVersion: "v1.34.4",
+	m := PartsManifest{APIVersion: APIVersion, Kind: PartsKind, Bundle: "crafted", KubernetesVersion: "v1.37.2",
 		SumsSHA256: cmp.Or(sumsSHA256, sha([]byte("x"))), Size: int64(len(stream)), PartSize: int64(len(stream)),
 		Parts: []Part{{Name: name, Size: int64(len(stream)), SHA256: sha(stream)}}}
 	data, err := marshalParts(m)
@@ -453,7 +453,7 @@ func TestSplitKilled(t *testing.T) {
 func TestParseParts(t *testing.T) {
 	h := strings.Repeat("ab", 32)
 	valid := func() PartsManifest {
-		return PartsManifest{APIVersion: APIVersion, Kind: PartsKind, Bundle: "b", KubernetesVersion: "v1.34.4", SumsSHA256: h,
+		return PartsManifest{APIVersion: APIVersion, Kind: PartsKind, Bundle: "b", KubernetesVersion: "v1.37.2", SumsSHA256: h,
 			Size: 25, PartSize: 10, Parts: []Part{{"b.part001", 10, h}, {"b.part002", 10, h}, {"b.part003", 5, h}}}
 	}
 	for _, tc := range []struct {

@@ -30,7 +30,6 @@ import (
 	km "github.com/airgap-appliance/appliance/kubeadm-manifests"
 	"github.com/airgap-appliance/appliance/pkg/bundle"
 	"github.com/airgap-appliance/appliance/pkg/bundlespec"
-	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 	"github.com/airgap-appliance/appliance/registry"
 )
 
@@ -142,8 +141,7 @@ func Images(spec *bundlespec.BundleSpecification) ([]string, error) {
 }
 
 // Create makes (or completes) the bundle at o.Out. Errors: the first failing step's, each image's
-// failure on its own line naming the image; what was fetched stays for the rerun. A Kubernetes minor
-// past its end of life that the table still accepts (v1.34) is bundled with a warning on o.Log.
+// failure on its own line naming the image; what was fetched stays for the rerun.
 func Create(ctx context.Context, o Options) (Result, error) {
 	res := Result{Dir: o.Out}
 	emit := func(ev Event) {
@@ -168,10 +166,6 @@ func Create(ctx context.Context, o Options) (Result, error) {
 	refs, err := Images(spec)
 	if err != nil {
 		return res, err
-	}
-	if rel, err := k8sversion.Lookup(spec.Kubernetes.Version); err == nil && rel.EndOfLife != "" {
-		o.Log.Warn("kubernetes.version is of a Kubernetes minor past its end of life", "version", spec.Kubernetes.Version,
-			"note", rel.EndOfLife, "maintained", strings.Join(k8sversion.Maintained(), ","))
 	}
 	if spec.NodeImage.Build && o.NodeImage == nil {
 		return res, errors.New("nodeImage.build is set but this bundle create has no node-image step (nodeImage.build needs the appliance command)")

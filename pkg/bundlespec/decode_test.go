@@ -25,20 +25,20 @@ func TestDecodeErrors(t *testing.T) {
 		{"empty file", "", []want{{"", 0, "the bundle specification is empty"}}},
 		{"only comments", "# nothing\n\n# here\n", []want{{"", 0, "the bundle specification is empty"}}},
 		{"null document", "~\n", []want{{"", 1, "the bundle specification is empty"}}},
-		{"two documents", header + "kubernetes: {version: v1.34.4}\n---\n" + header, []want{{"", 5, "a second YAML document starts here"}}},
+		{"two documents", header + "kubernetes: {version: v1.37.2}\n---\n" + header, []want{{"", 5, "a second YAML document starts here"}}},
 		{"syntax error", header + "platforms: [a\npackages: x\n", []want{{"", 0, "invalid YAML"}}},
-		{"tab indentation", header + "kubernetes:\n\tversion: v1.34.4\n", []want{{"", 4, "invalid YAML: found character that cannot start any token"}}},
+		{"tab indentation", header + "kubernetes:\n\tversion: v1.37.2\n", []want{{"", 4, "invalid YAML: found character that cannot start any token"}}},
 		{"list at the root", "- a\n- b\n", []want{{"", 1, "the document must be a mapping"}}},
-		{"missing apiVersion and kind", "kubernetes: {version: v1.34.4}\n", []want{
+		{"missing apiVersion and kind", "kubernetes: {version: v1.37.2}\n", []want{
 			{"apiVersion", 1, "is required: add `apiVersion: appliance.airgap.dev/v1alpha1`"},
 			{"kind", 1, "is required: add `kind: BundleSpecification`"}}},
 		{"wrong kind", "apiVersion: appliance.airgap.dev/v1alpha1\nkind: BootstrapConfiguration\nbogus: 1\n", []want{
 			{"kind", 2, `"BootstrapConfiguration" is not supported: this appliance reads BundleSpecification only`}}},
-		{"unknown top-level key", header + "kubernetes: {version: v1.34.4}\nplatform: [linux/amd64]\n", []want{
+		{"unknown top-level key", header + "kubernetes: {version: v1.37.2}\nplatform: [linux/amd64]\n", []want{
 			{"platform", 4, `unknown field "platform": did you mean "platforms"?`}}},
 		{"unknown top-level key, case", header + "extrapackages: [vim]\n", []want{
 			{"extrapackages", 3, `unknown field "extrapackages": did you mean "extraPackages"?`}}},
-		{"unknown nested key", header + "kubernetes:\n  verison: v1.34.4\n", []want{
+		{"unknown nested key", header + "kubernetes:\n  verison: v1.37.2\n", []want{
 			{"kubernetes.verison", 4, `unknown field "verison": did you mean "version"?`}}},
 		{"unknown key in a list item", header + "apt:\n  sources:\n  - uri: https://deb.debian.org/debian\n    suite: trixie\n    component: [main]\n", []want{
 			{"apt.sources[0].component", 7, `unknown field "component": did you mean "components"?`}}},
@@ -156,7 +156,7 @@ func TestDecodeAccepts(t *testing.T) {
 // lines; a field that failed to decode is not reported a second time.
 func TestLoadReportsEverythingAtOnce(t *testing.T) {
 	doc := header + `kubernetes:
-  version: [v1.34.4]
+  version: [v1.37.2]
 images:
   extra:
   - busybox:latest

@@ -13,7 +13,7 @@ import (
 
 // TestSetDefaults: a minimal document gets every default, written out here in full.
 func TestSetDefaults(t *testing.T) {
-	s := mustDecode(t, header+`kubernetes: {version: v1.34.4}
+	s := mustDecode(t, header+`kubernetes: {version: v1.37.2}
 apt:
   sources:
   - {uri: https://deb.debian.org/debian, suite: trixie, components: [main], signedBy: /k.gpg}
@@ -21,7 +21,7 @@ apt:
 	want := &BundleSpecification{
 		APIVersion: APIVersion,
 		Kind:       Kind,
-		Kubernetes: Kubernetes{Version: "v1.34.4"},
+		Kubernetes: Kubernetes{Version: "v1.37.2"},
 		Platforms:  []string{"linux/amd64"},
 		Apt: Apt{Sources: []AptSource{{URI: "https://deb.debian.org/debian", Suite: "trixie",
 			Components: []string{"main"}, SignedBy: "/k.gpg"}}},

@@ -31,10 +31,10 @@ func FuzzDecode(f *testing.F) {
 		"---\n---\n",
 		header + "a: &a [*a]\n",
 		header + "packages: &p [a, b]\nextraPackages: *p\n",
-		header + "kubernetes: {version: v1.34.4}\nimages: {extra: [\"busybox:@sha\", \"quay.io/a@sha256:00\", \"[::1]:5/a:1\"]}\n",
+		header + "kubernetes: {version: v1.37.2}\nimages: {extra: [\"busybox:@sha\", \"quay.io/a@sha256:00\", \"[::1]:5/a:1\"]}\n",
 		header + "platforms: [all, linux/arm/v7, Linux/x86_64, /]\noutput: {partSize: 4.7GB}\n",
 		header + "registries:\n  hosts:\n    \"[fd00::1]:5000\": {mirrors: [\"https://[::1]:0/x\", \"http://m\"]}\n    \"\": {}\n    a]b: {caFile: ~/x}\n",
-		header + "apt:\n  sources:\n  - {uri: \"https://pkgs.k8s.io/core:/stable:/v1.34/deb/\", suite: /, components: [main], signedBy: /k}\n",
+		header + "apt:\n  sources:\n  - {uri: \"https://pkgs.k8s.io/core:/stable:/v1.37/deb/\", suite: /, components: [main], signedBy: /k}\n",
 		header + "output: {partSize: 99999999999999999999999}\n",
 	} {
 		f.Add([]byte(s))

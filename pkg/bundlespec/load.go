@@ -102,17 +102,16 @@ func Marshal(s *BundleSpecification) ([]byte, error) {
 
 // Example returns a complete, defaulted specification that uses every field and passes Validate
 // without CheckFiles (the files it names are where they would be on a build host): Kubernetes
-// v1.34.4 with its kubelet, kubeadm and kubectl from the minor's pkgs.k8s.io repository (a flat
+// v1.37.2 with its kubelet, kubeadm and kubectl from the minor's pkgs.k8s.io repository (a flat
 // repository, k8sversion.Release.AptRepository) with Debian trixie, two extra images, Docker Hub
 // through a mirror, a corporate registry with its own CA and credentials, keys kept under
 // /etc/appliance/signing and 4 GiB parts. testdata/example.yaml is Marshal(Example()).
 //
-// Its version is the appliance's default (pkg/config DefaultKubernetesVersion), still v1.34.4, past
-// its end of life, because the nodes' Debian containerd 1.6 may not run v1.36 and newer; it moves to
-// v1.37.2 with the default once the nodes' containerd 2.x work of issue 31 has landed. Any supported
-// minor works the same way: set kubernetes.version and the repository of its minor.
+// Its version is the appliance's default (pkg/config DefaultKubernetesVersion, which this package
+// does not import; test/fixtures/kubernetes' TestDefaultVersionEverywhere keeps the two equal). Any
+// supported minor works the same way: set kubernetes.version and the repository of its minor.
 func Example() *BundleSpecification {
-	const version = "v1.34.4"
+	const version = "v1.37.2"
 	rel, _ := k8sversion.Lookup(version) // TestExampleGolden fails if the table lost the minor
 	s := &BundleSpecification{
 		Kubernetes: Kubernetes{Version: version},

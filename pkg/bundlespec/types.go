@@ -86,9 +86,8 @@ type Kubernetes struct {
 	// Version is the Kubernetes release, "vMAJOR.MINOR.PATCH" without pre-release or build suffix
 	// (e.g. v1.37.2): the control-plane images are those `kubeadm config images list` gives for it,
 	// with the etcd, CoreDNS and pause images of kubeadm of its minor. The minor must be one the
-	// appliance deploys (pkg/k8sversion: v1.35, v1.36 or v1.37; v1.34, past its end of life, with a
-	// warning from bundle create), and a Kubernetes project repository among apt.sources must be
-	// that minor's (https://pkgs.k8s.io/core:/stable:/v1.37/deb/ for v1.37.2).
+	// appliance deploys (pkg/k8sversion: v1.35, v1.36 or v1.37), and a Kubernetes project
+	// repository among apt.sources must be that minor's (https://pkgs.k8s.io/core:/stable:/v1.37/deb/ for v1.37.2).
 	// Required; no default, so that a bundle is never built for a version nobody chose.
 	Version string `yaml:"version"`
 }

@@ -94,10 +94,8 @@ var versionRE = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9]
 var exampleVersion = k8sversion.Newest().Source
 
 // kubernetes checks kubernetes.version: a release version whose minor the appliance deploys
-// (pkg/k8sversion's table; a minor past its end of life that the table still accepts passes here, and
-// bundle create warns), e.g. `kubernetes.version: "v1.33.5" cannot be bundled: unsupported Kubernetes
-// minor v1.33: the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use
-// e.g. v1.37.2`.
+// (pkg/k8sversion's table), e.g. `kubernetes.version: "v1.34.4" cannot be bundled: unsupported
+// Kubernetes minor v1.34: the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2`.
 func (v *validator) kubernetes() {
 	switch ver := v.s.Kubernetes.Version; {
 	case ver == "":

@@ -49,18 +49,20 @@ func TestValidateErrors(t *testing.T) {
 
 		{"missing kubernetes.version", func(s *BundleSpecification) { s.Kubernetes.Version = "" },
 			[]string{"kubernetes.version"}, "is required"},
-		{"kubernetes.version without v", func(s *BundleSpecification) { s.Kubernetes.Version = "1.34.4" },
-			[]string{"kubernetes.version"}, `"1.34.4" is not a Kubernetes release version (did you mean v1.34.4?)`},
-		{"kubernetes.version minor only", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.34" },
+		{"kubernetes.version without v", func(s *BundleSpecification) { s.Kubernetes.Version = "1.37.2" },
+			[]string{"kubernetes.version"}, `"1.37.2" is not a Kubernetes release version (did you mean v1.37.2?)`},
+		{"kubernetes.version minor only", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.37" },
 			[]string{"kubernetes.version"}, "vMAJOR.MINOR.PATCH"},
 		{"kubernetes.version pre-release", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.35.0-rc.1" },
 			[]string{"kubernetes.version"}, "is not a Kubernetes release version"},
 		{"kubernetes.version leading zero", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.034.4" },
 			[]string{"kubernetes.version"}, "is not a Kubernetes release version"},
 		// The minor: one of pkg/k8sversion's table, with a pkgs.k8s.io repository of the same minor.
+		{"kubernetes.version past its end of life", kubernetesAt("v1.34.4", "v1.34"),
+			[]string{"kubernetes.version"}, `"v1.34.4" cannot be bundled: unsupported Kubernetes minor v1.34: ` +
+				"the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2"},
 		{"kubernetes.version older minor", kubernetesAt("v1.33.5", "v1.33"),
-			[]string{"kubernetes.version"}, `"v1.33.5" cannot be bundled: unsupported Kubernetes minor v1.33: ` +
-				"the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2"},
+			[]string{"kubernetes.version"}, `"v1.33.5" cannot be bundled: unsupported Kubernetes minor v1.33`},
 		{"kubernetes.version newer minor", kubernetesAt("v1.38.0", "v1.38"),
 			[]string{"kubernetes.version"}, `"v1.38.0" cannot be bundled: unsupported Kubernetes minor v1.38`},
 		{"kubernetes.version v1.35", kubernetesAt("v1.35.4", "v1.35"), nil, ""},
@@ -69,8 +71,8 @@ func TestValidateErrors(t *testing.T) {
 		{"kubernetes repository of another minor", kubernetesAt("v1.37.2", "v1.36"),
 			[]string{"apt.sources[2].uri"}, `"https://pkgs.k8s.io/core:/stable:/v1.36/deb/" serves the Kubernetes v1.36 packages but kubernetes.version is v1.37.2: ` +
 				"the nodes would get kubelet, kubeadm and kubectl of another minor than the bundle's images; use https://pkgs.k8s.io/core:/stable:/v1.37/deb/"},
-		{"kubernetes repository left at the example's", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.37.2" },
-			[]string{"apt.sources[2].uri"}, "serves the Kubernetes v1.34 packages but kubernetes.version is v1.37.2"},
+		{"kubernetes repository left at the example's", func(s *BundleSpecification) { s.Kubernetes.Version = "v1.36.3" },
+			[]string{"apt.sources[2].uri"}, "serves the Kubernetes v1.37 packages but kubernetes.version is v1.36.3"},
 		{"kubernetes repository without the final slash", func(s *BundleSpecification) {
 			kubernetesAt("v1.36.3", "v1.35")(s)
 			s.Apt.Sources[2].URI = strings.TrimSuffix(s.Apt.Sources[2].URI, "/")
@@ -226,7 +228,7 @@ func TestValidateErrors(t *testing.T) {
 		{"no packages", func(s *BundleSpecification) { s.Packages = nil },
 			[]string{"packages"}, "is required"},
 		{"package names", func(s *BundleSpecification) {
-			s.Packages = []string{"kubelet", "Kubeadm", "kubectl=1.34.4-1.1", "runc:amd64", "a", "-x", "", "g++", "libstdc++6", "kubelet"}
+			s.Packages = []string{"kubelet", "Kubeadm", "kubectl=1.37.2-1.1", "runc:amd64", "a", "-x", "", "g++", "libstdc++6", "kubelet"}
 		}, []string{"packages[1]", "packages[2]", "packages[3]", "packages[4]", "packages[5]", "packages[6]", "packages[9]"}, "package names are lower case, write kubeadm"},
 		{"package pinned", func(s *BundleSpecification) { s.ExtraPackages = []string{"vim=2:9.1"} },
 			[]string{"extraPackages[0]"}, "version pins are not supported here"},
@@ -313,7 +315,7 @@ apt:
 // mistake, every one with its path and line.
 func TestValidateAllAtOnce(t *testing.T) {
 	s := mustDecode(t, header+`kubernetes:
-  version: "1.34"
+  version: "1.37"
 images:
   extra:
   - quay.io/ok/image:1
@@ -341,7 +343,7 @@ output:
 		line int
 		msg  string
 	}{
-		{"kubernetes.version", 4, `"1.34" is not a Kubernetes release version`},
+		{"kubernetes.version", 4, `"1.37" is not a Kubernetes release version`},
 		{"images.extra[1]", 8, `"busybox:@sha" is not an image reference: "sha" is not a digest`},
 		{"platforms[1]", 9, "must be the only entry"},
 		{"registries.hosts[Quay.io]", 12, "is not lower case"},

@@ -126,7 +126,7 @@ func buildUpstream(t testing.TB, ca testPKI) *upstream {
 	if err := p.AppendImage(app, ann("myreg:5000/team/app:v1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AppendImage(ociImage(t, 4, 2<<20), ann("registry.k8s.io/kube-apiserver:v1.34.4")); err != nil {
+	if err := p.AppendImage(ociImage(t, 4, 2<<20), ann("registry.k8s.io/kube-apiserver:v1.37.2")); err != nil {
 		t.Fatal(err)
 	}
 	// An image the bundle names by digest only: no tag lists it, so the cluster mirror cannot find it.

@@ -35,7 +35,7 @@ func labWith(t *testing.T, extra string, edits ...string) (*BootstrapConfigurati
 	}
 	SetDefaults(c)
 	warns, errs := Validate(c, ValidateOptions{})
-	return c, withoutEOL(warns), errs
+	return c, warns, errs
 }
 
 // w1MAC gives the lab's IPMI worker w1 a MAC, making it network-bootable.

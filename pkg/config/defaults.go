@@ -13,13 +13,12 @@ import (
 
 // Defaults applied by SetDefaults.
 const (
-	// DefaultKubernetesVersion is the Kubernetes version installed when kubernetesVersion is unset.
-	// It is still v1.34.4, a minor past its end of life that pkg/k8sversion accepts with a warning,
-	// because the lab's and the default bundle's nodes run Debian's containerd 1.6 and Kubernetes
-	// v1.36 and newer may need containerd 2. It moves to v1.37.2 (pkg/k8sversion.Newest) together
-	// with the lab and the fixture bundle once the nodes' containerd 2.x work of issue 31 has landed;
-	// the v1.34 entry of the table goes with that move.
-	DefaultKubernetesVersion = "v1.34.4"
+	// DefaultKubernetesVersion is the Kubernetes version installed when kubernetesVersion is unset, a
+	// release of a minor pkg/k8sversion supports (today its newest, v1.37). It is also the version of
+	// the lab and of the fixture bundle: TestDefaultVersionEverywhere (test/fixtures/kubernetes) fails
+	// when the Makefile's KUBERNETES_VERSION, test/fixtures/build-bundle.sh, build-kubernetes.sh's
+	// DEFAULT_MINOR, test/lab/demo.sh or test/labns.KubernetesVersion name another.
+	DefaultKubernetesVersion = "v1.37.2"
 	// DefaultPodsCIDR is networks.pods when unset (Kubespray's default, clear of 10.96.0.0/12).
 	DefaultPodsCIDR = "10.233.0.0/16"
 	// DefaultServicesCIDR is networks.services when unset (kubeadm's default serviceSubnet).

@@ -41,7 +41,7 @@ nodes:
 		APIVersion:        APIVersion,
 		Kind:              Kind,
 		ClusterName:       "lab",
-		KubernetesVersion: "v1.34.4",
+		KubernetesVersion: "v1.37.2",
 		Kubernetes:        Kubernetes{Enabled: &enabled},
 		Networks: Networks{
 			ControlPlane:  NetworkPlane{CIDRs: pfx("10.100.0.0/24", "10.101.0.0/24")},

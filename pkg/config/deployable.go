@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -18,22 +17,14 @@ import (
 // state directory that belongs to the system, IPv6 networks.
 
 // kubernetesVersion checks that ver (vMAJOR.MINOR.PATCH) is a release the appliance can deploy: its
-// minor is in pkg/k8sversion's table, which gives the nodes' image set (CoreDNS, pause and etcd
-// as kubeadm of that minor deploys them) and which kubeadm-manifests renders for
-// (TestSupportedKubernetesVersion checks that the two agree). A maintained minor (v1.35-v1.37) passes;
-// one past its end of life that the table still accepts (v1.34) passes with a warning saying why and
-// until when; any other is refused with the supported minors, e.g.
-// `kubernetesVersion: "v1.33.5" cannot be deployed: unsupported Kubernetes minor v1.33: the appliance
-// deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2`.
+// minor is in pkg/k8sversion's table (v1.35-v1.37), which gives the nodes' image set (CoreDNS, pause
+// and etcd as kubeadm of that minor deploys them) and which kubeadm-manifests renders for
+// (TestSupportedKubernetesVersion checks that the two agree). Any other is refused with the supported
+// minors, e.g. `kubernetesVersion: "v1.34.4" cannot be deployed: unsupported Kubernetes minor v1.34:
+// the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2`.
 func (v *validator) kubernetesVersion(ver string) {
-	rel, err := k8sversion.Lookup(ver)
-	switch {
-	case err != nil:
+	if _, err := k8sversion.Lookup(ver); err != nil {
 		v.errorf("kubernetesVersion", "%q cannot be deployed: %v", ver, err)
-	case rel.EndOfLife != "":
-		// The note is passed as an error so that ClipArgs, which shortens long strings of the
-		// document, leaves this fixed text whole.
-		v.warnf("kubernetesVersion", "%q: %v", ver, errors.New(rel.EndOfLife))
 	}
 }
 

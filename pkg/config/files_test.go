@@ -165,7 +165,6 @@ func TestCheckFiles(t *testing.T) {
 			f := newFileFixture(t)
 			tt.mutate(t, f)
 			warns, errs := Validate(f.c, ValidateOptions{CheckFiles: true})
-			warns = withoutEOL(warns)
 			gotErrs, gotWarns := len(errs), len(warns)
 			switch {
 			case tt.path == "":

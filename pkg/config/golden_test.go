@@ -3,14 +3,11 @@ package config
 import (
 	"bytes"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from the current output")
@@ -44,12 +41,10 @@ func TestExampleGolden(t *testing.T) {
 	}
 }
 
-// TestExampleValidatesClean: Example() validates without errors, and without warnings but the one
-// its DefaultKubernetesVersion gets while that minor is past its end of life (checkDefaultVersionWarning).
+// TestExampleValidatesClean: Example() validates without errors or warnings.
 func TestExampleValidatesClean(t *testing.T) {
 	warns, errs := Validate(Example(), ValidateOptions{})
-	checkDefaultVersionWarning(t, warns)
-	if len(errs) > 0 || len(withoutEOL(warns)) > 0 {
+	if len(errs) > 0 || len(warns) > 0 {
 		t.Fatalf("Example() does not validate clean:\nerrors:\n%v\nwarnings:\n%v", errs, ErrorList(warns))
 	}
 	// Example is already defaulted: SetDefaults changes nothing.
@@ -90,31 +85,10 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// checkDefaultVersionWarning: a configuration of DefaultKubernetesVersion is warned, at
-// kubernetesVersion, with the table's end-of-life note exactly when that minor is past its end of life
-// (v1.34 until the lab moves to v1.37.2), and not otherwise.
-func checkDefaultVersionWarning(t *testing.T, warns []*FieldError) {
-	t.Helper()
-	rel, err := k8sversion.Lookup(DefaultKubernetesVersion)
-	if err != nil {
-		t.Fatalf("DefaultKubernetesVersion: %v", err)
-	}
-	got := len(warns) - len(withoutEOL(warns))
-	switch {
-	case rel.EndOfLife == "" && got != 0:
-		t.Errorf("%s is maintained but warned as past its end of life: %v", DefaultKubernetesVersion, ErrorList(warns))
-	case rel.EndOfLife != "" && (got != 1 || findErr(warns, "kubernetesVersion") == nil ||
-		findErr(warns, "kubernetesVersion").Msg != fmt.Sprintf("%q: %s", DefaultKubernetesVersion, rel.EndOfLife)):
-		t.Errorf("want the end-of-life warning of %s at kubernetesVersion; warnings:\n%v", rel.Minor, ErrorList(warns))
-	}
-}
-
-// TestLabFile: testdata/lab.yaml, the lab's configuration, loads without errors, and without warnings
-// but the end-of-life one of DefaultKubernetesVersion (checkDefaultVersionWarning).
+// TestLabFile: testdata/lab.yaml, the lab's configuration, loads without errors or warnings.
 func TestLabFile(t *testing.T) {
 	c, warns, err := Load(filepath.Join("testdata", "lab.yaml"), ValidateOptions{})
-	checkDefaultVersionWarning(t, warns)
-	if err != nil || len(withoutEOL(warns)) > 0 {
+	if err != nil || len(warns) > 0 {
 		t.Fatalf("Load(lab.yaml) = %v, warnings %v", err, ErrorList(warns))
 	}
 	checks := []struct{ name, got, want string }{

@@ -20,15 +20,6 @@ var cmpConfig = []cmp.Option{cmpopts.IgnoreUnexported(BootstrapConfiguration{}),
 	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })}
 
-// withoutEOL returns warns without the warning at kubernetesVersion that every configuration of
-// DefaultKubernetesVersion gets while its minor (v1.34) is past its end of life (pkg/k8sversion), for
-// the tests of other warnings; TestLabFile and TestExampleValidatesClean assert that warning itself.
-func withoutEOL(warns []*FieldError) []*FieldError {
-	return slices.DeleteFunc(slices.Clone(warns), func(w *FieldError) bool {
-		return w.Path == "kubernetesVersion" && strings.Contains(w.Msg, "end of life")
-	})
-}
-
 // labConfig decodes testdata/lab.yaml and applies defaults.
 func labConfig(t testing.TB) *BootstrapConfiguration {
 	t.Helper()

@@ -27,8 +27,8 @@ func TestInvalidFiles(t *testing.T) {
 			"30443 is also the port of nodeport-tcp (tcp 30000-32767) on nodes[0] (cp1, control-plane and worker)"}},
 		"server-port-is-kubelet-on-a-node": {{"server.port", "10250 is also the port of kubelet (tcp 10250) on the appliance host, which is also nodes[3] (w1)"}},
 		"kubernetes-version-newer": {{"kubernetesVersion", `"v1.38.0" cannot be deployed: unsupported Kubernetes minor v1.38: ` +
-			"the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2"}},
-		"kubernetes-version-older": {{"kubernetesVersion", `"v1.33.5" cannot be deployed: unsupported Kubernetes minor v1.33: the appliance deploys v1.35`}},
+			"the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2"}},
+		"kubernetes-version-older": {{"kubernetesVersion", `"v1.34.4" cannot be deployed: unsupported Kubernetes minor v1.34: the appliance deploys v1.35`}},
 		"state-dir-root":           {{"stateDir", `"/" is a system directory`}},
 		"state-dir-etc":            {{"stateDir", `"/etc/" is a system directory`}},
 		"state-dir-var":            {{"stateDir", `"/var/lib/../" is a system directory (/var)`}},
@@ -79,25 +79,24 @@ func TestInvalidFiles(t *testing.T) {
 }
 
 // TestSupportedKubernetesVersion: the range Validate accepts is the one kubeadm-manifests can render
-// (its Images knows the image sets of pkg/k8sversion's table); a maintained minor passes clean, v1.34
-// (past its end of life) with one warning at kubernetesVersion, anything else is refused with the
+// (its Images knows the image sets of pkg/k8sversion's table); a supported minor passes without
+// errors or warnings, anything else, v1.34 (past its end of life) included, is refused with the
 // supported minors.
 func TestSupportedKubernetesVersion(t *testing.T) {
 	for _, tt := range []struct {
-		version   string
-		warn, err string // "" = none; else what the message at kubernetesVersion contains
+		version string
+		err     string // "" = none; else what the error at kubernetesVersion contains
 	}{
-		{"v1.35.0", "", ""},
-		{"v1.35.4", "", ""},
-		{"v1.36.3", "", ""},
-		{"v1.37.2", "", ""},
-		{"v1.37.99", "", ""},
-		{DefaultKubernetesVersion, `"v1.34.4": Kubernetes v1.34 reached its end of life in October 2026`, ""},
-		{"v1.34.0", "until its nodes' containerd moves to 2.x (issue 31)", ""},
-		{"v1.33.5", "", "unsupported Kubernetes minor v1.33: the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34)"},
-		{"v1.38.0", "", `"v1.38.0" cannot be deployed: unsupported Kubernetes minor v1.38`},
-		{"v2.35.0", "", "unsupported Kubernetes minor v2.35"},
-		{"v0.35.1", "", "unsupported Kubernetes minor v0.35"},
+		{"v1.35.0", ""},
+		{"v1.35.4", ""},
+		{"v1.36.3", ""},
+		{"v1.37.2", ""},
+		{"v1.37.99", ""},
+		{"v1.34.4", `"v1.34.4" cannot be deployed: unsupported Kubernetes minor v1.34: the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2`},
+		{"v1.33.5", "unsupported Kubernetes minor v1.33: the appliance deploys v1.35, v1.36 and v1.37"},
+		{"v1.38.0", `"v1.38.0" cannot be deployed: unsupported Kubernetes minor v1.38`},
+		{"v2.35.0", "unsupported Kubernetes minor v2.35"},
+		{"v0.35.1", "unsupported Kubernetes minor v0.35"},
 	} {
 		_, renderErr := kubeadmmanifests.Images(kubeadmmanifests.Cluster{KubernetesVersion: tt.version, ImageRepository: "registry.k8s.io"})
 		c := labConfig(t)
@@ -111,11 +110,8 @@ func TestSupportedKubernetesVersion(t *testing.T) {
 		} else if len(errs) > 0 {
 			t.Errorf("%s: errors %v", tt.version, errs)
 		}
-		switch w := findErr(warns, "kubernetesVersion"); {
-		case tt.warn == "" && w != nil:
+		if w := findErr(warns, "kubernetesVersion"); w != nil {
 			t.Errorf("%s: warning %v", tt.version, w)
-		case tt.warn != "":
-			requireErr(t, warns, "kubernetesVersion", tt.warn, 0)
 		}
 	}
 }
@@ -124,16 +120,16 @@ func TestSupportedKubernetesVersion(t *testing.T) {
 // (bundle.yaml) must be the configured one.
 func TestKubernetesVersionMatchesBundle(t *testing.T) {
 	f := newFileFixture(t)
-	meta := "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: k8s-1.34.2\nkubernetesVersion: v1.34.2\ncreated: 2025-01-31T12:00:00Z\n"
+	meta := "apiVersion: appliance.airgap.dev/v1alpha1\nkind: Bundle\nname: k8s-1.36.3\nkubernetesVersion: v1.36.3\ncreated: 2025-01-31T12:00:00Z\n"
 	f.write(t, filepath.Join("bundle", "bundle.yaml"), []byte(meta), 0o644)
 	_, errs := Validate(f.c, ValidateOptions{CheckFiles: true})
 	if got := errPaths(errs); !slices.Equal(got, []string{"kubernetesVersion"}) {
 		t.Fatalf("error paths = %q, want [kubernetesVersion]; errors:\n%v", got, errs)
 	}
-	requireErr(t, errs, "kubernetesVersion", `"`+DefaultKubernetesVersion+`" differs from the bundle's Kubernetes v1.34.2`, 0)
-	requireErr(t, errs, "kubernetesVersion", "set kubernetesVersion: v1.34.2", 0)
+	requireErr(t, errs, "kubernetesVersion", `"`+DefaultKubernetesVersion+`" differs from the bundle's Kubernetes v1.36.3`, 0)
+	requireErr(t, errs, "kubernetesVersion", "set kubernetesVersion: v1.36.3", 0)
 
-	f.c.KubernetesVersion = "v1.34.2"
+	f.c.KubernetesVersion = "v1.36.3"
 	if _, errs := Validate(f.c, ValidateOptions{CheckFiles: true}); len(errs) > 0 {
 		t.Fatalf("matching version: %v", errs)
 	}

@@ -43,8 +43,7 @@ type BootstrapConfiguration struct {
 	ClusterName string `yaml:"clusterName"`
 	// KubernetesVersion is the version kubeadm installs, "vMAJOR.MINOR.PATCH" (e.g. v1.37.2), the
 	// version the bundle carries. Its minor must be one the appliance supports (pkg/k8sversion):
-	// v1.35, v1.36 or v1.37; v1.34, past its end of life, is accepted with a warning until the nodes'
-	// containerd moves to 2.x. Default DefaultKubernetesVersion.
+	// v1.35, v1.36 or v1.37. Default DefaultKubernetesVersion.
 	KubernetesVersion string `yaml:"kubernetesVersion"`
 	// Kubernetes says whether the nodes get a Kubernetes cluster (kubeadm) or are only prepared.
 	Kubernetes Kubernetes `yaml:"kubernetes"`
@@ -104,7 +103,8 @@ type Kubernetes struct {
 	Enabled *bool `yaml:"enabled"`
 	// IgnorePreflightErrors are kubeadm preflight checks to downgrade to warnings on every node
 	// (kubeadm nodeRegistration.ignorePreflightErrors, e.g. SystemVerification where the kernel
-	// config cannot be read, as in containers). Empty by default.
+	// config cannot be read, as in containers, or on a cgroup v1 host, which kubeadm refuses for
+	// Kubernetes v1.35 and newer). Empty by default.
 	IgnorePreflightErrors []string `yaml:"ignorePreflightErrors,omitempty"`
 }
 

@@ -1,6 +1,6 @@
 package csrapprove
 
-// A real control plane for the approver's tests: test/kubetest's etcd and kube-apiserver v1.34.4
+// A real control plane for the approver's tests: test/kubetest's etcd and kube-apiserver v1.37.2
 // from the Kubernetes fixture (`make fixtures`, test/fixtures/build-kubernetes.sh) on 127.0.0.1,
 // authorization Node,RBAC as kubeadm configures it. No kube-controller-manager runs, so approved
 // CSRs are not signed: the tests look at the approval conditions only.

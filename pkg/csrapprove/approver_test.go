@@ -50,7 +50,7 @@ var servingUsages = []string{UsageDigitalSignature, UsageKeyEncipherment, UsageS
 // syncBuffer is a log sink safe for concurrent writers (test/logbuf).
 type syncBuffer = logbuf.Buffer
 
-// TestApproverAgainstAPIServer runs the approver against a real kube-apiserver + etcd (v1.34.4
+// TestApproverAgainstAPIServer runs the approver against a real kube-apiserver + etcd (v1.37.2
 // fixture). CSRs are created with node client certificates (CN=system:node:NAME, O=system:nodes), so
 // the API server itself records the requestor, as for a real kubelet. It proves: the inventory
 // node's serving CSR is Approved (AutoApproved); one with a foreign IP SAN and one from a node that

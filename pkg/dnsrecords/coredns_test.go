@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/airgap-appliance/appliance/pkg/config"
+	"github.com/airgap-appliance/appliance/pkg/k8sversion"
 )
 
 // TestForCoreDNS: the control planes' zone names every control plane as ns.<zone> (not
@@ -96,13 +97,22 @@ lab.example.com:53 {
 	}
 }
 
-// coreDNSRef is the CoreDNS image kubeadm v1.34 deploys, which the test bundle carries.
-const coreDNSRef = "registry.k8s.io/coredns/coredns:v1.12.1"
+// coreDNSRef is the CoreDNS image kubeadm of config.DefaultKubernetesVersion deploys
+// (pkg/k8sversion), which the test bundle carries: "registry.k8s.io/coredns/coredns:v1.14.6".
+func coreDNSRef(t *testing.T) string {
+	t.Helper()
+	rel, err := k8sversion.Lookup(config.DefaultKubernetesVersion)
+	if err != nil {
+		t.Fatalf("config.DefaultKubernetesVersion: %v", err)
+	}
+	return rel.CoreDNSImage(k8sversion.DefaultImageRepository)
+}
 
 // coreDNSBinary extracts /coredns from the CoreDNS image of the test bundle's OCI layout (the
 // fixture cache, `make fixtures`) into dir.
 func coreDNSBinary(t *testing.T, dir string) string {
 	t.Helper()
+	ref := coreDNSRef(t)
 	const images = "/var/cache/appliance/bundle/images"
 	p, err := layout.FromPath(images)
 	if err != nil {
@@ -117,7 +127,7 @@ func coreDNSBinary(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	for _, d := range im.Manifests {
-		if d.Annotations["org.opencontainers.image.ref.name"] != coreDNSRef {
+		if d.Annotations["org.opencontainers.image.ref.name"] != ref {
 			continue
 		}
 		img, err := idx.Image(d.Digest)
@@ -150,9 +160,9 @@ func coreDNSBinary(t *testing.T, dir string) string {
 			}
 			return out
 		}
-		t.Fatalf("%s in %s has no /coredns", coreDNSRef, images)
+		t.Fatalf("%s in %s has no /coredns", ref, images)
 	}
-	t.Skipf("SKIPPED: the test bundle at %s has no %s: `make fixtures` adds it; this test runs the real CoreDNS and does not run without it", images, coreDNSRef)
+	t.Skipf("SKIPPED: the test bundle at %s has no %s: `make fixtures` adds it; this test runs the real CoreDNS and does not run without it", images, ref)
 	return ""
 }
 

@@ -175,9 +175,18 @@ func notInstalled(ctx context.Context, pkgs []string) ([]string, error) {
 }
 
 // criConfig writes the complete containerd config for kubeadm (containerd.CRIConfig) and restarts
-// containerd (systemd, over D-Bus) when the running one has not been restarted with it yet.
+// containerd (systemd, over D-Bus) when the running one has not been restarted with it yet. It first
+// checks the installed containerd (containerd.CheckVersion): a containerd 1.x would take the version 3
+// file without complaint and run the CRI without mirrors and with the wrong cgroup driver.
 func (a *Agent) criConfig(ctx context.Context, sandboxImage string) (string, error) {
 	if err := a.onHost("containerd"); err != nil {
+		return "", err
+	}
+	out, err := run(ctx, time.Minute, "", nil, "containerd", "--version")
+	if err != nil {
+		return "", fmt.Errorf("is the containerd package installed? %w", err)
+	}
+	if _, err := containerd.CheckVersion(out); err != nil {
 		return "", err
 	}
 	data := containerd.CRIConfig(sandboxImage)

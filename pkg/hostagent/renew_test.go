@@ -86,7 +86,7 @@ func TestRenewsWorkerTokens(t *testing.T) {
 // certificate key; its own kubeadm join configuration would give upload-certs no certificate key.
 func TestRenewalConfigIsInit(t *testing.T) {
 	k := &agentapi.KubernetesConfig{
-		Version: "v1.34.4", Action: agentapi.ActionJoinControlPlane, ControlPlaneEndpoint: "10.100.0.100:6443",
+		Version: "v1.37.2", Action: agentapi.ActionJoinControlPlane, ControlPlaneEndpoint: "10.100.0.100:6443",
 		ImageRepository: "registry.k8s.io", PodSubnet: netip.MustParsePrefix("10.244.0.0/16"),
 		ServiceSubnet: netip.MustParsePrefix("10.96.0.0/16"), BootstrapToken: "abcdef.0123456789abcdef",
 		BootstrapTokenExpires: time.Now().Add(time.Hour), CertificateKey: strings.Repeat("ab", 32),
@@ -111,7 +111,7 @@ func TestRenewalConfigIsInit(t *testing.T) {
 
 // TestJoinedLeaderRenewsWithRealKubeadm: what renewJoinSecrets runs on a leader that joined (cp2
 // after the init node's removal: Action join-control-plane, no After), with the real kubeadm
-// v1.34.4 against a real etcd and kube-apiserver on 127.0.0.1 (test/kubetest: the Kubernetes
+// v1.37.2 against a real etcd and kube-apiserver on 127.0.0.1 (test/kubetest: the Kubernetes
 // fixture, killed by PID at the end): `kubeadm init phase upload-certs` and `kubeadm init phase bootstrap-token` with
 // its renewalConfig put the control-plane certificates (kubeadm-certs, under the node config's
 // certificate key) and the node config's bootstrap token into the cluster, which is what a control

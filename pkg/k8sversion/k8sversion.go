@@ -7,14 +7,15 @@
 // The package is pure data with nothing beyond the standard library, so that both the appliance and
 // the connected side's bundle tooling import it.
 //
-// Shape of the table (Releases, oldest first):
+// Shape of the table (Releases, oldest first): the three minors the Kubernetes project maintains.
 //
-//	minor  read from            etcd      CoreDNS  pause   status
-//	v1.34  k8s.io/kubernetes    3.6.5-0   v1.12.1  3.10.1  end of life, accepted with a warning
-//	       v1.34.4
-//	v1.35  v1.35.4              3.6.6-0   v1.13.1  3.10.1  maintained
-//	v1.36  v1.36.3              3.6.8-0   v1.14.2  3.10.2  maintained
-//	v1.37  v1.37.2              3.7.0-0   v1.14.6  3.10.2  maintained
+//	minor  read from k8s.io/kubernetes  etcd      CoreDNS  pause
+//	v1.35  v1.35.4                      3.6.6-0   v1.13.1  3.10.1
+//	v1.36  v1.36.3                      3.6.8-0   v1.14.2  3.10.2
+//	v1.37  v1.37.2                      3.7.0-0   v1.14.6  3.10.2
+//
+// Any other minor is refused (Lookup, ErrUnsupported), also one that has just left the table: a
+// minor past its end of life gets no fixes, and the appliance deploys only what it tests.
 //
 // Source of every version: cmd/kubeadm/app/constants/constants.go of the k8s.io/kubernetes module
 // named in Release.Source (`go mod download -json k8s.io/kubernetes@vX.Y.Z`, the Go module proxy):
@@ -46,53 +47,31 @@ type Release struct {
 	// Pause is the pause (sandbox) image tag kubeadm of Minor expects, "3.10.2"
 	// (constants.PauseVersion); containerd's CRI sandbox_image must be the same.
 	Pause string
-	// EndOfLife is "" for a maintained minor. For a minor past its end of life that is still
-	// accepted it says when its life ended, why it is accepted anyway and what removes it: the
-	// warning configuration validation and bundle creation print.
-	EndOfLife string
 }
 
-// releases is the table, oldest first. Only the Kubernetes project's maintained minors belong here,
-// plus, for as long as its EndOfLife says, a minor kept to bridge an upgrade of the appliance itself.
+// releases is the table, oldest first: the Kubernetes project's maintained minors and nothing else.
 var releases = []Release{
-	{
-		Minor: "v1.34", Source: "v1.34.4", Etcd: "3.6.5-0", CoreDNS: "v1.12.1", Pause: "3.10.1",
-		// v1.34 is what the lab and DefaultKubernetesVersion run: their nodes use Debian's
-		// containerd 1.6, and Kubernetes v1.36 and newer may need containerd 2. The entry is removed
-		// when the containerd 2.x work of issue 31 has landed and the lab has moved to v1.37.2.
-		EndOfLife: "Kubernetes v1.34 reached its end of life in October 2026 and gets no more fixes; the appliance still accepts it " +
-			"until its nodes' containerd moves to 2.x (issue 31), after which it is refused: plan the move to a maintained minor (v1.35 to v1.37)",
-	},
 	{Minor: "v1.35", Source: "v1.35.4", Etcd: "3.6.6-0", CoreDNS: "v1.13.1", Pause: "3.10.1"},
 	{Minor: "v1.36", Source: "v1.36.3", Etcd: "3.6.8-0", CoreDNS: "v1.14.2", Pause: "3.10.2"},
 	{Minor: "v1.37", Source: "v1.37.2", Etcd: "3.7.0-0", CoreDNS: "v1.14.6", Pause: "3.10.2"},
 }
 
-// Releases returns a copy of the table, oldest minor first: the maintained minors and the ones past
-// their end of life that are still accepted (EndOfLife set).
+// Releases returns a copy of the table, oldest minor first.
 func Releases() []Release {
 	return append([]Release(nil), releases...)
 }
 
-// Maintained returns the maintained minors, oldest first: ["v1.35", "v1.36", "v1.37"].
-func Maintained() []string {
-	var out []string
+// Minors returns the table's minors, oldest first: ["v1.35", "v1.36", "v1.37"].
+func Minors() []string {
+	out := make([]string, 0, len(releases))
 	for _, r := range releases {
-		if r.EndOfLife == "" {
-			out = append(out, r.Minor)
-		}
+		out = append(out, r.Minor)
 	}
 	return out
 }
 
-// Newest is the newest maintained minor of the table.
-func Newest() Release {
-	for i := len(releases) - 1; ; i-- {
-		if releases[i].EndOfLife == "" {
-			return releases[i]
-		}
-	}
-}
+// Newest is the newest minor of the table.
+func Newest() Release { return releases[len(releases)-1] }
 
 // Errors Lookup wraps.
 var (
@@ -115,11 +94,9 @@ func Minor(version string) (string, error) {
 	return "v" + m[1] + "." + m[2], nil
 }
 
-// Lookup returns the table's entry for version's minor ("v1.37.2" → the v1.37 entry). A minor past
-// its end of life is returned without error: the caller warns with its EndOfLife. The error wraps
+// Lookup returns the table's entry for version's minor ("v1.37.2" → the v1.37 entry). The error wraps
 // ErrNotAVersion or ErrUnsupported and says which minors are supported, e.g.
-// `unsupported Kubernetes minor v1.33: the appliance deploys v1.35, v1.36 and v1.37 (and, past its end
-// of life, v1.34); use e.g. v1.37.2`.
+// `unsupported Kubernetes minor v1.34: the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2`.
 func Lookup(version string) (Release, error) {
 	minor, err := Minor(version)
 	if err != nil {
@@ -134,19 +111,9 @@ func Lookup(version string) (Release, error) {
 }
 
 // SupportedText says which minors the appliance deploys, for messages: "the appliance deploys v1.35,
-// v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2".
+// v1.36 and v1.37; use e.g. v1.37.2".
 func SupportedText() string {
-	var eol []string
-	for _, r := range releases {
-		if r.EndOfLife != "" {
-			eol = append(eol, r.Minor)
-		}
-	}
-	s := "the appliance deploys " + joinAnd(Maintained())
-	if len(eol) > 0 {
-		s += " (and, past its end of life, " + joinAnd(eol) + ")"
-	}
-	return s + "; use e.g. " + Newest().Source
+	return "the appliance deploys " + joinAnd(Minors()) + "; use e.g. " + Newest().Source
 }
 
 // joinAnd joins "a", "a and b", "a, b and c".

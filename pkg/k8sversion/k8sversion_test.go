@@ -9,11 +9,9 @@ import (
 )
 
 // TestTableShape: minors strictly ascending, each Source a release of its minor, every version
-// field set, the maintained minors the three the Kubernetes project maintains, and end-of-life entries
-// older than every maintained one.
+// field set, and the minors the three the Kubernetes project maintains.
 func TestTableShape(t *testing.T) {
 	prev := ""
-	maintainedSeen := false
 	for _, r := range Releases() {
 		if m, err := Minor(r.Minor + ".0"); err != nil || m != r.Minor {
 			t.Errorf("Minor %q is not v1.N", r.Minor)
@@ -27,15 +25,10 @@ func TestTableShape(t *testing.T) {
 		if prev != "" && minorNumber(t, r.Minor) <= minorNumber(t, prev) {
 			t.Errorf("%s follows %s: the table is oldest first", r.Minor, prev)
 		}
-		if r.EndOfLife == "" {
-			maintainedSeen = true
-		} else if maintainedSeen {
-			t.Errorf("%s is past its end of life but newer than a maintained minor", r.Minor)
-		}
 		prev = r.Minor
 	}
-	if got := Maintained(); !slices.Equal(got, []string{"v1.35", "v1.36", "v1.37"}) {
-		t.Errorf("Maintained() = %q", got)
+	if got := Minors(); !slices.Equal(got, []string{"v1.35", "v1.36", "v1.37"}) {
+		t.Errorf("Minors() = %q", got)
 	}
 	if n := Newest(); n.Minor != "v1.37" || n.Source != "v1.37.2" {
 		t.Errorf("Newest() = %+v", n)
@@ -56,11 +49,10 @@ func minorNumber(t *testing.T, minor string) int {
 	return major*1000 + n
 }
 
-// TestLookup: the minor decides; v1.34 is found with its end-of-life note; anything else is refused
-// with the supported list; malformed versions are refused as such.
+// TestLookup: the minor decides; any other minor is refused with the supported list, v1.34 (past
+// its end of life) like v1.33 and v1.38; malformed versions are refused as such.
 func TestLookup(t *testing.T) {
 	for _, tt := range []struct{ version, minor, pause string }{
-		{"v1.34.4", "v1.34", "3.10.1"},
 		{"v1.35.0", "v1.35", "3.10.1"},
 		{"v1.36.3", "v1.36", "3.10.2"},
 		{"v1.37.2", "v1.37", "3.10.2"},
@@ -72,14 +64,11 @@ func TestLookup(t *testing.T) {
 			t.Errorf("Lookup(%s) = %+v, %v", tt.version, r, err)
 		}
 	}
-	if r, _ := Lookup("v1.34.4"); r.EndOfLife == "" || !strings.Contains(r.EndOfLife, "end of life") {
-		t.Errorf("v1.34 has no end-of-life note: %+v", r)
-	}
-	const list = "the appliance deploys v1.35, v1.36 and v1.37 (and, past its end of life, v1.34); use e.g. v1.37.2"
+	const list = "the appliance deploys v1.35, v1.36 and v1.37; use e.g. v1.37.2"
 	if got := SupportedText(); got != list {
 		t.Errorf("SupportedText() = %q, want %q", got, list)
 	}
-	for _, v := range []string{"v1.33.5", "v1.38.0", "v2.35.0", "v0.35.1"} {
+	for _, v := range []string{"v1.34.4", "v1.33.5", "v1.38.0", "v2.35.0", "v0.35.1"} {
 		_, err := Lookup(v)
 		want := "unsupported Kubernetes minor " + v[:strings.LastIndexByte(v, '.')] + ": " + list
 		if !errors.Is(err, ErrUnsupported) || err.Error() != want {

@@ -15,7 +15,7 @@ import (
 // CoreDNSImage is the image of the control planes' CoreDNS static pods: the CoreDNS kubeadm of
 // kubernetesVersion's minor deploys as the cluster DNS (pkg/k8sversion's table, kubeadm
 // constants.CoreDNSVersion, under registry.k8s.io's coredns/ path), so the bundle already holds it:
-// "registry.k8s.io/coredns/coredns:v1.12.1" for v1.34.4, "registry.k8s.io/coredns/coredns:v1.14.6"
+// "registry.k8s.io/coredns/coredns:v1.13.1" for v1.35.4, "registry.k8s.io/coredns/coredns:v1.14.6"
 // for v1.37.2. The error (a minor outside the table, which config validation refuses) wraps
 // k8sversion.ErrUnsupported or ErrNotAVersion.
 func CoreDNSImage(kubernetesVersion string) (string, error) {

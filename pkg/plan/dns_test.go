@@ -56,7 +56,7 @@ func TestBuildDNS(t *testing.T) {
 			t.Fatalf("%s: no CoreDNS server", n.Name)
 		}
 		i := n.Name[2:]
-		if s.Image != "registry.k8s.io/coredns/coredns:v1.12.1" || s.HealthPort != 18080 ||
+		if s.Image != "registry.k8s.io/coredns/coredns:v1.14.6" || s.HealthPort != 18080 ||
 			!strings.Contains(s.Corefile, "    bind 10.100.0."+"1"+i+" 10.200.0.1"+i+"\n") ||
 			!strings.Contains(s.ZoneFile, "ns.lab.example.com.\t300\tIN\tA\t10.100.0.13\n") ||
 			!strings.Contains(s.ZoneFile, "etcd-0.lab.example.com.\t300\tIN\tA\t10.100.0.11\n") {
@@ -64,14 +64,14 @@ func TestBuildDNS(t *testing.T) {
 		}
 	}
 
-	// Another minor: the CoreDNS kubeadm v1.37 deploys (pkg/k8sversion).
-	in.Config.KubernetesVersion = "v1.37.2"
+	// Another minor: the CoreDNS kubeadm v1.35 deploys (pkg/k8sversion).
+	in.Config.KubernetesVersion = "v1.35.4"
 	if p, err = Build(in); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range p.Nodes {
-		if s := n.NodeConfig.DNS.Server; s != nil && s.Image != "registry.k8s.io/coredns/coredns:v1.14.6" {
-			t.Errorf("v1.37.2: %s runs CoreDNS %q", n.Name, s.Image)
+		if s := n.NodeConfig.DNS.Server; s != nil && s.Image != "registry.k8s.io/coredns/coredns:v1.13.1" {
+			t.Errorf("v1.35.4: %s runs CoreDNS %q", n.Name, s.Image)
 		}
 	}
 

@@ -24,10 +24,11 @@ var KubernetesPackages = []string{"containerd", "runc", "containernetworking-plu
 const ImageRepository = k8sversion.DefaultImageRepository
 
 // PauseImage is the sandbox image kubeadm of kubernetesVersion's minor expects (pkg/k8sversion's
-// table, kubeadm constants.PauseVersion): "registry.k8s.io/pause:3.10.1" for v1.34.4,
-// "registry.k8s.io/pause:3.10.2" for v1.37.2. containerd's CRI sandbox_image must match or kubeadm
-// warns and kubelet pulls two pause images. The error (a minor outside the table, which config
-// validation refuses) wraps k8sversion.ErrUnsupported or ErrNotAVersion.
+// table, kubeadm constants.PauseVersion): "registry.k8s.io/pause:3.10.1" for v1.35.4,
+// "registry.k8s.io/pause:3.10.2" for v1.37.2. containerd's CRI sandbox image (pinned_images.sandbox
+// in config version 3) must match or kubeadm warns and kubelet pulls two pause images. The error (a
+// minor outside the table, which config validation refuses) wraps k8sversion.ErrUnsupported or
+// ErrNotAVersion.
 func PauseImage(kubernetesVersion string) (string, error) {
 	rel, err := k8sversion.Lookup(kubernetesVersion)
 	if err != nil {

@@ -74,7 +74,7 @@ func TestNodeConfigForKubernetes(t *testing.T) {
 	}
 	c := &config.BootstrapConfiguration{
 		ClusterName:       "lab",
-		KubernetesVersion: "v1.34.4",
+		KubernetesVersion: "v1.37.2",
 		Kubernetes:        config.Kubernetes{IgnorePreflightErrors: []string{"SystemVerification"}},
 		Networks: config.Networks{
 			ControlPlane:  config.NetworkPlane{CIDRs: []netip.Prefix{p("10.100.0.0/24")}},

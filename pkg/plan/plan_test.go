@@ -134,16 +134,16 @@ func TestBuildGolden(t *testing.T) {
 	}
 }
 
-// TestBuildGoldenOtherMinor: the lab's plan for Kubernetes v1.37.2 is the golden v1.34.4 plan
-// (testdata/golden) with exactly the version and kubeadm v1.37's pause image in every node config
-// (pkg/k8sversion: pause 3.10.2 instead of 3.10.1), and nothing else changed; two builds are
+// TestBuildGoldenOtherMinor: the lab's plan for Kubernetes v1.35.4 is the golden v1.37.2 plan
+// (testdata/golden) with exactly the version and kubeadm v1.35's pause image in every node config
+// (pkg/k8sversion: pause 3.10.1 instead of 3.10.2), and nothing else changed; two builds are
 // identical. A minor outside the table fails the build naming kubernetesVersion.
 func TestBuildGoldenOtherMinor(t *testing.T) {
 	in := labInputs(t)
-	if in.Config.KubernetesVersion != "v1.34.4" {
-		t.Fatalf("the golden plan is for %s, this test for v1.34.4", in.Config.KubernetesVersion)
+	if in.Config.KubernetesVersion != "v1.37.2" {
+		t.Fatalf("the golden plan is for %s, this test for v1.37.2", in.Config.KubernetesVersion)
 	}
-	in.Config.KubernetesVersion = "v1.37.2"
+	in.Config.KubernetesVersion = "v1.35.4"
 	f1 := buildTwice(t, in)
 	golden := filepath.Join("testdata", "golden")
 	var seen, changed int
@@ -158,13 +158,13 @@ func TestBuildGoldenOtherMinor(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		want := bytes.ReplaceAll(data, []byte(`"version": "v1.34.4"`), []byte(`"version": "v1.37.2"`))
-		want = bytes.ReplaceAll(want, []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.1"`), []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.2"`))
+		want := bytes.ReplaceAll(data, []byte(`"version": "v1.37.2"`), []byte(`"version": "v1.35.4"`))
+		want = bytes.ReplaceAll(want, []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.2"`), []byte(`"sandboxImage": "registry.k8s.io/pause:3.10.1"`))
 		if !bytes.Equal(want, data) {
 			changed++
 		}
 		if got, ok := f1[rel]; !ok || !bytes.Equal(got, want) {
-			t.Errorf("%s for v1.37.2 is not the golden file with v1.37.2's version and pause image:\n%s", rel, got)
+			t.Errorf("%s for v1.35.4 is not the golden file with v1.35.4's version and pause image:\n%s", rel, got)
 		}
 		return nil
 	})

@@ -58,7 +58,7 @@ func newClusterFront(t *testing.T) *clusterFront {
 		t.Fatal(err)
 	}
 	c := &config.BootstrapConfiguration{
-		ClusterName: "lab", KubernetesVersion: "v1.34.4",
+		ClusterName: "lab", KubernetesVersion: "v1.37.2",
 		Networks: config.Networks{
 			ControlPlane:  config.NetworkPlane{CIDRs: []netip.Prefix{p("10.100.0.0/24")}},
 			WorkloadPlane: config.NetworkPlane{CIDRs: []netip.Prefix{p("10.100.0.0/24")}},

@@ -33,9 +33,11 @@ import (
 // (test/fixtures/build-kubernetes.sh, build-bundle.sh) and takes minutes.
 
 const (
-	vip        = "10.100.0.100"
-	apiVIPURL  = "https://" + vip + ":6443"
-	k8sVersion = "v1.34.4"
+	vip       = "10.100.0.100"
+	apiVIPURL = "https://" + vip + ":6443"
+	// k8sVersion is what the lab's cluster runs: test/lab/bootstrap.yaml leaves kubernetesVersion
+	// unset, and the fixture bundle carries the default (TestDefaultVersionEverywhere).
+	k8sVersion = config.DefaultKubernetesVersion
 )
 
 // k8sNodes are the nodes of the lab's cluster: cp1-3 and w1 from day 1; day2 (e2e_day2_test.go)

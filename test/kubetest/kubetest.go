@@ -110,7 +110,7 @@ type APIServer struct {
 	proc *process // the kube-apiserver
 }
 
-// StartAPIServer runs etcd and kube-apiserver v1.34 (labns.KubernetesVersion) of the Kubernetes
+// StartAPIServer runs etcd and kube-apiserver v1.37 (labns.KubernetesVersion) of the Kubernetes
 // fixture on 127.0.0.1 until the test ends and returns once /readyz answers "ok" to the admin.
 // Without the fixture it skips the test loudly (fails it under CI, labns.KubernetesBin). It fails
 // the test when a process exits before that or the API server is not ready within 3 minutes (a

@@ -34,7 +34,7 @@ bin/appliance status --config "$CONFIG"
 for h in boot cp1 cp2 cp3; do
 	ip -n "${PREFIX}-$h" -o addr show | grep -q ' 10.100.0.100/' && echo "API VIP 10.100.0.100 is on $h"
 done
-KUBECTL="$BOOT ${APPLIANCE_CACHE:-/var/cache/appliance}/kubernetes-v1.34.4/bin/kubectl --kubeconfig $LABDIR/state/kubernetes/admin.conf"
+KUBECTL="$BOOT ${APPLIANCE_CACHE:-/var/cache/appliance}/kubernetes-v1.37.2/bin/kubectl --kubeconfig $LABDIR/state/kubernetes/admin.conf"
 echo
 echo "== the cluster through the VIP (admin kubeconfig: $LABDIR/state/kubernetes/admin.conf)"
 $KUBECTL get nodes -o wide
@@ -48,7 +48,7 @@ cp "$CA" "$CERTDIR/ca.crt"
 echo
 echo "== from node cp1 (namespace ${PREFIX}-cp1): skopeo inspect through the registry mirror"
 $NODE skopeo inspect --cert-dir "$CERTDIR" --format '{{.Name}} {{.Digest}} {{.Architecture}}' \
-	docker://10.100.0.2:8443/registry.k8s.io/pause:3.10.1
+	docker://10.100.0.2:8443/registry.k8s.io/pause:3.10.2
 echo "== from node cp1: the package index served as-is"
 $NODE curl -sSf --cacert "$CA" "$URL/repo/debian/dists/stable/main/binary-amd64/Packages" | grep -E '^(Package|Version):' | paste - - | head
 echo "== from node cp1: its Ignition config (spec negotiated from Accept)"
