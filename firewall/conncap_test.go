@@ -3,9 +3,13 @@ package firewall
 import (
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/airgap-appliance/appliance/pkg/connlimit"
 	"github.com/airgap-appliance/appliance/test/labns"
@@ -146,7 +150,106 @@ func TestConnCapReal(t *testing.T) {
 	}
 }
 
-// TestDescribeConnCaps: the report detail names the caps.
+// TestConnCapTableBesideFirewalld: the firewalld backend's cap table (connCapTable) in a namespace whose
+// filtering another table owns — a stand-in for firewalld's `table inet firewalld` that accepts everything
+// at firewalld's priority (filter + 10) — still resets connections past the cap (a reject is final in any
+// table), decides nothing else (a port outside the port table stays open), leaves the foreign table as it
+// was, is rebuilt only when it differs, and goes away when the roles have no capped port, and at remove.
+// The real firewalld (D-Bus, reloads) is test/lab/firewalld_test.go's.
+func TestConnCapTableBesideFirewalld(t *testing.T) {
+	node, peer := capLab(t)
+	node.MustRun("nft", "add", "table", "inet", "firewalld")
+	node.MustRun("nft", "add", "chain", "inet", "firewalld", "filter_INPUT",
+		"{ type filter hook input priority filter + 10; policy accept; }")
+	foreign := node.MustRun("nft", "list", "table", "inet", "firewalld")
+	ct := &connCapTable{NetNSPath: node.Path()}
+	s := labSpec()
+	ctx := t.Context()
+	if changed, _, err := ct.apply(ctx, s); err != nil || !changed {
+		t.Fatalf("apply = %v, %v; want changed", changed, err)
+	}
+	if changed, _, err := ct.apply(ctx, s); err != nil || changed {
+		t.Fatalf("second apply = %v, %v; want unchanged", changed, err)
+	}
+	if ok, err := ct.inPlace(s); err != nil || !ok {
+		t.Fatalf("inPlace = %v, %v", ok, err)
+	}
+	srv := labns.StartHolder(t, node, ":8443", ":9999")
+	checkCap(t, peer, srv, peerIP, peer2IP, net.JoinHostPort(nodeIP, "8443"), net.JoinHostPort(nodeIP, "9999"))
+	if got := node.MustRun("nft", "list", "table", "inet", "firewalld"); got != foreign {
+		t.Errorf("the foreign table changed:\n%s", cmp.Diff(foreign, got))
+	}
+
+	worker := labSpec()
+	worker.Roles = []Role{RoleWorker}
+	if ok, err := ct.inPlace(worker); err != nil || ok {
+		t.Errorf("inPlace(worker) with the caps table present = %v, %v; want false", ok, err)
+	}
+	if changed, _, err := ct.apply(ctx, worker); err != nil || !changed {
+		t.Errorf("apply(worker) = %v, %v; want the table removed", changed, err)
+	}
+	if out, err := node.Run("nft", "list", "table", "inet", DefaultConnCapTable); err == nil {
+		t.Errorf("the caps table survived a spec without capped ports:\n%s", out)
+	}
+	if ok, err := ct.inPlace(worker); err != nil || !ok {
+		t.Errorf("inPlace(worker) without the table = %v, %v; want true", ok, err)
+	}
+	if changed, _, err := ct.apply(ctx, worker); err != nil || changed {
+		t.Errorf("apply(worker) again = %v, %v; want unchanged", changed, err)
+	}
+	if _, _, err := ct.apply(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if removed, err := ct.remove(ctx); err != nil || removed != want {
+			t.Errorf("remove #%d = %v, %v; want %v", i+1, removed, err, want)
+		}
+	}
+	if got := node.MustRun("nft", "list", "table", "inet", "firewalld"); got != foreign {
+		t.Errorf("the foreign table changed:\n%s", cmp.Diff(foreign, got))
+	}
+}
+
+// TestConnCapTableRender: the caps table renders (golden) as the nft script equivalent to what connCapTable
+// installs: `nft -f` of it lists byte-identically and is in place for inPlace.
+func TestConnCapTableRender(t *testing.T) {
+	for _, c := range renderSpecs {
+		rs := connCapRuleset(DefaultConnCapTable, c.spec)
+		if len(rs.rules) == 0 {
+			continue // no capped port: no table
+		}
+		t.Run(c.name, func(t *testing.T) {
+			got := rs.render(nil)
+			if again := connCapRuleset(DefaultConnCapTable, c.spec).render(nil); again != got {
+				t.Fatal("render is not deterministic")
+			}
+			golden(t, "conncap-"+c.name+".nft", got)
+			if os.Geteuid() != 0 && !labns.InCI() {
+				return // the golden check needs no root; the rest does
+			}
+			ns, _ := newNS(t, "fwcr")
+			ct := &connCapTable{NetNSPath: ns.Path()}
+			if _, _, err := ct.apply(t.Context(), c.spec); err != nil {
+				t.Fatal(err)
+			}
+			applied := listTable(t, ns, DefaultConnCapTable)
+			other := labns.New(t, "fwcx")
+			script := filepath.Join(t.TempDir(), "caps.nft")
+			if err := os.WriteFile(script, []byte(got), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			other.MustRun("nft", "-f", script)
+			if d := cmp.Diff(listTable(t, other, DefaultConnCapTable), applied); d != "" {
+				t.Errorf("netlink apply and `nft -f` of the render differ (-nft +apply):\n%s", d)
+			}
+			if ok, err := (&connCapTable{NetNSPath: other.Path()}).inPlace(c.spec); err != nil || !ok {
+				t.Errorf("inPlace on the nft-installed table = %v, %v; want true", ok, err)
+			}
+		})
+	}
+}
+
+// TestDescribeConnCaps: the report detail names the caps, and for firewalld the table holding them.
 func TestDescribeConnCaps(t *testing.T) {
 	s := Spec{Roles: []Role{RoleBootstrap}, NodeNetworks: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Boot: true}
 	for _, c := range []struct {
@@ -154,7 +257,7 @@ func TestDescribeConnCaps(t *testing.T) {
 		want string
 	}{
 		{&NFTables{}, "nftables (table inet appliance): roles [bootstrap], 1 node networks, 0 VRRP peers, at most 80 connections per source to 8443/tcp, 8080/tcp"},
-		{&Firewalld{}, "firewalld (zone appliance, policy appliance-host): roles [bootstrap], 1 node networks, 0 VRRP peers, at most 80 connections per source to 8443/tcp, 8080/tcp"},
+		{&Firewalld{}, "firewalld (zone appliance, policy appliance-host): roles [bootstrap], 1 node networks, 0 VRRP peers, at most 80 connections per source to 8443/tcp, 8080/tcp in table inet appliance-conncap"},
 	} {
 		if got := Describe(c.b, s); got != c.want {
 			t.Errorf("Describe = %q\nwant       %q", got, c.want)

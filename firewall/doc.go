@@ -55,6 +55,13 @@
 // close it too; the appliance never edits zones it does not own. Loopback, ICMP and established traffic are
 // accepted by firewalld itself.
 //
+// firewalld cannot count a source's open connections (no `ct count`; a rich rule's limit is a rate), so the
+// firewalld backend also owns one nftables table beside firewalld's, `inet appliance-conncap` (in
+// Firewalld.NetNSPath), holding the same cap rules as above in an input chain of priority filter (before
+// firewalld's, at filter + 10) and policy accept, and nothing else: a reject is final in any table, and
+// firewalld rebuilds only its own tables, which kube-proxy's table and Redirect's `inet appliance-apilb`
+// rely on too. The caps thus hold with both backends.
+//
 // Apply reads both configurations, writes only what differs — the permanent objects as one whole settings dict
 // each (config.addZone2/update2, config.addPolicy/update), the runtime ones with setZoneSettings2 /
 // setPolicySettings (firewalld checks a whole dict before applying it) — and undoes earlier writes when a

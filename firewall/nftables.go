@@ -171,6 +171,9 @@ func (n *NFTables) Remove(ctx context.Context) error {
 func (rs ruleset) objects() (*nftables.Table, *nftables.Chain) {
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: rs.table}
 	policy := nftables.ChainPolicyDrop
+	if rs.accept {
+		policy = nftables.ChainPolicyAccept
+	}
 	ch := &nftables.Chain{
 		Name: chainInput, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy,
