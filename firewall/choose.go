@@ -41,7 +41,7 @@ type ChooseOptions struct {
 // ErrFirewalldUnavailable: firewalld may run behind it, and the nftables backend would then be useless).
 func Choose(ctx context.Context, opts ChooseOptions) (Backend, string, error) {
 	nft := &NFTables{NetNSPath: opts.NetNSPath, Log: opts.Log}
-	fwd := &Firewalld{BusAddress: opts.BusAddress, Log: opts.Log}
+	fwd := &Firewalld{BusAddress: opts.BusAddress, NetNSPath: opts.NetNSPath, Log: opts.Log}
 	switch opts.Backend {
 	case BackendNFTables:
 		return nft, "forced", nil
@@ -127,9 +127,28 @@ func BackendOfDetail(detail string) string {
 }
 
 // Describe is the report detail of a firewall install: "BACKEND (OBJECTS): roles R, N node networks, M VRRP
-// peers", e.g. "firewalld (zone appliance, policy appliance-host): roles [bootstrap], 1 node networks, 3 VRRP
-// peers".
+// peers", then, when the roles have ports capped per source (Port.ConnsPerSource), ", at most C connections
+// per source to PORTS" and, for firewalld, where the caps are ("in table inet appliance-conncap"), e.g.
+// "firewalld (zone appliance, policy appliance-host): roles [bootstrap], 1 node networks, 3 VRRP peers, at
+// most 80 connections per source to 8443/tcp in table inet appliance-conncap".
 func Describe(b Backend, s Spec) string {
-	return fmt.Sprintf("%s (%s): roles %v, %d node networks, %d VRRP peers", b.Name(), b.Objects(), s.Roles,
+	d := fmt.Sprintf("%s (%s): roles %v, %d node networks, %d VRRP peers", b.Name(), b.Objects(), s.Roles,
 		len(s.NodeNetworks), len(s.VRRPPeers))
+	var caps []int
+	ports := map[int][]string{}
+	for _, p := range s.ports() {
+		if p.ConnsPerSource > 0 && p.Protocol == ProtoTCP {
+			if _, ok := ports[p.ConnsPerSource]; !ok {
+				caps = append(caps, p.ConnsPerSource)
+			}
+			ports[p.ConnsPerSource] = append(ports[p.ConnsPerSource], p.PortRange()+"/"+p.Protocol)
+		}
+	}
+	for _, c := range caps {
+		d += fmt.Sprintf(", at most %d connections per source to %s", c, strings.Join(ports[c], ", "))
+	}
+	if f, ok := b.(*Firewalld); ok && len(caps) > 0 {
+		d += " in " + f.capTable().Objects()
+	}
+	return d
 }

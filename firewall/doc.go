@@ -8,12 +8,27 @@
 // Talos `nftables_chain.go` model: it owns one table, `inet appliance`, holding
 //
 //   - sets node_networks_v4/v6 (interval) and vrrp_peers_v4/v6,
+//   - sets conns_PORT_v4/v6 (dynamic, size 65535): per-source connection counts of each capped port,
 //   - chain input: hook input, priority filter, policy drop; accepts established/related, loopback,
 //     ICMP and ICMPv6 (neighbour discovery, RFC 4861), then each port of the host's roles from its sources,
 //     and VRRP (IP protocol 112) only from the VRRP peers,
 //
-// and rebuilds it in a single atomic netlink batch when, and only when, the live table differs. Other
-// tables are never flushed or read for decisions. Render prints the equivalent `nft -f` script.
+// and rebuilds it in a single atomic netlink batch when, and only when, the live table differs (the counting
+// sets' elements are the kernel's and never compared). Other tables are never flushed or read for decisions.
+// Render prints the equivalent `nft -f` script.
+//
+// # Connection caps
+//
+// The ports the appliance serves behind pkg/connlimit (appliance-https, boot-http, cluster-mirror: the port
+// table's ConnsPerSource column) are capped per source address in the kernel too, just before the port's
+// accept rule, per family:
+//
+//	ip saddr @node_networks_v4 tcp dport 8443 ct state new add @conns_appliance_https_v4 { ip saddr ct count over 80 } reject with tcp reset
+//
+// so a client's connection past ConnsPerSource (connlimit's 64 + 16) is reset at its SYN, before any TLS
+// handshake. connlimit stays behind it as the second line, and with its lower cap still answers a client just
+// over 64 with a 429 that names the cap. The count is conntrack's (nf_conncount): a connection counts from its
+// SYN until it is closed (TIME_WAIT or CLOSE), so a closed connection frees its slot.
 //
 // # firewalld
 //
@@ -39,6 +54,13 @@
 // Debian's default zone public: ssh, dhcpv6-client) stays open, where the nftables backend's drop policy would
 // close it too; the appliance never edits zones it does not own. Loopback, ICMP and established traffic are
 // accepted by firewalld itself.
+//
+// firewalld cannot count a source's open connections (no `ct count`; a rich rule's limit is a rate), so the
+// firewalld backend also owns one nftables table beside firewalld's, `inet appliance-conncap` (in
+// Firewalld.NetNSPath), holding the same cap rules as above in an input chain of priority filter (before
+// firewalld's, at filter + 10) and policy accept, and nothing else: a reject is final in any table, and
+// firewalld rebuilds only its own tables, which kube-proxy's table and Redirect's `inet appliance-apilb`
+// rely on too. The caps thus hold with both backends.
 //
 // Apply reads both configurations, writes only what differs — the permanent objects as one whole settings dict
 // each (config.addZone2/update2, config.addPolicy/update), the runtime ones with setZoneSettings2 /

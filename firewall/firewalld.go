@@ -68,6 +68,11 @@ var (
 //     holding the SourceAnywhere ports and one rich rule per VRRP peer (`protocol value="112"`): these are
 //     accepted whatever zone the packet was classified into; everything else falls through to the zones.
 //
+// firewalld has no per-source count of open connections, so the caps of the port table (Port.ConnsPerSource)
+// go into an nftables table of the backend's own beside firewalld's, table inet appliance-conncap
+// (connCapTable), holding nothing else; it is written after firewalld's objects, diffed first like them, and
+// removed when the host's roles have no capped port.
+//
 // Apply reads both configurations (10 calls), writes only what differs — the permanent zone and policy as one
 // whole settings dict each (config.addZone2/update2, config.addPolicy/update: firewalld checks the whole dict
 // before writing the file), then the runtime ones (setZoneSettings2, setPolicySettings, each checked by
@@ -75,13 +80,17 @@ var (
 // zone or policy live only by reloading) — and undoes the writes already made when a later one fails.
 // A second Apply with the same Spec makes no write. Calls and Writes count the D-Bus calls made.
 //
-// It needs root (firewalld allows uid 0 through polkit) and a reachable firewalld; the zero value uses the
-// system bus.
+// It needs root (firewalld allows uid 0 through polkit; the cap table CAP_NET_ADMIN) and a reachable
+// firewalld; the zero value uses the system bus and the current network namespace.
 type Firewalld struct {
 	// BusAddress is the D-Bus address of the system bus firewalld is on, e.g.
 	// "unix:path=/proc/1234/root/run/dbus/system_bus_socket"; "" = the system bus (DBUS_SYSTEM_BUS_ADDRESS,
 	// else unix:path=/run/dbus/system_bus_socket).
 	BusAddress string
+	// NetNSPath is the network namespace firewalld filters, where the per-source connection caps go (table
+	// inet DefaultConnCapTable), e.g. "/run/netns/node1"; "" means the current one. Set it whenever firewalld
+	// runs in another namespace than the caller (a container reached through BusAddress).
+	NetNSPath string
 	// Zone is the zone to own (at most 12 characters: firewalld limits zone names to 17 and the policy adds
 	// "-host"); "" means DefaultFirewalldZone.
 	Zone string
@@ -593,13 +602,15 @@ func (p fwdPlan) empty() bool {
 }
 
 // Apply makes firewalld's permanent and runtime configuration hold exactly s in the zone and policy f owns
-// (see Firewalld); changed is false, and no write is made, when both already do.
+// (see Firewalld), then the connection cap table s's caps; changed is false, and no write is made, when all
+// already do.
 //
 // Errors: s invalid (wraps ErrInvalidSpec); firewalld not reachable (wraps ErrFirewalldUnavailable); the zone
 // or policy name used by an object the appliance did not create (wraps ErrNotOurs, names it and how to free
 // it); firewalld refusing a setting (its error, e.g. ZONE_CONFLICT when a node network is already a source
 // of another zone). On an error after a write, the writes already made are undone (the error says when the
-// undo failed too).
+// undo failed too). A failure to write the cap table (netlink; EPERM wraps os.ErrPermission) leaves
+// firewalld's objects in place, and says so.
 func (f *Firewalld) Apply(ctx context.Context, s Spec) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, err
@@ -611,18 +622,31 @@ func (f *Firewalld) Apply(ctx context.Context, s Spec) (bool, error) {
 	defer c.close()
 	want := firewalldDesired(s)
 	p := f.plan(want, zone, policy)
-	if p.empty() {
-		return false, nil
+	if !p.empty() {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if err := c.write(ctx, want, zone, policy, p); err != nil {
+			return false, err
+		}
+		f.log().Info("firewalld zone and policy updated", "zone", f.zone(), "policy", f.policy(),
+			"reason", strings.Join(p.reasons, "; "))
 	}
-	if err := ctx.Err(); err != nil {
-		return false, err
+	// After firewalld's objects: a host whose firewalld does not answer gets no table either.
+	capChanged, reason, err := f.capTable().apply(ctx, s)
+	if err != nil {
+		return false, fmt.Errorf("firewalld zone %q and policy %q are in place, the per-source connection caps beside them (%s) are not: %w",
+			f.zone(), f.policy(), f.capTable().Objects(), err)
 	}
-	if err := c.write(ctx, want, zone, policy, p); err != nil {
-		return false, err
+	if capChanged {
+		f.log().Info("connection cap table replaced", "table", f.capTable().table(), "netns", f.NetNSPath, "reason", reason)
 	}
-	f.log().Info("firewalld zone and policy updated", "zone", f.zone(), "policy", f.policy(),
-		"reason", strings.Join(p.reasons, "; "))
-	return true, nil
+	return !p.empty() || capChanged, nil
+}
+
+// capTable is the nftables table holding the per-source connection caps beside firewalld's.
+func (f *Firewalld) capTable() *connCapTable {
+	return &connCapTable{NetNSPath: f.NetNSPath}
 }
 
 // open connects, reads our zone and policy (permanent and runtime) and refuses objects of our names the
@@ -896,8 +920,8 @@ func restoreSettings(want settings, live map[string]dbus.Variant, keys []string)
 	return out
 }
 
-// InPlace reports whether firewalld's permanent and runtime configuration already hold exactly s (what Apply
-// would leave), without writing. Errors: as Apply's reads.
+// InPlace reports whether firewalld's permanent and runtime configuration already hold exactly s, and the
+// connection cap table its caps (what Apply would leave), without writing. Errors: as Apply's reads.
 func (f *Firewalld) InPlace(s Spec) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, err
@@ -908,18 +932,26 @@ func (f *Firewalld) InPlace(s Spec) (bool, error) {
 		return false, err
 	}
 	defer c.close()
-	return f.plan(firewalldDesired(s), zone, policy).empty(), nil
+	if !f.plan(firewalldDesired(s), zone, policy).empty() {
+		return false, nil
+	}
+	return f.capTable().inPlace(s)
 }
 
 // Remove deletes the zone and policy Apply made from the permanent configuration and reloads firewalld so they
-// leave the runtime too; with neither present it makes no write. It refuses (ErrNotOurs) to delete an object
-// of our names that the appliance did not create.
+// leave the runtime too, and deletes the connection cap table; with none of them present it makes no write.
+// It refuses (ErrNotOurs) to delete an object of our names that the appliance did not create.
 func (f *Firewalld) Remove(ctx context.Context) error {
 	c, zone, policy, err := f.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.close()
+	if removed, err := f.capTable().remove(ctx); err != nil {
+		return err
+	} else if removed {
+		f.log().Info("connection cap table removed", "table", f.capTable().table(), "netns", f.NetNSPath)
+	}
 	if zone.permPath == "" && policy.permPath == "" && zone.runtime == nil && policy.runtime == nil {
 		return nil
 	}

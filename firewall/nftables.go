@@ -171,6 +171,9 @@ func (n *NFTables) Remove(ctx context.Context) error {
 func (rs ruleset) objects() (*nftables.Table, *nftables.Chain) {
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: rs.table}
 	policy := nftables.ChainPolicyDrop
+	if rs.accept {
+		policy = nftables.ChainPolicyAccept
+	}
 	ch := &nftables.Chain{
 		Name: chainInput, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policy,
@@ -189,7 +192,7 @@ func (rs ruleset) install(c *nftables.Conn) error {
 	ids := map[string]uint32{}
 	for _, s := range rs.sets {
 		set := s.nftablesSet(t)
-		if err := c.AddSet(set, s.elems); err != nil {
+		if err := c.AddSet(set, s.elems); err != nil { // a dynamic set has none: the rules fill it
 			return fmt.Errorf("set %s: %w", s.name, err)
 		}
 		ids[s.name] = set.ID
@@ -198,10 +201,15 @@ func (rs ruleset) install(c *nftables.Conn) error {
 	for _, r := range rs.rules {
 		exprs := make([]expr.Any, len(r.exprs))
 		for i, e := range r.exprs {
-			if l, ok := e.(*expr.Lookup); ok {
-				l2 := *l
-				l2.SetID = ids[l.SetName]
+			switch x := e.(type) {
+			case *expr.Lookup:
+				l2 := *x
+				l2.SetID = ids[x.SetName]
 				e = &l2
+			case *expr.Dynset:
+				d2 := *x
+				d2.SetID = ids[x.SetName]
+				e = &d2
 			}
 			exprs[i] = e
 		}
@@ -258,8 +266,12 @@ func (rs ruleset) diff(c *nftables.Conn) (string, error) {
 		}
 		live, wantSet := sets[i], ws.nftablesSet(t)
 		if live.KeyType.GetNFTMagic() != wantSet.KeyType.GetNFTMagic() || live.Interval != wantSet.Interval ||
+			live.Dynamic != wantSet.Dynamic || live.Size != wantSet.Size ||
 			live.IsMap || live.Anonymous || live.Constant || live.HasTimeout || live.Concatenation {
-			return fmt.Sprintf("set %s has another type or flags", ws.name), nil
+			return fmt.Sprintf("set %s has another type, size or flags", ws.name), nil
+		}
+		if ws.dynamic {
+			continue // its elements are the kernel's live counts
 		}
 		elems, err := c.GetSetElements(live)
 		if err != nil {
@@ -314,7 +326,7 @@ func sameElements(live, want []nftables.SetElement) bool {
 }
 
 // sameExprs compares expressions as the kernel reports them. Set IDs only exist inside a batch (the kernel
-// reports lookups by name), so they are ignored.
+// reports lookups and dynsets by name), so they are ignored.
 func sameExprs(live, want []expr.Any) bool {
 	if len(live) != len(want) {
 		return false
@@ -324,6 +336,13 @@ func sameExprs(live, want []expr.Any) bool {
 		if la, ok := a.(*expr.Lookup); ok {
 			if lb, ok := b.(*expr.Lookup); ok {
 				x, y := *la, *lb
+				x.SetID, y.SetID = 0, 0
+				a, b = &x, &y
+			}
+		}
+		if da, ok := a.(*expr.Dynset); ok {
+			if db, ok := b.(*expr.Dynset); ok {
+				x, y := *da, *db
 				x.SetID, y.SetID = 0, 0
 				a, b = &x, &y
 			}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -78,6 +80,25 @@ func expectedRuleLines(s Spec) []*regexp.Regexp {
 	return out
 }
 
+// expectedCapLines derives, from the spec's ports and their caps (not the rule text), the per-source cap lines
+// nft must list for spec s: one per family for each capped port (every one is open from the node networks).
+func expectedCapLines(s Spec) []*regexp.Regexp {
+	var out []*regexp.Regexp
+	q := regexp.QuoteMeta
+	for _, p := range s.ports() {
+		if p.ConnsPerSource == 0 {
+			continue
+		}
+		set := "conns_" + strings.ReplaceAll(p.Name, "-", "_")
+		for _, fam := range [][2]string{{"ip", "_v4"}, {"ip6", "_v6"}} {
+			out = append(out, regexp.MustCompile(`^\s*`+fam[0]+` saddr @node_networks`+fam[1]+` `+q(p.Protocol+" dport "+p.PortRange())+
+				` ct state new add @`+set+fam[1]+` \{ `+fam[0]+` saddr ct count over `+strconv.Itoa(p.ConnsPerSource)+
+				` \} reject with tcp reset comment "`+q(p.Name)+`"$`))
+		}
+	}
+	return out
+}
+
 // ruleHandle returns the handle of the first rule of table's input chain whose comment is comment.
 func ruleHandle(t *testing.T, ns *labns.NS, table, comment string) string {
 	t.Helper()
@@ -137,6 +158,21 @@ func TestApplyMatchesPortTable(t *testing.T) {
 			}
 			if len(acceptLines) > len(want) {
 				t.Errorf("%d commented accept rules listed, the port table yields at most %d:\n%s", len(acceptLines), len(want), got)
+			}
+			var capLines []string
+			for _, l := range strings.Split(got, "\n") {
+				if strings.Contains(l, "reject") {
+					capLines = append(capLines, l)
+				}
+			}
+			wantCaps := expectedCapLines(c.spec)
+			for _, re := range wantCaps {
+				if !slices.ContainsFunc(capLines, re.MatchString) {
+					t.Errorf("no rule matches %s", re)
+				}
+			}
+			if len(capLines) != len(wantCaps) {
+				t.Errorf("%d reject rules listed, the port table's connection caps yield %d:\n%s", len(capLines), len(wantCaps), got)
 			}
 			nn4, _ := mergePrefixes(c.spec.NodeNetworks)
 			for _, r := range nn4 {

@@ -137,6 +137,29 @@ const (
 	RefVXLAN           = "RFC 7348 §5 (VXLAN, UDP port 4789)"
 )
 
+// ConnsPerSource is the kernel's cap on the connections one source address holds at once to a port
+// the appliance serves behind pkg/connlimit (the rows appliance-https, boot-http and cluster-mirror):
+// a new connection past it is refused by the firewall with a TCP reset to its SYN (nftables `ct count
+// over 80`, `reject with tcp reset`), before any accept, TLS handshake or goroutine.
+//
+// It is connlimit.DefaultMaxConnsPerSource (64) + 16, so that the user-space cap still acts first:
+// a client past 64 connections gets connlimit's answer (its longest-idle connection closed to make
+// room, or a 429 that names the cap), and the kernel resets only what it opens on top of that. The
+// 16 cover what conntrack counts and connlimit does not — connections completed by the kernel but
+// not yet accepted, connections connlimit has closed (an evicted idle one, a refused one after its
+// 429) until the client's FIN ends them (conntrack stops counting at TIME_WAIT) — and let up to 16
+// connections per source over the cap at once get the 429 rather than a reset. A client that opens
+// far more (docs/measurements.md: wrk's 200 connections from one address, which left the 60 admitted
+// ones a sixteenth of their throughput) now costs at most 16 TLS handshakes at a time instead of up
+// to connlimit.MaxRefusing (64), each answered 429 and reopened at once; the rest is reset by the
+// kernel, a packet each. A normal client (a node: a handful of connections; a BMC streaming virtual
+// media: a few more) never comes near either cap.
+//
+// The count is per port and per address, as connlimit's (each listener counts its own, by remote
+// IP): IPv4 and IPv6 alike, an IPv6 address as a whole /128. firewall cannot import pkg/connlimit
+// (the node agent links firewall and must not link the appliance's store), so a test pins the sum.
+const ConnsPerSource = 80
+
 // Port is one inbound opening of the port table: traffic of Protocol to destination ports From..To
 // (inclusive; both 0 for VRRP) is accepted on hosts with Role when it comes from Source.
 type Port struct {
@@ -147,6 +170,9 @@ type Port struct {
 	Source      Source
 	Description string
 	Reference   string // where the requirement comes from (kubeadm page, RFC)
+	// ConnsPerSource, when not 0, caps the connections one source address holds at once to the port
+	// (TCP only): past it a new connection is reset at its SYN (see the constant ConnsPerSource).
+	ConnsPerSource int
 }
 
 // PortRange renders the range as "22", "2379-2380", or "-" for VRRP.
@@ -188,9 +214,10 @@ func Ports(httpsPort, apiPort uint16) []Port {
 
 	add(all, Port{Name: "ssh", Protocol: ProtoTCP, From: 22, To: 22, Source: SourceAnywhere,
 		Description: "SSH (operator access, SSH power backend)", Reference: RefSSH})
+	// The ports served behind pkg/connlimit are capped per source address in the kernel too.
 	add([]Role{RoleBootstrap}, Port{Name: "appliance-https", Protocol: ProtoTCP, From: httpsPort, To: httpsPort,
 		Source: SourceNodeNetworks, Description: "appliance HTTPS: OCI registry mirror, package repo, Ignition, agent API",
-		Reference: RefAppliance})
+		Reference: RefAppliance, ConnsPerSource: ConnsPerSource})
 	// The cluster's DNS zone (pkg/dnsrecords): the datacenter's resolvers, which sit outside the node
 	// networks, query it. Opened only with Spec.DNS (dns.listenAddress set), when serve answers there,
 	// authoritatively for the zone alone (no recursion: no open resolver).
@@ -217,7 +244,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 	add([]Role{RoleBootstrap}, Port{Name: "boot-tftp", Protocol: ProtoUDP, From: TFTPPort, To: TFTPPort, Source: SourceNodeNetworks,
 		Description: "TFTP of Debian's iPXE binaries (read-only); opened only when boot.dhcp is proxy or server", Reference: RefTFTP})
 	add([]Role{RoleBootstrap}, Port{Name: "boot-http", Protocol: ProtoTCP, From: DefaultBootHTTPPort, To: DefaultBootHTTPPort, Source: SourceNodeNetworks,
-		Description: "plain HTTP of the public boot artefacts (iPXE scripts, kernel, initrd; boot.httpPort); opened only when boot.dhcp is proxy or server", Reference: RefNetboot})
+		Description: "plain HTTP of the public boot artefacts (iPXE scripts, kernel, initrd; boot.httpPort); opened only when boot.dhcp is proxy or server", Reference: RefNetboot,
+		ConnsPerSource: ConnsPerSource})
 	add(bootCP, Port{Name: "vrrp", Protocol: ProtoVRRP, Source: SourceVRRPPeers,
 		Description: "keepalived VRRP advertisements for the API VIP", Reference: RefVRRP})
 	add(bootCP, Port{Name: "kube-apiserver", Protocol: ProtoTCP, From: apiPort, To: apiPort, Source: SourceAnywhere,
@@ -246,7 +274,8 @@ func Ports(httpsPort, apiPort uint16) []Port {
 	add([]Role{RoleControlPlane}, Port{Name: "kube-controller-manager", Protocol: ProtoTCP, From: 10257, To: 10257,
 		Source: SourceNodeNetworks, Description: "kube-controller-manager secure port", Reference: RefKubeadmPorts})
 	add([]Role{RoleControlPlane}, Port{Name: "cluster-mirror", Protocol: ProtoTCP, From: ClusterMirrorPort, To: ClusterMirrorPort,
-		Source: SourceNodeNetworks, Description: "in-cluster registry mirror and package repo after the hand-off (appliance cluster-mirror static pod)", Reference: RefAppliance})
+		Source: SourceNodeNetworks, Description: "in-cluster registry mirror and package repo after the hand-off (appliance cluster-mirror static pod)", Reference: RefAppliance,
+		ConnsPerSource: ConnsPerSource})
 	add(nodes, Port{Name: "kube-proxy-health", Protocol: ProtoTCP, From: 10256, To: 10256, Source: SourceNodeNetworks,
 		Description: "kube-proxy health check (load balancers)", Reference: RefKubeadmPorts})
 	add([]Role{RoleWorker}, Port{Name: "nodeport-tcp", Protocol: ProtoTCP, From: 30000, To: 32767, Source: SourceAnywhere,
@@ -257,14 +286,14 @@ func Ports(httpsPort, apiPort uint16) []Port {
 }
 
 // MarkdownTable renders Ports(httpsPort, apiPort) as a GitHub-flavoured Markdown table, one row per port and
-// role, ordered by role, for docs/reference/ports.md (cmd/docgen), between <!-- BEGIN PORT TABLE --> and
-// <!-- END PORT TABLE -->.
+// role, ordered by role, with each port's per-source connection cap where it has one (Port.ConnsPerSource),
+// for docs/reference/ports.md (cmd/docgen), between <!-- BEGIN PORT TABLE --> and <!-- END PORT TABLE -->.
 // The output is deterministic and ends with a newline.
 func MarkdownTable(httpsPort, apiPort uint16) string {
 	ports := Ports(httpsPort, apiPort)
 	var b strings.Builder
-	b.WriteString("| Role | Name | Protocol | Port(s) | Allowed from | Purpose | Source |\n")
-	b.WriteString("|---|---|---|---|---|---|---|\n")
+	b.WriteString("| Role | Name | Protocol | Port(s) | Allowed from | Connections per source | Purpose | Source |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, r := range Roles() {
 		for _, p := range ports {
 			if p.Role != r {
@@ -278,8 +307,12 @@ func MarkdownTable(httpsPort, apiPort uint16) string {
 			if strings.HasPrefix(ref, "https://") {
 				ref = "[kubeadm ports](" + ref + ")"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
-				r, p.Name, proto, p.PortRange(), p.Source, mdEscape(p.Description), mdEscape(ref))
+			limit := ""
+			if p.ConnsPerSource > 0 {
+				limit = fmt.Sprintf("at most %d", p.ConnsPerSource)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				r, p.Name, proto, p.PortRange(), p.Source, limit, mdEscape(p.Description), mdEscape(ref))
 		}
 	}
 	return b.String()

@@ -45,6 +45,9 @@ func TestPortsTableIsWellFormed(t *testing.T) {
 			if p.From == 0 || p.From > p.To || p.Source == SourceVRRPPeers {
 				t.Errorf("bad tcp/udp entry %+v", p)
 			}
+			if p.ConnsPerSource < 0 || p.ConnsPerSource > 0 && p.Protocol != ProtoTCP {
+				t.Errorf("a connection cap is for TCP ports only: %+v", p)
+			}
 		case ProtoVRRP:
 			if p.From != 0 || p.To != 0 || p.Source != SourceVRRPPeers {
 				t.Errorf("VRRP must be portless and only from VRRP peers: %+v", p)
@@ -108,6 +111,10 @@ func TestPortsRequired(t *testing.T) {
 	var got []k
 	for _, p := range Ports(9443, 7443) {
 		got = append(got, k{p.Role, p.Name, p.Protocol, p.From, p.To, p.Source})
+		// The ports served behind pkg/connlimit, and only they, are capped per source in the kernel.
+		if want := map[string]int{"appliance-https": ConnsPerSource, "boot-http": ConnsPerSource, "cluster-mirror": ConnsPerSource}[p.Name]; p.ConnsPerSource != want {
+			t.Errorf("%s (%s): ConnsPerSource %d, want %d", p.Name, p.Role, p.ConnsPerSource, want)
+		}
 	}
 	for _, w := range want {
 		found := false

@@ -24,6 +24,12 @@ const (
 	setVRRPPeers6    = "vrrp_peers_v6"
 )
 
+// connSetSize bounds each per-source counting set: the source addresses one capped port counts at once,
+// per family. A source past it is not counted (the kernel's dynset add fails and the cap rule does not
+// match), so the cap fails open for it and connlimit alone caps it; the kernel drops an address from the
+// set once its count is back at zero.
+const connSetSize = 65535
+
 // ruleset is the desired content of the table, held twice in step: as nft text (Render) and as netlink
 // objects (Apply, InPlace). Both are built here, from the same loop, so they cannot drift; a test applies
 // each and compares `nft list table` of the two.
@@ -32,20 +38,28 @@ type ruleset struct {
 	roles []Role
 	sets  []nftSet
 	rules []nftRule
+	// accept makes the input chain's policy accept (the connection-cap table beside firewalld's, which
+	// only refuses); the firewall's own table drops.
+	accept bool
 }
 
 type nftSet struct {
 	name     string
 	v6       bool
 	interval bool
-	text     []string // elements as nft prints them
-	elems    []nftables.SetElement
+	// dynamic is a set the rules fill (`flags dynamic`, bounded by size): the per-source connection
+	// counts. Its elements are the kernel's, never compared or installed.
+	dynamic bool
+	size    uint32
+	text    []string // elements as nft prints them
+	elems   []nftables.SetElement
 }
 
 type nftRule struct {
 	text    string // without the comment
 	comment string
-	exprs   []expr.Any // Lookup expressions carry SetName only; SetID is filled in at Apply
+	exprs   []expr.Any // Lookup and Dynset expressions carry SetName only; SetID is filled in at Apply
+	connCap bool       // a per-source connection cap (Port.ConnsPerSource)
 }
 
 func buildRuleset(table string, s Spec) ruleset {
@@ -59,13 +73,12 @@ func buildRuleset(table string, s Spec) ruleset {
 		addrSet(setVRRPPeers6, true, vp6),
 	}
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
-	ctState := func(bits uint32, v expr.VerdictKind) []expr.Any {
+	ctState := func(bits uint32) []expr.Any {
 		return []expr.Any{
 			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: make([]byte, 4)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			&expr.Verdict{Kind: v},
 		}
 	}
 	l4 := func(proto byte) []expr.Any {
@@ -75,8 +88,8 @@ func buildRuleset(table string, s Spec) ruleset {
 		}
 	}
 	rs.rules = []nftRule{
-		{text: "ct state established,related accept", exprs: ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, expr.VerdictAccept)},
-		{text: "ct state invalid drop", exprs: ctState(expr.CtStateBitINVALID, expr.VerdictDrop)},
+		{text: "ct state established,related accept", exprs: append(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)},
+		{text: "ct state invalid drop", exprs: append(ctState(expr.CtStateBitINVALID), &expr.Verdict{Kind: expr.VerdictDrop})},
 		// Loopback is ifindex 1 in every namespace (LOOPBACK_IFINDEX in the kernel); nft resolves "lo" the same way.
 		{text: `iif "lo" accept`, exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyIIF, Register: 1},
@@ -114,16 +127,28 @@ func buildRuleset(table string, s Spec) ruleset {
 		var from []srcMatch
 		switch p.Source {
 		case SourceAnywhere:
-			from = append(from, struct {
-				text  string
-				exprs []expr.Any
-			}{})
+			from = append(from, srcMatch{})
 		case SourceNodeNetworks:
 			from = append(from, saddr(false, setNodeNetworks4), saddr(true, setNodeNetworks6))
 		case SourceVRRPPeers:
 			from = append(from, saddr(false, setVRRPPeers4), saddr(true, setVRRPPeers6))
 		}
+		capped := p.ConnsPerSource > 0 && p.Protocol == ProtoTCP
+		if capped {
+			rs.sets = append(rs.sets, connSet(p, false), connSet(p, true))
+		}
 		for _, f := range from {
+			if capped {
+				// Before the port's accept: a new connection past the cap is reset, the others go on to it.
+				// Established packets never get here (the first rule accepted them).
+				for _, v6 := range []bool{false, true} {
+					if f.text != "" && f.v6 != v6 {
+						continue // the source set already chose the family
+					}
+					exprs := append(append(append([]expr.Any{}, f.exprs...), m...), ctState(expr.CtStateBitNEW)...)
+					rs.rules = append(rs.rules, connCapRule(f, v6, match, exprs, p))
+				}
+			}
 			exprs := append(append(append([]expr.Any{}, f.exprs...), m...), accept)
 			rs.rules = append(rs.rules, nftRule{text: f.text + match + " accept", comment: p.Name, exprs: exprs})
 		}
@@ -131,10 +156,51 @@ func buildRuleset(table string, s Spec) ruleset {
 	return rs
 }
 
+// connSet is the dynamic set counting p's connections by source address of one family.
+func connSet(p Port, v6 bool) nftSet {
+	fam := "v4"
+	if v6 {
+		fam = "v6"
+	}
+	return nftSet{name: "conns_" + strings.ReplaceAll(p.Name, "-", "_") + "_" + fam, v6: v6, dynamic: true, size: connSetSize}
+}
+
+// connCapRule is `[SRC] MATCH ct state new add @conns_NAME_vN { ip saddr ct count over N } reject with tcp
+// reset`: exprs holds the source, port and ct state expressions, match the port's text. The dynset adds the
+// connection to its
+// source's count (conntrack's, nf_conncount: a connection counts until it is closed) and the connlimit
+// expression matches when the count is over the cap; the reject answers the SYN with a reset. Without a
+// source set (SourceAnywhere) the family is checked first, as nft does for `ip saddr`.
+func connCapRule(f srcMatch, v6 bool, match string, exprs []expr.Any, p Port) nftRule {
+	set := connSet(p, v6)
+	fam, off, n, kw := byte(unix.NFPROTO_IPV4), uint32(12), uint32(4), "ip"
+	if v6 {
+		fam, off, n, kw = unix.NFPROTO_IPV6, 8, 16, "ip6"
+	}
+	if f.text == "" {
+		exprs = append(exprs,
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{fam}})
+	}
+	exprs = append(exprs,
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+		&expr.Dynset{SrcRegKey: 1, SetName: set.name, Operation: unix.NFT_DYNSET_OP_ADD,
+			Exprs: []expr.Any{&expr.Connlimit{Count: uint32(p.ConnsPerSource), Flags: expr.NFT_CONNLIMIT_F_INV}}},
+		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+	return nftRule{
+		text: fmt.Sprintf("%s%s ct state new add @%s { %s saddr ct count over %d } reject with tcp reset",
+			f.text, match, set.name, kw, p.ConnsPerSource),
+		comment: p.Name,
+		exprs:   exprs,
+		connCap: true,
+	}
+}
+
 // srcMatch is the source-address part of a rule: empty for SourceAnywhere.
 type srcMatch struct {
 	text  string
 	exprs []expr.Any
+	v6    bool
 }
 
 // saddr matches the source address against a named set of one family (inet tables see both families, so
@@ -145,6 +211,7 @@ func saddr(v6 bool, set string) srcMatch {
 		fam, off, n, kw = unix.NFPROTO_IPV6, 8, 16, "ip6"
 	}
 	return srcMatch{
+		v6:   v6,
 		text: kw + " saddr @" + set + " ",
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
@@ -195,7 +262,8 @@ func (s nftSet) nftablesSet(t *nftables.Table) *nftables.Set {
 	if s.v6 {
 		kt = nftables.TypeIP6Addr
 	}
-	return &nftables.Set{Table: t, Name: s.name, KeyType: kt, Interval: s.interval, KeyByteOrder: binaryutil.BigEndian}
+	return &nftables.Set{Table: t, Name: s.name, KeyType: kt, Interval: s.interval, Dynamic: s.dynamic, Size: s.size,
+		KeyByteOrder: binaryutil.BigEndian}
 }
 
 // userData encodes a rule comment as nft does (libnftnl TLV NFTNL_UDATA_RULE_COMMENT, NUL-terminated).
@@ -220,7 +288,11 @@ func (rs ruleset) render(invalid error) string {
 	for i, r := range rs.roles {
 		roles[i] = string(r)
 	}
-	fmt.Fprintf(&b, "# Firewall of an appliance host with roles: %s.\n", strings.Join(roles, ", "))
+	if rs.accept {
+		fmt.Fprintf(&b, "# Per-source connection caps of an appliance host with roles: %s, beside firewalld's filtering.\n", strings.Join(roles, ", "))
+	} else {
+		fmt.Fprintf(&b, "# Firewall of an appliance host with roles: %s.\n", strings.Join(roles, ", "))
+	}
 	b.WriteString("# Generated by github.com/airgap-appliance/appliance/firewall; the appliance rebuilds this table\n")
 	b.WriteString("# atomically, so manual changes inside it are lost. Other tables are never touched.\n")
 	if invalid != nil {
@@ -236,15 +308,25 @@ func (rs ruleset) render(invalid error) string {
 			typ = "ipv6_addr"
 		}
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.name, typ)
-		if s.interval {
+		if s.size > 0 {
+			fmt.Fprintf(&b, "\t\tsize %d\n", s.size)
+		}
+		switch {
+		case s.interval:
 			b.WriteString("\t\tflags interval\n")
+		case s.dynamic:
+			b.WriteString("\t\tflags dynamic\n")
 		}
 		if len(s.text) > 0 {
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(s.text, ", "))
 		}
 		b.WriteString("\t}\n\n")
 	}
-	fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook input priority filter; policy drop;\n", chainInput)
+	policy := "drop"
+	if rs.accept {
+		policy = "accept"
+	}
+	fmt.Fprintf(&b, "\tchain %s {\n\t\ttype filter hook input priority filter; policy %s;\n", chainInput, policy)
 	for _, r := range rs.rules {
 		b.WriteString("\t\t" + r.text)
 		if r.comment != "" {

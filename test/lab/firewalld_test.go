@@ -463,10 +463,12 @@ func (c *fwdContainer) must(argv ...string) string {
 // TestFirewalldBackend proves the firewalld backend on a real firewalld (Debian 12, 1.3.3) under systemd in a
 // node container: our nftables table cannot open a port firewalld rejects; the firewalld backend opens exactly
 // the port table (the same expectation TestNFTablesOpenSet checks for the nftables backend), VRRP only from the
-// peer, survives firewall-cmd --reload and a firewalld restart, a second Apply writes nothing, Remove leaves
-// nothing; a zone of the same name made by someone else, a node network bound to another zone, a stopped or
-// hung firewalld and a missing bus are clear errors with nothing half applied. The bootstrap-host variant runs
-// the chooser itself inside the container (the system bus path production takes).
+// peer, resets a source's connections past the per-source cap from its table beside firewalld's (table inet
+// appliance-conncap), survives firewall-cmd --reload and a firewalld restart (the cap table too: InPlace), a
+// second Apply writes nothing, Remove leaves nothing; a zone of the same name made by someone else, a node
+// network bound to another zone, a stopped or hung firewalld and a missing bus are clear errors with nothing
+// half applied. The bootstrap-host variant runs the chooser itself inside the container (the system bus path
+// production takes).
 func TestFirewalldBackend(t *testing.T) {
 	labns.RequireRoot(t)
 	for _, tool := range []string{"ip", "systemd-nspawn", "debootstrap", "nsenter", "mount"} {
@@ -496,7 +498,9 @@ func TestFirewalldBackend(t *testing.T) {
 		}
 	})
 
-	fw := &firewall.Firewalld{BusAddress: c.bus}
+	// NetNSPath: the connection cap table goes where firewalld runs, the node's namespace (never this
+	// process's, the root namespace).
+	fw := &firewall.Firewalld{BusAddress: c.bus, NetNSPath: n.node.Path()}
 	t.Run("apply, then a second apply writes nothing", func(t *testing.T) {
 		start := time.Now()
 		changed, err := fw.Apply(ctx, spec)
@@ -529,6 +533,22 @@ func TestFirewalldBackend(t *testing.T) {
 		if fwdCheckTable(t, n, spec, "firewalld") == 0 {
 			t.Error("nothing open: the closed checks prove nothing")
 		}
+	})
+
+	t.Run("per-source connection cap beside firewalld", func(t *testing.T) {
+		// The node roles serve cluster-mirror (5443), capped: firewalld opens it from the node networks, the
+		// backend's own table inet appliance-conncap resets a source's connections past the cap.
+		if out := n.node.MustRun("nft", "list", "table", "inet", firewall.DefaultConnCapTable); !strings.Contains(out, fmt.Sprintf("ct count over %d", firewall.ConnsPerSource)) {
+			t.Fatalf("table inet %s lacks the cap:\n%s", firewall.DefaultConnCapTable, out)
+		}
+		srv := labns.StartHolder(t, n.node, fmt.Sprintf(":%d", firewall.ClusterMirrorPort))
+		dst := net.JoinHostPort(fwdNodeIP, strconv.Itoa(int(firewall.ClusterMirrorPort)))
+		for i, d := range labns.DialN(t, n.peer, fwdPeerIP, dst, firewall.ConnsPerSource+2) {
+			if under := i < firewall.ConnsPerSource; under && d.Err != nil || !under && !d.Refused() {
+				t.Errorf("%s -> %s: connection %d (cap %d): %v", fwdPeerIP, dst, i+1, firewall.ConnsPerSource, d.Err)
+			}
+		}
+		srv.WaitAccepted(t, firewall.ConnsPerSource)
 	})
 
 	t.Run("VRRP only from the peer", func(t *testing.T) {
@@ -640,7 +660,7 @@ func TestFirewalldBackend(t *testing.T) {
 	t.Run("firewalld not answering", func(t *testing.T) {
 		// Hung: the process is stopped, the bus still routes to it.
 		c.must("systemctl", "kill", "--signal=SIGSTOP", "firewalld")
-		hung := &firewall.Firewalld{BusAddress: c.bus, CallTimeout: 2 * time.Second}
+		hung := &firewall.Firewalld{BusAddress: c.bus, NetNSPath: n.node.Path(), CallTimeout: 2 * time.Second}
 		_, err := hung.Apply(ctx, spec)
 		c.must("systemctl", "kill", "--signal=SIGCONT", "firewalld")
 		if !errors.Is(err, firewall.ErrFirewalldUnavailable) || !strings.Contains(err.Error(), "no answer") {
@@ -649,7 +669,7 @@ func TestFirewalldBackend(t *testing.T) {
 		// Stopped: the chooser picks nftables; forced to firewalld, Apply says firewalld does not run.
 		c.must("systemctl", "stop", "firewalld")
 		c.waitFirewalld(false)
-		forced, _, err := firewall.Choose(ctx, firewall.ChooseOptions{BusAddress: c.bus, Backend: firewall.BackendFirewalld})
+		forced, _, err := firewall.Choose(ctx, firewall.ChooseOptions{BusAddress: c.bus, NetNSPath: n.node.Path(), Backend: firewall.BackendFirewalld})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -661,7 +681,7 @@ func TestFirewalldBackend(t *testing.T) {
 		}
 		// No bus at all.
 		nobus := "unix:path=" + filepath.Join(t.TempDir(), "no_bus_socket")
-		if _, err := (&firewall.Firewalld{BusAddress: nobus}).Apply(ctx, spec); !errors.Is(err, firewall.ErrFirewalldUnavailable) {
+		if _, err := (&firewall.Firewalld{BusAddress: nobus, NetNSPath: n.node.Path()}).Apply(ctx, spec); !errors.Is(err, firewall.ErrFirewalldUnavailable) {
 			t.Errorf("Apply without a bus = %v; want ErrFirewalldUnavailable", err)
 		}
 		if b, why, err := firewall.Choose(ctx, firewall.ChooseOptions{BusAddress: nobus}); err != nil || b.Name() != firewall.BackendNFTables {
@@ -760,7 +780,8 @@ func fwdStillThere(t *testing.T, n fwdNet, fw *firewall.Firewalld, spec firewall
 	fwdCheckTable(t, n, spec, "firewalld "+when)
 }
 
-// fwdGone: neither the zone nor the policy exists, permanent or runtime, and firewalld's nft table has no trace.
+// fwdGone: neither the zone nor the policy exists, permanent or runtime, and no nft table has a trace (the
+// connection cap table is gone too).
 func fwdGone(t *testing.T, c *fwdContainer) {
 	t.Helper()
 	for _, argv := range [][]string{
