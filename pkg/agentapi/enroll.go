@@ -2,7 +2,9 @@ package agentapi
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -151,6 +153,14 @@ func (r EnrollRequest) Check() (ed25519.PublicKey, []string, error) {
 		return nil, nil, bad("signature: does not verify with publicKey over the enrolment message (proof of possession failed)")
 	}
 	return pub, macs, nil
+}
+
+// KeyFingerprint is how an enrolment key is shown to people, on the machine's console and on the
+// appliance (EnrollResponse.KeyFingerprint, EnrollPending, `appliance status`, `appliance node
+// approve`): "sha256:" and the hex SHA-256 of the Ed25519 public key's 32 bytes.
+func KeyFingerprint(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // IsUUID reports whether s is a UUID in its string form, 8-4-4-4-12 hex digits (RFC 9562 §4), any

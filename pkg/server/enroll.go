@@ -630,11 +630,8 @@ func HTTPStatus(err error) int {
 	return http.StatusInternalServerError
 }
 
-// keyFingerprint is "sha256:<hex>" of an Ed25519 public key's bytes.
-func keyFingerprint(pub ed25519.PublicKey) string {
-	sum := sha256.Sum256(pub)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
+// keyFingerprint is agentapi.KeyFingerprint: "sha256:<hex>" of an Ed25519 public key's bytes.
+func keyFingerprint(pub ed25519.PublicKey) string { return agentapi.KeyFingerprint(pub) }
 
 // powerOn returns the time of node's last "powering" event (the power phase's Set before it powers a
 // BMC node on; zero when there is none) and whether the node reported (an event with a step) after it.
