@@ -548,7 +548,7 @@ func (e *Enrollment) raiseConflict(n EnrollNode, rec EnrollRecord, fp, remote st
 	case rec.Pending:
 		state = "waiting for the operator's approval (no token issued)"
 		ifGenuine = fmt.Sprintf("run `appliance node approve %s --fingerprint %s` (%s gets its token and this alarm is settled)", n.Name, rec.KeyFingerprint, n.Name)
-		ifNot = fmt.Sprintf("do not approve it: the machine at %s waits for node %s's token; %s (a new power-on, a new enrolment), and find that machine", from, n.Name, n.reenrol())
+		ifNot = fmt.Sprintf("do not approve it: the machine at %s waits for node %s's token; to enrol %s anew, %s; and find that machine", from, n.Name, n.Name, n.reenrol())
 	default:
 		state = "holding the token that enrolment issued"
 		if reported {
