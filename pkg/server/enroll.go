@@ -555,7 +555,7 @@ func (e *Enrollment) raiseConflict(n EnrollNode, rec EnrollRecord, fp, remote st
 			state += ", and the node's hostagent has reported since"
 		}
 		ifGenuine = fmt.Sprintf("run `appliance node approve %s --fingerprint %s` to confirm it (this alarm is settled)", n.Name, rec.KeyFingerprint)
-		ifNot = fmt.Sprintf("the machine at %s holds node %s's token: run `appliance node revoke %s --yes` now, then %s", from, n.Name, n.Name, n.reenrol())
+		ifNot = fmt.Sprintf("the machine at %s holds node %s's token: run `appliance node revoke %s --yes` now, then %s (a machine that rebooted during its install and enrolled again with a new key looks the same, and needs the same new enrolment)", from, n.Name, n.Name, n.reenrol())
 	}
 	detail := fmt.Sprintf("a second machine claims node %s: an enrolment with key %s from %s at %s was refused, because the node's enrolment for its power-on at %s is bound to key %s from %s (at %s), %s. "+
 		"Compare the key on %s's console (`hostagent enroll` prints the key it enrols with) with %s. If it is that key, the node is genuine: %s, and find the machine at %s. If it is not, %s.",
