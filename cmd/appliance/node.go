@@ -22,9 +22,9 @@ import (
 func newNodeCommand(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Day-2 node operations: remove, reinstall, revoke",
+		Short: "Day-2 node operations: remove, reinstall, revoke, approve",
 	}
-	cmd.AddCommand(newNodeRemoveCommand(g), newNodeReinstallCommand(), newNodeRevokeCommand())
+	cmd.AddCommand(newNodeRemoveCommand(g), newNodeReinstallCommand(), newNodeRevokeCommand(), newNodeApproveCommand())
 	return cmd
 }
 

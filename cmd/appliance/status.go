@@ -17,6 +17,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/config"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
+	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
@@ -36,22 +37,39 @@ type statusRow struct {
 	AgentVersion string `json:"agentVersion,omitempty"`
 	AgentSHA256  string `json:"agentSHA256,omitempty"`
 	// History is the node's day-2 history, oldest first (pkg/nodestate: added, ready, rebooted,
-	// upgraded, removed, token-rotated, token-revoked), with --history or when nodes are named;
-	// never null then.
+	// upgraded, removed, token-rotated, token-revoked, enrol-conflict, enrol-approved), with
+	// --history or when nodes are named; never null then.
 	History []nodestate.LifecycleEntry `json:"history,omitempty"`
+	// Alarm is the node's enrolment alarm (a second machine claimed it in one power-on:
+	// nodestate.ActiveEnrolConflict) until the operator settles it; its Detail says what to do.
+	Alarm *nodestate.LifecycleEntry `json:"alarm,omitempty"`
+	// PendingEnrolment is the node's enrolment that waits for the operator's approval
+	// (boot.enrolment.approval: operator) while its enrolment window is open.
+	PendingEnrolment *pendingEnrolment `json:"pendingEnrolment,omitempty"`
+}
+
+// pendingEnrolment is what the operator compares with the machine's console before `appliance node
+// approve`.
+type pendingEnrolment struct {
+	KeyFingerprint string    `json:"keyFingerprint"`
+	Source         string    `json:"source"`
+	Since          time.Time `json:"since"`
+	WindowCloses   time.Time `json:"windowCloses"`
 }
 
 // newStatusCommand is `appliance status --config FILE [--history] [NODE...]`: every configured node's
 // state from STATE/nodes (pkg/nodestate), read from disk, so it works whether or not the server
-// runs. Nodes without a record are pending. With --history, or for the nodes named (which may
-// include nodes removed from the configuration that still have a record), each node's day-2 history
-// follows the table, one line an entry: "2026-11-24 22:41:07  added (bootstrap run with …)".
+// runs. Nodes without a record are pending. After the table, an ALARM line per node whose enrolment
+// was claimed by a second machine (until the operator settles it) and a PENDING line per enrolment
+// that waits for the operator's approval, each saying what to run. With --history, or for the nodes
+// named (which may include nodes removed from the configuration that still have a record), each
+// node's day-2 history follows, one line an entry: "2026-11-24 22:41:07  added (bootstrap run with …)".
 func newStatusCommand(g *globalFlags) *cobra.Command {
 	var configPath, stateDir string
 	var withHistory bool
 	cmd := &cobra.Command{
 		Use:   "status [NODE...]",
-		Short: "Show every node's state: NODE ROLES STATE FIREWALL UPDATED REASON (JSON array with --output json); --history or NODE adds each node's day-2 history",
+		Short: "Show every node's state: NODE ROLES STATE FIREWALL UPDATED REASON (JSON array with --output json), then enrolment alarms and enrolments waiting for approval; --history or NODE adds each node's day-2 history",
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, _, err := config.Load(configPath, config.ValidateOptions{})
@@ -116,10 +134,18 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 					Reason: st.Reason, BootID: st.BootID, Steps: st.Steps,
 					Firewall:     firewall.BackendOfDetail(st.Steps[agentapi.StepFirewall].Detail),
 					AgentVersion: st.AgentVersion, AgentSHA256: st.AgentSHA256}
+				hist, err := store.History(n.name)
+				if err != nil {
+					return err
+				}
+				if a, ok := nodestate.ActiveEnrolConflict(hist); ok {
+					row.Alarm = &a
+				}
+				if row.PendingEnrolment, err = enrolmentPending(statedir.Enrolment(dir), n.name, time.Now()); err != nil {
+					return err
+				}
 				if withHistory {
-					if row.History, err = store.History(n.name); err != nil {
-						return err
-					}
+					row.History = hist
 					if row.History == nil {
 						row.History = []nodestate.LifecycleEntry{}
 					}
@@ -159,6 +185,15 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			for _, r := range rows {
+				if r.Alarm != nil {
+					fmt.Fprintf(out, "\nALARM %s (%s): %s\n", r.Node, r.Alarm.Time.Local().Format(time.DateTime), oneLine(r.Alarm.Detail))
+				}
+				if p := r.PendingEnrolment; p != nil {
+					fmt.Fprintf(out, "\nPENDING %s: enrolment with key %s from %s since %s waits for approval until %s: compare the key and address with %s's console, then run `appliance node approve %s --config %s --fingerprint %s`\n",
+						r.Node, p.KeyFingerprint, p.Source, p.Since.Local().Format(time.DateTime), p.WindowCloses.Local().Format(time.DateTime), r.Node, r.Node, configPath, p.KeyFingerprint)
+				}
+			}
 			if cfg.Boot.Enabled() && len(args) == 0 {
 				// On stderr, for people: stdout stays the table.
 				fmt.Fprintf(cmd.ErrOrStderr(), "network boot (served by appliance serve): %s\n", cfg.BootSummary())
@@ -178,10 +213,28 @@ func newStatusCommand(g *globalFlags) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&withHistory, "history", false, "after the table, print each node's day-2 history (added, ready, rebooted, upgraded, removed, token-rotated, token-revoked) and include it in JSON")
+	cmd.Flags().BoolVar(&withHistory, "history", false, "after the table, print each node's day-2 history (added, ready, rebooted, upgraded, removed, token-rotated, token-revoked, enrol-conflict, enrol-approved) and include it in JSON")
 	cmd.Flags().StringVarP(&configPath, "config", "c", "bootstrap.yaml", "BootstrapConfiguration file (for the node list and stateDir)")
 	cmd.Flags().StringVarP(&stateDir, "state-dir", "s", "", "state directory (default: the configuration's stateDir)")
 	return cmd
+}
+
+// enrolmentPending returns node's enrolment binding in recordDir (STATE/enrolment) when it waits for
+// the operator's approval within its window at now; nil otherwise.
+func enrolmentPending(recordDir, node string, now time.Time) (*pendingEnrolment, error) {
+	rec, found, err := server.ReadEnrollRecord(recordDir, node)
+	if err != nil || !found || !rec.Pending {
+		return nil, err
+	}
+	ap, approved, err := server.ReadEnrollApproval(recordDir, node)
+	if err != nil {
+		return nil, err
+	}
+	closes := rec.PoweredOn.Add(agentapi.EnrollWindow)
+	if approved && ap.KeyFingerprint == rec.KeyFingerprint && ap.PoweredOn.Equal(rec.PoweredOn) || now.After(closes) {
+		return nil, nil
+	}
+	return &pendingEnrolment{KeyFingerprint: rec.KeyFingerprint, Source: rec.Source, Since: rec.Enrolled, WindowCloses: closes}, nil
 }
 
 // recorded reports whether the store holds a status or a history for node (a node removed from the

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,7 +23,7 @@ const enrollKeyPath = "/run/hostagent/enroll.key"
 func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 	var (
 		url, pin, root, keyPath, configOut, caOut, ignitionOut, ignitionVersion, installArgsOut string
-		retryFor                                                                                time.Duration
+		retryFor, pendingFor                                                                    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "enroll",
@@ -34,7 +35,11 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 			"of its inventory with that MAC (and nodes[].systemUUID, when set) that it powered on within the last\n" +
 			"30 minutes, once per power-on. The answer, the node's hostagent configuration with its token, is\n" +
 			"written to --config (mode 0600). With --ignition-out it also fetches the node's Ignition config with\n" +
-			"the token in the Authorization header and writes it there (0600), for `ignition -platform file`.",
+			"the token in the Authorization header and writes it there (0600), for `ignition -platform file`.\n\n" +
+			"It prints the key's fingerprint first: the operator compares it with what the appliance shows. Where\n" +
+			"the appliance's operator approves enrolments (boot.enrolment.approval: operator), the appliance answers\n" +
+			"\"pending\" until `appliance node approve NODE` on the appliance: enroll keeps asking, backing off (at\n" +
+			"most 30 s apart), for up to --pending-for.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			start := time.Now()
@@ -52,8 +57,10 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 				return err
 			}
 			log.Debug("enrolment key", "path", keyPath, "created", created)
+			// On the machine's console: what the operator compares with the appliance's record.
+			fmt.Fprintf(cmd.ErrOrStderr(), "enrolling with key %s\n", agentapi.KeyFingerprint(key.Public().(ed25519.PublicKey)))
 			res, err := hostagent.Enroll(ctx, hostagent.EnrollOptions{
-				ApplianceURL: url, CAPin: pin, CAPEM: ca, Key: key, RetryFor: retryFor, Log: log,
+				ApplianceURL: url, CAPin: pin, CAPEM: ca, Key: key, RetryFor: retryFor, PendingFor: pendingFor, Log: log,
 			})
 			if err != nil {
 				return err
@@ -76,8 +83,12 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 					return fmt.Errorf("write %s: %w", ignitionOut, err)
 				}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "enrolled as node %s (key %s) in %.2fs, %d request(s); wrote %s\n",
-				res.Config.Node, res.Response.KeyFingerprint, time.Since(start).Seconds(), res.Attempts, configOut)
+			approved := ""
+			if res.Pending > 0 {
+				approved = fmt.Sprintf(" (approved by the operator after %.0fs)", res.Pending.Seconds())
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "enrolled as node %s (key %s) in %.2fs%s, %d request(s); wrote %s\n",
+				res.Config.Node, res.Response.KeyFingerprint, time.Since(start).Seconds(), approved, res.Attempts, configOut)
 			return nil
 		},
 	}
@@ -92,6 +103,7 @@ func newEnrollCommand(logger func(io.Writer) *slog.Logger) *cobra.Command {
 	f.StringVar(&installArgsOut, "install-args-out", "", "also write the node's install parameters from the answer here (root-device hints, static addresses: kernel-argument words, one line, 0644)")
 	f.StringVar(&ignitionVersion, "ignition-version", "3.3.0", "Ignition spec version to ask for (the node's ignition must parse it)")
 	f.DurationVar(&retryFor, "retry-for", 5*time.Minute, "how long to retry network errors and 5xx answers")
+	f.DurationVar(&pendingFor, "pending-for", agentapi.EnrollWindow, "how long to wait for the operator's approval when the appliance answers that the enrolment is pending")
 	_ = cmd.MarkFlagRequired("url")
 	_ = cmd.MarkFlagRequired("pin")
 	return cmd

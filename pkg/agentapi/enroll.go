@@ -2,7 +2,9 @@ package agentapi
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -25,9 +27,14 @@ import (
 // the appliance's power phase powered on within EnrollWindow and that has not reported since, whose
 // nodes[].mac is among the request's MACs and whose nodes[].systemUUID (when configured) equals the
 // request's. The first valid request binds the node to its public key for that power-on; a retry
-// with the same key (a new nonce and timestamp) gets the same answer, another key is refused.
+// with the same key (a new nonce and timestamp) gets the same answer, another key is refused (409,
+// and an alarm on the appliance: a second machine claims the node). Where the appliance's DHCP
+// server leased the node its address (boot.enrolment.sourceAddress: lease), the request must come
+// from that address. Where the operator approves enrolments (boot.enrolment.approval: operator),
+// the binding's answer is 202 and an EnrollPending, with no token, until the operator has approved
+// the key; the machine asks again (same key, new nonce and timestamp) until it gets 200 or a 4xx.
 const (
-	// EnrollPathV1: POST EnrollRequest → 200 EnrollResponse.
+	// EnrollPathV1: POST EnrollRequest → 200 EnrollResponse, or 202 EnrollPending (ask again).
 	EnrollPathV1 = "/agent/v1/enroll"
 	// EnrollSignatureContext is the first line of the signed message (EnrollRequest.SignedMessage):
 	// a signature made for anything else never verifies as an enrolment.
@@ -148,6 +155,14 @@ func (r EnrollRequest) Check() (ed25519.PublicKey, []string, error) {
 	return pub, macs, nil
 }
 
+// KeyFingerprint is how an enrolment key is shown to people, on the machine's console and on the
+// appliance (EnrollResponse.KeyFingerprint, EnrollPending, `appliance status`, `appliance node
+// approve`): "sha256:" and the hex SHA-256 of the Ed25519 public key's 32 bytes.
+func KeyFingerprint(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
 // IsUUID reports whether s is a UUID in its string form, 8-4-4-4-12 hex digits (RFC 9562 §4), any
 // case (github.com/google/uuid parses it; its other accepted forms, urn:uuid: and braces, are not).
 func IsUUID(s string) bool {
@@ -172,4 +187,25 @@ type EnrollResponse struct {
 	// has none of them. A network boot's iPXE script carries the same words; a virtual-media boot, whose
 	// ISO is the same for every node, gets them only here (over the pinned TLS of the answer).
 	InstallArgs []string `json:"installArgs,omitempty"`
+}
+
+// EnrollPendingRetry is the Retry-After of a 202 EnrollPending answer: how soon the appliance
+// suggests the machine asks again (it backs off from there, and never waits much longer, so an
+// approval takes effect within seconds).
+const EnrollPendingRetry = 5 * time.Second
+
+// EnrollPending is the appliance's answer (202 Accepted, Retry-After EnrollPendingRetry) to a valid
+// enrolment that waits for the operator's approval: the node is bound to the request's key for this
+// power-on, but no token is handed out until the operator, having compared KeyFingerprint and Source
+// with what the machine's console shows, runs `appliance node approve NODE`. It holds no secret.
+type EnrollPending struct {
+	// Node is the node the request was matched to.
+	Node string `json:"node"`
+	// KeyFingerprint is "sha256:<hex>" of the request's public key, as the operator sees it on the
+	// appliance (`appliance status`, `appliance node approve`).
+	KeyFingerprint string `json:"keyFingerprint"`
+	// Source is the address the appliance saw the request come from.
+	Source string `json:"source"`
+	// Message says, for the machine's console, what the operator runs.
+	Message string `json:"message"`
 }

@@ -99,8 +99,10 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	agent.UseTokens(tokens)
 	ignitionStore := server.NewIgnitionStore(statedir.Rendered(stateDir), nil)
 	ignitionStore.UseTokens(tokens)
-	enrollment := server.NewEnrollment(statedir.Rendered(stateDir), filepath.Join(stateDir, "enrolment"), enrollNodes(cfg), store, log.With("component", "enroll"))
+	enrollment := server.NewEnrollment(statedir.Rendered(stateDir), statedir.Enrolment(stateDir), enrollNodes(cfg), store, log.With("component", "enroll"))
 	enrollment.PKIDir = pkiDir
+	// boot.enrolment.approval: operator keeps every enrolment pending until `appliance node approve`.
+	enrollment.RequireApproval = cfg.Boot.Enrolment.Approval == config.EnrolApprovalOperator
 	kubeadm := kubeadmGate(store)
 	upgrade := agentUpgradeGate(stateDir, o.HostagentBinary != "")
 	agent.Gate = func(node string, nc *agentapi.NodeConfig) {
@@ -152,6 +154,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	if nb != nil {
 		defer func() { _ = nb.Close() }()
+		// The nodes the DHCP server leases (boot.enrolment.sourceAddress: lease) enrol from their
+		// lease; set before the front serves, so no enrolment is answered without it.
+		enrollment.SetLeases(nb.Lease)
 	}
 	// Installed machines' notices come over the HTTPS agent API with their node token: network-booted
 	// ones are marked (their next network boots boot the disk), virtual-media ones' BMCs take the CD
@@ -280,7 +285,7 @@ func enrollNodes(cfg *config.BootstrapConfiguration) []server.EnrollNode {
 	for _, n := range cfg.Nodes {
 		out = append(out, server.EnrollNode{Name: n.Name, MAC: n.MAC, SystemUUID: n.SystemUUID,
 			BMC: n.Power.Kind == config.PowerIPMI || n.Power.Kind == config.PowerRedfish, InstallArgs: enrollInstallArgs(cfg, n),
-			Reenrol: reenrol(n)})
+			Reenrol: reenrol(n), FromLease: cfg.EnrolFromLease(n)})
 	}
 	return out
 }

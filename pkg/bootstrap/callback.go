@@ -23,7 +23,7 @@ type callback struct {
 	poweredOn time.Time // the power phase's last "powering" record; zero: never powered by it
 	reported  bool      // a hostagent report after poweredOn
 	// The last contact of each kind after poweredOn (zero time: none).
-	netboot, refused, enrolled, installed nodestate.Event
+	netboot, refused, pending, enrolled, installed nodestate.Event
 }
 
 // readCallback reads node's callback record from its events.
@@ -44,6 +44,8 @@ func readCallback(store *nodestate.Store, node string) (callback, error) {
 			c.netboot = ev
 		case ev.Contact == nodestate.ContactEnrolRefused:
 			c.refused = ev
+		case ev.Contact == nodestate.ContactEnrolPending:
+			c.pending = ev
 		case ev.Contact == nodestate.ContactEnrolled:
 			c.enrolled = ev
 		case ev.Contact == nodestate.ContactInstalled:
@@ -55,8 +57,9 @@ func readCallback(store *nodestate.Store, node string) (callback, error) {
 
 // callbackOverdue returns why node n, which the power phase powered on through its BMC and whose
 // record s is still booting, has stopped calling back, or "" while it is within window of its last
-// step of progress (power-on, enrolment, install notice; a network-boot answer only tells how far it
-// got) or is not such a node. The reason names the last contact and what to check on the machine,
+// step of progress (power-on, enrolment, a pending enrolment's request while it waits for the
+// operator's approval, install notice; a network-boot answer only tells how far it got) or is not
+// such a node. The reason names the last contact and what to check on the machine,
 // then how to start over (a rerun leaves a machine that is on alone). recheck is when the answer can
 // next change without the record's state changing: the deadline (progress only moves it later), so
 // the converge loop reads the node's events once per deadline, not at every poll; zero when the
@@ -70,7 +73,7 @@ func callbackOverdue(store *nodestate.Store, n config.Node, s agentapi.NodeStatu
 		return "", now.Add(window), err
 	}
 	last := c.poweredOn
-	for _, ev := range []nodestate.Event{c.enrolled, c.installed} {
+	for _, ev := range []nodestate.Event{c.pending, c.enrolled, c.installed} {
 		if ev.Time.After(last) {
 			last = ev.Time
 		}
@@ -93,6 +96,9 @@ func overdueReason(n config.Node, c callback, window time.Duration) string {
 	case !c.enrolled.Time.IsZero():
 		return fmt.Sprintf("%s, enrolled at %s, but neither its install notice nor a report came: check on its console the install to disk (nodes[].rootDevice hints, the disks it saw) and its network to the appliance; %s",
 			head, at(c.enrolled.Time), restart)
+	case !c.pending.Time.IsZero() && !c.refused.Time.After(c.pending.Time):
+		return fmt.Sprintf("%s; its enrolment waited for the operator's approval (%s), last asked at %s, and stopped asking unapproved: compare the key on its console with `appliance status` and approve it (`appliance node approve %s`) while it asks; %s",
+			head, c.pending.Detail, at(c.pending.Time), n.Name, restart)
 	case !c.refused.Time.IsZero():
 		return fmt.Sprintf("%s; its last enrolment was refused at %s: %s; fix that, %s",
 			head, at(c.refused.Time), c.refused.Detail, restart)

@@ -92,6 +92,10 @@ type Boot struct {
 	// plain HTTP, so it carries public data only: an argument whose key reads like a secret (token,
 	// passw, secret, private, credential) is refused.
 	KernelArgs []string `yaml:"kernelArgs,omitempty"`
+	// Enrolment binds the enrolment of the machines booted through their BMC (network boot or
+	// virtual media) to the address the appliance leased them and, optionally, to the operator's
+	// approval: enrolment.go.
+	Enrolment Enrolment `yaml:"enrolment,omitempty"`
 }
 
 // Enabled reports whether the appliance serves network boot (boot.dhcp proxy or server).
@@ -220,6 +224,7 @@ func setBootDefaults(c *BootstrapConfiguration) {
 	if b.NodeISO == "" && c.Bundle.Path != "" {
 		b.NodeISO = filepath.Join(c.Bundle.Path, DefaultBootNodeISO)
 	}
+	setEnrolmentDefaults(c)
 }
 
 // secretArgRE matches kernel-argument keys that would carry a secret (pkg/netboot refuses the same).
@@ -279,6 +284,7 @@ func (v *validator) boot() {
 		}
 	}
 	v.nodeISO()
+	v.enrolment()
 	if b.DHCP == BootDHCPServer {
 		v.bootRange()
 		return

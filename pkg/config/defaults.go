@@ -86,7 +86,9 @@ func DefaultVirtualRouterID(clusterName string, vip netip.Addr) uint8 {
 // apiServer.keepalived.advertInterval DefaultAdvertInterval, or DefaultAdvertIntervalPASS with
 // authPasswordFile; server.listenAddress
 // 0.0.0.0; server.port DefaultServerPort; stateDir DefaultStateDir; per node: ssh username root,
-// ssh address the node's first address, port 22 (ssh) or 623 (ipmi), bootDevice pxe (ipmi, redfish).
+// ssh address the node's first address, port 22 (ssh) or 623 (ipmi), bootDevice pxe (ipmi, redfish);
+// boot (setBootDefaults, after the nodes): dhcp, httpPort, nodeISO, enrolment.approval automatic and
+// enrolment.sourceAddress lease with dhcp server, any otherwise.
 func SetDefaults(c *BootstrapConfiguration) {
 	if c == nil {
 		return

@@ -69,7 +69,8 @@ nodes:
 			{Name: "w2", Roles: []Role{RoleWorker},
 				Power: Power{Kind: PowerRedfish, Address: "https://bmc-w2.lab", Username: "admin", PasswordFile: "/p", CAFile: "/ca", BootDevice: BootCDROM}},
 		},
-		Boot: Boot{DHCP: BootDHCPOff, NodeISO: "/srv/bundle/netboot/node-amd64.iso"}, // no node has both a mac and a pxe-booting BMC; the ISO path is defaulted whatever dhcp is
+		Boot: Boot{DHCP: BootDHCPOff, NodeISO: "/srv/bundle/netboot/node-amd64.iso",
+			Enrolment: Enrolment{Approval: EnrolApprovalAutomatic, SourceAddress: EnrolSourceAny}}, // no node has both a mac and a pxe-booting BMC; the ISO path is defaulted whatever dhcp is
 	}
 	if diff := cmp.Diff(want, c, cmpConfig...); diff != "" {
 		t.Errorf("SetDefaults (-want +got):\n%s", diff)

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,14 @@ type EnrollOptions struct {
 	// (its rate limit); zero means 5 minutes. Another 4xx is never retried, except once after
 	// correcting a clock skew.
 	RetryFor time.Duration
+	// PendingFor bounds the wait for the operator's approval (202 agentapi.EnrollPending answers:
+	// boot.enrolment.approval operator); zero means agentapi.EnrollWindow. The appliance ends the
+	// wait sooner with a refusal once the node's enrolment window closes.
+	PendingFor time.Duration
+	// PendingBackOff spaces the requests while the enrolment is pending; nil means exponential from
+	// the appliance's Retry-After (agentapi.EnrollPendingRetry) up to MaxPendingWait, so an approval
+	// takes effect within MaxPendingWait.
+	PendingBackOff backoff.BackOff
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Log receives progress (never the token); nil discards.
@@ -71,6 +80,24 @@ type Enrolled struct {
 	Config agentapi.Configuration
 	// Attempts is how many requests it took.
 	Attempts int
+	// Pending is how long the enrolment waited for the operator's approval (zero: it did not).
+	Pending time.Duration
+}
+
+// MaxPendingWait is the longest wait between two requests of an enrolment that waits for the
+// operator's approval (with the default EnrollOptions.PendingBackOff).
+const MaxPendingWait = 30 * time.Second
+
+// ErrNotApproved is wrapped when the operator did not approve the enrolment within
+// EnrollOptions.PendingFor.
+var ErrNotApproved = errors.New("the enrolment was not approved in time")
+
+// answer is one request's outcome: the enrolment (200), or a pending answer (202) with its
+// Retry-After.
+type answer struct {
+	resp       agentapi.EnrollResponse
+	pending    *agentapi.EnrollPending
+	retryAfter time.Duration
 }
 
 // Enroll asks the appliance for this machine's node credential (POST agentapi.EnrollPathV1; the
@@ -84,6 +111,12 @@ type Enrolled struct {
 // is signed again once with the appliance's time (a machine in an initramfs often has no NTP).
 // Network errors and 5xx answers are retried with exponential backoff for o.RetryFor; a lost
 // answer is safe to retry with the same key (the appliance answers it again).
+//
+// A 202 answer (agentapi.EnrollPending: the operator approves enrolments) is not an error: it is
+// logged (the key fingerprint and address the operator compares, and what the operator runs;
+// warn the first time, then once a minute) and the request is sent again with the same key, backing
+// off (o.PendingBackOff) for up to o.PendingFor, until the approval gives a 200 or a refusal ends it;
+// past o.PendingFor, ErrNotApproved.
 func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 	if len(o.Key) != ed25519.PrivateKeySize {
 		return Enrolled{}, errors.New("enrol: no Ed25519 key")
@@ -123,6 +156,10 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 	if retryFor <= 0 {
 		retryFor = 5 * time.Minute
 	}
+	pendingFor := o.PendingFor
+	if pendingFor <= 0 {
+		pendingFor = agentapi.EnrollWindow
+	}
 	hc := pinnedClient(pool)
 	defer hc.CloseIdleConnections()
 	endpoint := strings.TrimRight(o.ApplianceURL, "/") + agentapi.EnrollPathV1
@@ -130,46 +167,56 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 	var offset time.Duration // the appliance's clock minus ours, once a refusal showed a skew
 	corrected := false
 	attempts := 0
-	resp, err := backoff.Retry(ctx, func() (agentapi.EnrollResponse, error) {
+	request := func() (answer, error) {
 		for {
 			attempts++
 			nonce := make([]byte, 16)
 			if _, err := rand.Read(nonce); err != nil {
-				return agentapi.EnrollResponse{}, backoff.Permanent(err)
+				return answer{}, backoff.Permanent(err)
 			}
 			req := agentapi.EnrollRequest{MACs: macs, SystemUUID: uuid, Timestamp: now().Add(offset).UTC(),
 				Nonce: base64.RawURLEncoding.EncodeToString(nonce), CAPin: o.CAPin}
 			req.Sign(o.Key)
 			body, err := json.Marshal(req)
 			if err != nil {
-				return agentapi.EnrollResponse{}, backoff.Permanent(err)
+				return answer{}, backoff.Permanent(err)
 			}
 			hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 			if err != nil {
-				return agentapi.EnrollResponse{}, backoff.Permanent(err)
+				return answer{}, backoff.Permanent(err)
 			}
 			hreq.Header.Set("Content-Type", "application/json")
 			hresp, err := hc.Do(hreq)
 			if err != nil {
 				log.Info("enrolment request failed; retrying", "error", err)
-				return agentapi.EnrollResponse{}, fmt.Errorf("POST %s: %w", agentapi.EnrollPathV1, err)
+				return answer{}, fmt.Errorf("POST %s: %w", agentapi.EnrollPathV1, err)
 			}
 			data, err := io.ReadAll(io.LimitReader(hresp.Body, maxNodeConfigBytes))
 			hresp.Body.Close()
 			if err != nil {
-				return agentapi.EnrollResponse{}, fmt.Errorf("POST %s: %w", agentapi.EnrollPathV1, err)
+				return answer{}, fmt.Errorf("POST %s: %w", agentapi.EnrollPathV1, err)
 			}
 			switch {
 			case hresp.StatusCode == http.StatusOK:
 				var out agentapi.EnrollResponse
 				if err := json.Unmarshal(data, &out); err != nil {
-					return out, backoff.Permanent(fmt.Errorf("enrolment answer: %w", err))
+					return answer{}, backoff.Permanent(fmt.Errorf("enrolment answer: %w", err))
 				}
-				return out, nil
+				return answer{resp: out}, nil
+			case hresp.StatusCode == http.StatusAccepted:
+				var p agentapi.EnrollPending
+				if err := json.Unmarshal(data, &p); err != nil {
+					return answer{}, backoff.Permanent(fmt.Errorf("pending enrolment answer: %w", err))
+				}
+				a := answer{pending: &p, retryAfter: agentapi.EnrollPendingRetry}
+				if secs, err := strconv.Atoi(hresp.Header.Get("Retry-After")); err == nil && secs > 0 {
+					a.retryAfter = time.Duration(secs) * time.Second
+				}
+				return a, nil
 			case hresp.StatusCode >= 500 || hresp.StatusCode == http.StatusTooManyRequests:
 				// 429: the appliance's rate limit (pkg/server.EnrollSourceRate); the backoff spaces the retries.
 				log.Info("the appliance answered the enrolment with an error or asked to slow down; retrying", "status", hresp.StatusCode)
-				return agentapi.EnrollResponse{}, fmt.Errorf("POST %s: HTTP %d: %s", agentapi.EnrollPathV1, hresp.StatusCode, strings.TrimSpace(string(data)))
+				return answer{}, fmt.Errorf("POST %s: HTTP %d: %s", agentapi.EnrollPathV1, hresp.StatusCode, strings.TrimSpace(string(data)))
 			}
 			if date, derr := http.ParseTime(hresp.Header.Get("Date")); derr == nil && !corrected {
 				if skew := date.Sub(now()); skew > agentapi.EnrollClockSkew || skew < -agentapi.EnrollClockSkew {
@@ -178,11 +225,47 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 					continue
 				}
 			}
-			return agentapi.EnrollResponse{}, backoff.Permanent(fmt.Errorf("%w: HTTP %d: %s", ErrEnrollRefused, hresp.StatusCode, strings.TrimSpace(string(data))))
+			return answer{}, backoff.Permanent(fmt.Errorf("%w: HTTP %d: %s", ErrEnrollRefused, hresp.StatusCode, strings.TrimSpace(string(data))))
 		}
-	}, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(retryFor))
-	if err != nil {
-		return Enrolled{}, err
+	}
+	var pendingSince, reminded time.Time
+	pendingBackOff := o.PendingBackOff
+	var resp agentapi.EnrollResponse
+	for {
+		a, err := backoff.Retry(ctx, request, backoff.WithBackOff(backoff.NewExponentialBackOff()), backoff.WithMaxElapsedTime(retryFor))
+		if err != nil {
+			return Enrolled{}, err
+		}
+		if a.pending == nil {
+			resp = a.resp
+			break
+		}
+		p := a.pending
+		switch {
+		case pendingSince.IsZero():
+			pendingSince, reminded = time.Now(), time.Now()
+			if pendingBackOff == nil {
+				pendingBackOff = &backoff.ExponentialBackOff{InitialInterval: a.retryAfter, RandomizationFactor: 0.2, Multiplier: 1.5, MaxInterval: MaxPendingWait}
+			}
+			pendingBackOff.Reset()
+			log.Warn("the enrolment waits for the operator's approval: compare this key and address with the appliance's, then the operator approves it; asking again until then",
+				"node", p.Node, "key", p.KeyFingerprint, "source", p.Source, "appliance", p.Message)
+		case time.Since(reminded) >= time.Minute:
+			reminded = time.Now()
+			log.Info("the enrolment still waits for the operator's approval", "node", p.Node, "key", p.KeyFingerprint, "waiting", time.Since(pendingSince).Round(time.Second).String())
+		}
+		wait := pendingBackOff.NextBackOff()
+		if wait == backoff.Stop || time.Since(pendingSince)+wait > pendingFor {
+			return Enrolled{}, fmt.Errorf("%w: node %s's enrolment with key %s waited %s for the operator's approval (`appliance node approve %s` on the appliance); run the enrolment again to wait longer",
+				ErrNotApproved, p.Node, p.KeyFingerprint, time.Since(pendingSince).Round(time.Second), p.Node)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return Enrolled{}, context.Cause(ctx)
+		case <-timer.C:
+		}
 	}
 	cfg, err := agentapi.Parse([]byte(resp.HostagentConfig))
 	if err != nil {
@@ -197,7 +280,11 @@ func Enroll(ctx context.Context, o EnrollOptions) (Enrolled, error) {
 		return Enrolled{}, errors.New("enrolment answer: the configuration has no token")
 	}
 	log.Debug("enrolled", "node", resp.Node, "key", resp.KeyFingerprint, "attempts", attempts)
-	return Enrolled{Response: resp, Config: cfg, Attempts: attempts}, nil
+	res := Enrolled{Response: resp, Config: cfg, Attempts: attempts}
+	if !pendingSince.IsZero() {
+		res.Pending = time.Since(pendingSince)
+	}
+	return res, nil
 }
 
 // pinnedClient is the HTTPS client of every hostagent request to the appliance (agent API,

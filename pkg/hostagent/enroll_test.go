@@ -18,10 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+
 	"github.com/airgap-appliance/appliance/pkg/agentapi"
 	"github.com/airgap-appliance/appliance/pkg/nodestate"
 	"github.com/airgap-appliance/appliance/pkg/server"
 	"github.com/airgap-appliance/appliance/pkg/statedir"
+	"github.com/airgap-appliance/appliance/test/logbuf"
 )
 
 const (
@@ -210,6 +213,83 @@ func TestEnrollRetriesRateLimit(t *testing.T) {
 	res, err := Enroll(context.Background(), o)
 	if err != nil || res.Config.Node != "w1" || res.Attempts != 2 {
 		t.Fatalf("Enroll after the source's limit was used up: %v, %d attempts, want w1 after one retry of the 429", err, res.Attempts)
+	}
+}
+
+// TestEnrollWaitsForApproval: where the operator approves enrolments, the machine is answered 202
+// (pending) and does not give up: it logs its key fingerprint, its address and what the operator
+// runs, asks again with the same key, backing off, and once the operator has approved that key
+// (server.ApproveEnrollment, what `appliance node approve` runs) its next request gets the token.
+func TestEnrollWaitsForApproval(t *testing.T) {
+	a := newEnrollAppliance(t)
+	a.enroll.RequireApproval = true
+	_, key, _ := ed25519.GenerateKey(nil)
+	fp := agentapi.KeyFingerprint(key.Public().(ed25519.PublicKey))
+	o := a.options(t, key)
+	o.PendingBackOff = backoff.NewConstantBackOff(50 * time.Millisecond)
+	var log logbuf.Buffer
+	o.Log = slog.New(slog.NewTextHandler(&log, nil))
+	type result struct {
+		res Enrolled
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := Enroll(context.Background(), o)
+		done <- result{res, err}
+	}()
+	// The appliance holds the binding pending while the machine asks again.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec, found, err := a.enroll.ReadRecord("w1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found && rec.Pending && len(rec.Nonces) >= 3 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("Enroll returned while the enrolment was pending: %+v %v", r.res, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the machine did not keep asking while pending: %+v\n%s", rec, log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(log.String(), "level=WARN msg=\"the enrolment waits for the operator's approval") || !strings.Contains(log.String(), "key="+fp) ||
+		!strings.Contains(log.String(), "appliance node approve w1 --fingerprint "+fp) {
+		t.Errorf("the machine's log does not show its key and what the operator runs:\n%s", log.String())
+	}
+	if strings.Count(log.String(), "level=WARN") != 1 {
+		t.Errorf("the pending wait was logged more than once at warn:\n%s", log.String())
+	}
+	if _, err := server.ApproveEnrollment(a.enroll.RecordDir, "w1", fp, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.res.Config.Token != "tok-w1" || r.res.Pending <= 0 || r.res.Attempts < 4 {
+			t.Fatalf("after the approval: %v, token %q, pending %s, %d attempts", r.err, r.res.Config.Token, r.res.Pending, r.res.Attempts)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the machine did not enrol within 20 s of the approval")
+	}
+}
+
+// TestEnrollNotApprovedInTime: an enrolment nobody approves ends after PendingFor with
+// ErrNotApproved, naming the key and what the operator runs.
+func TestEnrollNotApprovedInTime(t *testing.T) {
+	a := newEnrollAppliance(t)
+	a.enroll.RequireApproval = true
+	_, key, _ := ed25519.GenerateKey(nil)
+	o := a.options(t, key)
+	o.PendingBackOff = backoff.NewConstantBackOff(50 * time.Millisecond)
+	o.PendingFor = 300 * time.Millisecond
+	_, err := Enroll(context.Background(), o)
+	if !errors.Is(err, ErrNotApproved) || !strings.Contains(err.Error(), "appliance node approve w1") || !strings.Contains(err.Error(), agentapi.KeyFingerprint(key.Public().(ed25519.PublicKey))) {
+		t.Errorf("an enrolment never approved: %v, want ErrNotApproved naming the key and the command", err)
 	}
 }
 

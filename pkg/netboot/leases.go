@@ -94,6 +94,16 @@ func (r *dhcpResponder) saveLeases() {
 	}
 }
 
+// acknowledged returns the address mac holds by an acknowledged lease (ModeServer: a DHCPACK sent
+// for it, or a lease the file kept across a restart); ok is false for no lease, or an offer the
+// machine has not yet requested.
+func (r *dhcpResponder) acknowledged(mac string) (netip.Addr, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a, ok := r.leases[mac]
+	return a, ok && r.acked[mac]
+}
+
 // inRange reports whether a is in RangeStart..RangeEnd (inclusive).
 func (r *dhcpResponder) inRange(a netip.Addr) bool {
 	return a.IsValid() && !a.Less(r.cfg.RangeStart) && !r.cfg.RangeEnd.Less(a)

@@ -1,6 +1,7 @@
 package netboot
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -105,4 +106,79 @@ func mustACK(t *testing.T, r *dhcpResponder, mac []byte) *dhcpv4.DHCPv4 {
 		t.Fatal(why)
 	}
 	return a
+}
+
+// TestLease: Server.Lease, what the enrolment endpoint asks, answers only an acknowledged lease of
+// ModeServer: nothing before the machine asks, nothing for an offer it has not requested, its
+// address after the ACK (for any spelling of the MAC), nothing after it released the address from
+// it, the new address after it leased another, the same after a restart (the lease file); and
+// never anything in ModeProxy, which gives no addresses.
+func TestLease(t *testing.T) {
+	c := testConfig(t, ModeServer, nil)
+	c.StateDir = filepath.Join(t.TempDir(), "netboot")
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := s.Lease(macW1.String()); ok {
+		t.Fatalf("Lease before any DHCP: %s", a)
+	}
+	offer, why := s.dhcp.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC), netip.Addr{})
+	if offer == nil {
+		t.Fatal(why)
+	}
+	if a, ok := s.Lease(macW1.String()); ok {
+		t.Errorf("Lease after an offer only: %s, want none (not requested yet)", a)
+	}
+	ack, why := s.dhcp.respond(asRequest(t, offer), netip.Addr{})
+	if ack == nil || ack.MessageType() != dhcpv4.MessageTypeAck {
+		t.Fatal(why)
+	}
+	for _, spelling := range []string{"52:54:00:00:00:21", "52-54-00-00-00-21", "5254.0000.0021"} {
+		if a, ok := s.Lease(spelling); !ok || a != netip.MustParseAddr("10.77.0.100") {
+			t.Errorf("Lease(%s) after the ACK: %s %v, want 10.77.0.100", spelling, a, ok)
+		}
+	}
+	if a, ok := s.Lease("52:54:00:00:00:22"); ok {
+		t.Errorf("Lease of w2, which never asked: %s", a)
+	}
+	if _, ok := s.Lease("not a mac"); ok {
+		t.Error("Lease of a malformed MAC answered")
+	}
+	rel, err := dhcpv4.NewReleaseFromACK(ack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dhcp.respond(rel, netip.MustParseAddr("10.77.0.100"))
+	if a, ok := s.Lease(macW1.String()); ok {
+		t.Errorf("Lease after the release: %s, want none", a)
+	}
+	// w1 asks for the other address of the range: that is its lease now.
+	offer, _ = s.dhcp.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.ParseIP("10.77.0.101")))), netip.Addr{})
+	if offer == nil {
+		t.Fatal("no second offer")
+	}
+	if a, _ := s.dhcp.respond(asRequest(t, offer), netip.Addr{}); a == nil || a.MessageType() != dhcpv4.MessageTypeAck {
+		t.Fatal("no second ACK")
+	}
+	if a, ok := s.Lease(macW1.String()); !ok || a != netip.MustParseAddr("10.77.0.101") {
+		t.Errorf("Lease after the new lease: %s %v, want 10.77.0.101", a, ok)
+	}
+	restarted, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := restarted.Lease(macW1.String()); !ok || a != netip.MustParseAddr("10.77.0.101") {
+		t.Errorf("Lease after a restart: %s %v, want 10.77.0.101 (the lease file)", a, ok)
+	}
+
+	p := testConfig(t, ModeProxy, nil)
+	ps, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.dhcp.respond(pxeDiscover(t, macW1, iana.INTEL_X86PC), netip.Addr{})
+	if a, ok := ps.Lease(macW1.String()); ok {
+		t.Errorf("Lease in proxy mode: %s, want none", a)
+	}
 }

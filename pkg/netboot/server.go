@@ -135,6 +135,21 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// Lease returns the IPv4 address the service leased to mac and acknowledged (ModeServer; a lease
+// kept in StateDir/LeasesFile counts), and whether there is one. ok is false in ModeProxy and ModeOff
+// (the appliance gives no addresses), for a MAC it leased nothing to, and for an address only offered
+// so far. A lease does not expire here: a machine keeps its address until it releases it from that
+// address (its binding is by MAC, and a REQUEST for another address is refused), so the answer is
+// the address the machine has now, whatever the lease time. The enrolment endpoint asks it for the
+// address a node's enrolment must come from (pkg/server.Enrollment.SetLeases).
+func (s *Server) Lease(mac string) (netip.Addr, bool) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 || s.cfg.Mode != ModeServer {
+		return netip.Addr{}, false
+	}
+	return s.dhcp.acknowledged(hw.String())
+}
+
 // handleDHCP is the server4 handler: one request, at most one reply.
 func (s *Server) handleDHCP(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCPv4) {
 	var src netip.Addr

@@ -54,10 +54,32 @@ const (
 	// TokenRevoked: `appliance node revoke` removed the node's token: nothing authenticates as the
 	// node until it is enrolled or installed again.
 	TokenRevoked LifecycleKind = "token-revoked"
+	// EnrolConflict is an alarm: a second machine claimed the node by enrolment during one power-on
+	// (another key than the one the power-on's enrolment is bound to; pkg/server.Enrollment),
+	// recorded once per power-on. Detail names both enrolments (key fingerprints, source addresses)
+	// and what the operator does. `appliance status` shows it (ActiveEnrolConflict) until the node's
+	// key is approved (EnrolApproved), or its token is rotated or revoked after it.
+	EnrolConflict LifecycleKind = "enrol-conflict"
+	// EnrolApproved: `appliance node approve` confirmed the key of the node's enrolment, after the
+	// operator compared it with the machine's console: a pending enrolment (boot.enrolment.approval:
+	// operator) gets the node's token at its next retry, and an EnrolConflict before it is settled.
+	EnrolApproved LifecycleKind = "enrol-approved"
 )
 
 // LifecycleKinds lists every kind.
-var LifecycleKinds = []LifecycleKind{Added, Ready, Rebooted, Upgraded, Removed, TokenRotated, TokenRevoked}
+var LifecycleKinds = []LifecycleKind{Added, Ready, Rebooted, Upgraded, Removed, TokenRotated, TokenRevoked, EnrolConflict, EnrolApproved}
+
+// ActiveEnrolConflict returns the node's last EnrolConflict entry of hist (oldest first) while
+// nothing after it settled it: an EnrolApproved (the operator confirmed the bound key), a
+// TokenRotated (a new enrolment, reinstall or install replaced the token whoever held it), a
+// TokenRevoked or a Removed. ok is false when there is no such alarm.
+func ActiveEnrolConflict(hist []LifecycleEntry) (LifecycleEntry, bool) {
+	last, ok := lastOf(hist, EnrolConflict, EnrolApproved, TokenRotated, TokenRevoked, Removed)
+	if !ok || last.Kind != EnrolConflict {
+		return LifecycleEntry{}, false
+	}
+	return last, true
+}
 
 // AgentBuild is one hostagent build as a node reported it (agentapi.Report.AgentVersion, AgentSHA256).
 type AgentBuild struct {
@@ -164,6 +186,35 @@ func (s *Store) recordLifecycle(node string, kind LifecycleKind, detail string) 
 		return true, s.unmarkKubeadm(node)
 	}
 	return true, nil
+}
+
+// RecordLifecycleOnce appends an entry of kind for node with detail unless the node's history
+// already holds one of that kind at or after since, under the node's lock (so two callers at once
+// record one); recorded says whether it appended. The enrolment records its EnrolConflict alarm
+// this way, once per power-on (since: the power-on), also across restarts of the server. Errors as
+// RecordLifecycle's.
+func (s *Store) RecordLifecycleOnce(node string, kind LifecycleKind, since time.Time, detail string) (recorded bool, err error) {
+	if err := checkNode(node); err != nil {
+		return false, err
+	}
+	if !slices.Contains(LifecycleKinds, kind) || kind == Added || kind == Removed {
+		return false, fmt.Errorf("%w: lifecycle kind %q cannot be recorded once (membership kinds have their own rule)", ErrInvalidState, kind)
+	}
+	_, _, unlock, err := s.lockRead(node)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	hist, err := s.History(node)
+	if err != nil {
+		return false, err
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].Kind == kind && !hist[i].Time.Before(since) {
+			return false, nil
+		}
+	}
+	return true, s.appendHistory(node, hist, LifecycleEntry{Time: s.now(), Node: node, Kind: kind, Detail: detail})
 }
 
 // SyncMembership records a bootstrap run's configuration: Added (with detail) for every node of

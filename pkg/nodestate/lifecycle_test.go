@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,7 +181,7 @@ func TestSyncMembership(t *testing.T) {
 	if h := history(t, s, "b"); kinds(h) != "added removed added removed" || h[3].Detail != "appliance node remove" {
 		t.Errorf("history of b after node remove twice: %s", kinds(h))
 	}
-	if err := s.RecordLifecycle("b", "deleted", ""); !errors.Is(err, ErrInvalidState) || !strings.Contains(err.Error(), "added, ready, rebooted, upgraded, removed, token-rotated, token-revoked") {
+	if err := s.RecordLifecycle("b", "deleted", ""); !errors.Is(err, ErrInvalidState) || !strings.Contains(err.Error(), "added, ready, rebooted, upgraded, removed, token-rotated, token-revoked, enrol-conflict, enrol-approved") {
 		t.Errorf("unknown kind: %v", err)
 	}
 	if err := s.RecordLifecycle("../b", Added, ""); !errors.Is(err, ErrInvalidState) {
@@ -334,5 +335,64 @@ func TestCorruptHistoryDoesNotHoldUpState(t *testing.T) {
 	}
 	if _, changed, err := s.Record("n", nil, rep("b", "ready", "done", "")); err != nil || changed {
 		t.Errorf("resend: changed=%v err=%v, want a no-op", changed, err)
+	}
+}
+
+// TestEnrolConflictOncePerPowerOn: RecordLifecycleOnce records the enrolment alarm once for a
+// power-on, whatever the number of callers (also concurrent ones, or a restarted server reading the
+// history), and again for a later power-on; ActiveEnrolConflict shows it until an approval, a token
+// rotation or revocation after it settles it, and a later alarm is active again.
+func TestEnrolConflictOncePerPowerOn(t *testing.T) {
+	s := Open(t.TempDir())
+	now := time.Date(2026, 11, 25, 6, 0, 0, 0, time.UTC)
+	s.Now = func() time.Time { return now }
+	powerOn := now.Add(-time.Minute)
+	if _, ok := ActiveEnrolConflict(history(t, s, "w1")); ok {
+		t.Fatal("an alarm without history")
+	}
+	if err := s.RecordLifecycle("w1", TokenRotated, "enrolled with key A"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var recorded atomic.Int32
+	for range 8 {
+		wg.Go(func() {
+			ok, err := s.RecordLifecycleOnce("w1", EnrolConflict, powerOn, "second enrolment: key B")
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				recorded.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if recorded.Load() != 1 || kinds(history(t, s, "w1")) != "token-rotated enrol-conflict" {
+		t.Fatalf("%d recorded, history %s; want one alarm", recorded.Load(), kinds(history(t, s, "w1")))
+	}
+	alarm, ok := ActiveEnrolConflict(history(t, s, "w1"))
+	if !ok || alarm.Detail != "second enrolment: key B" {
+		t.Errorf("active alarm %+v %v", alarm, ok)
+	}
+	for _, settle := range []LifecycleKind{EnrolApproved, TokenRotated, TokenRevoked} {
+		t.Run(string(settle), func(t *testing.T) {
+			now = now.Add(time.Hour) // a new power-on
+			powerOn = now.Add(-time.Minute)
+			if ok, err := s.RecordLifecycleOnce("w1", EnrolConflict, powerOn, "again"); err != nil || !ok {
+				t.Fatalf("the alarm of a later power-on: %v %v, want recorded", ok, err)
+			}
+			if _, ok := ActiveEnrolConflict(history(t, s, "w1")); !ok {
+				t.Fatal("the new alarm is not active")
+			}
+			if err := s.RecordLifecycle("w1", settle, ""); err != nil {
+				t.Fatal(err)
+			}
+			if a, ok := ActiveEnrolConflict(history(t, s, "w1")); ok {
+				t.Errorf("alarm %+v still active after %s", a, settle)
+			}
+		})
+	}
+	if _, err := s.RecordLifecycleOnce("w1", Added, powerOn, ""); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("RecordLifecycleOnce(added): %v, want ErrInvalidState", err)
 	}
 }

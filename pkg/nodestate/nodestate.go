@@ -26,7 +26,8 @@
 //
 // The history is what an operator reads of a node's life (`appliance status NODE`): added to the
 // configuration, first ready, ready again after a reboot, hostagent upgraded, removed, its token
-// rotated or revoked. Record derives ready, rebooted and upgraded from reports; the bootstrap's
+// rotated or revoked, a second machine that claimed it by enrolment (an alarm) and the operator's
+// approval of its enrolment key. Record derives ready, rebooted and upgraded from reports; the bootstrap's
 // render phase records added and removed (SyncMembership); other commands and the enrolment call
 // RecordLifecycle. It is append-only (one fsynced write per
 // line; a torn last line is ignored on read and cut before the next append) and capped at
@@ -91,7 +92,7 @@ type Event struct {
 	Status string `json:"status,omitempty"`
 	Detail string `json:"detail,omitempty"`
 	// Contact is, for a note (Store.NoteContact), the machine's contact it records (ContactNetboot,
-	// ContactEnrolRefused, ContactEnrolled, ContactInstalled); empty otherwise.
+	// ContactEnrolRefused, ContactEnrolled, ContactEnrolPending, ContactInstalled); empty otherwise.
 	Contact string `json:"contact,omitempty"`
 	// State and Reason are the node's after the event.
 	State  string `json:"state"`

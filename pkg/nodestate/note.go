@@ -10,6 +10,9 @@ const (
 	ContactEnrolRefused = "enrol-refused"
 	// ContactEnrolled: its enrolment was accepted (or answered again with the same key).
 	ContactEnrolled = "enrolled"
+	// ContactEnrolPending: its enrolment is valid and waits for the operator's approval
+	// (boot.enrolment.approval: operator), noted again while the machine keeps asking.
+	ContactEnrolPending = "enrol-pending"
 	// ContactInstalled: its live system's install notice arrived (agentapi.InstalledPathV1).
 	ContactInstalled = "installed"
 )
@@ -20,7 +23,7 @@ const (
 func (s *Store) Note(node, detail string) error { return s.NoteContact(node, "", detail) }
 
 // NoteContact is Note for a contact the machine made (ContactNetboot, ContactEnrolRefused,
-// ContactEnrolled, ContactInstalled; "" for none), kept in the event's Contact.
+// ContactEnrolled, ContactEnrolPending, ContactInstalled; "" for none), kept in the event's Contact.
 func (s *Store) NoteContact(node, contact, detail string) error {
 	if err := checkNode(node); err != nil {
 		return err

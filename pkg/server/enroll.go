@@ -12,9 +12,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +40,11 @@ type EnrollNode struct {
 	SystemUUID string
 	// InstallArgs are the node's install parameters (agentapi.EnrollResponse.InstallArgs).
 	InstallArgs []string
+	// FromLease: the node's enrolment must come from the address the appliance's DHCP server leased
+	// to MAC and acknowledged (Enrollment.SetLeases; config EnrolFromLease: boot.dhcp server,
+	// boot.enrolment.sourceAddress lease, a node that server gives an address to). With no such lease
+	// the node cannot enrol.
+	FromLease bool
 	// Reenrol is what the operator runs to have the node enrol again (a power-on by the appliance,
 	// which opens a new enrolment and so gives the node a new token), as refusals say it; empty:
 	// "run `appliance node reinstall NODE --yes`".
@@ -73,6 +80,14 @@ type EnrollRecord struct {
 	// TokenSHA256 is the hex SHA-256 of the node token this binding issued (Enrollment.PKIDir set):
 	// a retry with the same key is answered that token only while it is still the node's.
 	TokenSHA256 string `json:"tokenSHA256,omitempty"`
+	// Source is the address (no port) the first accepted request came from.
+	Source string `json:"source,omitempty"`
+	// Pending is true while the binding waits for the operator's approval
+	// (Enrollment.RequireApproval): no token was issued for it yet.
+	Pending bool `json:"pending,omitempty"`
+	// Approved is when the operator approved the binding's key (ApproveEnrollment; the approval is
+	// RecordDir/approved/<node>.json); zero when it was not approved.
+	Approved time.Time `json:"approved,omitzero"`
 }
 
 // maxRecordNonces bounds EnrollRecord.Nonces (a node retries a handful of times).
@@ -94,26 +109,39 @@ const maxSeenNonces = 8192
 //     → 429 (not noted in its events);
 //  4. that node is BMC-powered → 403; its nodes[].systemUUID, when set, equals the request's → 403;
 //  5. the nonce was not seen (in memory, and in the node's record across restarts) → 403 (replay);
-//  6. the appliance's power phase powered it on (its last "powering" event) within Window, and it
-//     has not reported since (no hostagent report after that event) → 403;
-//  7. no binding for that power-on, or one to the same key → 200 with the node's rendered hostagent
-//     configuration (Dir/<node>/hostagent.yaml); a binding to another key → 409;
-//  8. with PKIDir set, the token: a new binding rotates the node's token (pki.RotateNodeToken: the
-//     token any earlier install or enrolment gave it is refused from then on, and the node's history
-//     records token-rotated) and the answer carries the new one; a retry with the same key is
-//     answered the token its binding issued, or refused 409 when that token was revoked or replaced
-//     since.
+//  6. the appliance's power phase powered it on (its last "powering" event) → 403;
+//  7. no binding of that power-on to another key → 409, and the alarm: a second machine claims the
+//     node. It is raised once per node and power-on (also across restarts): an error-level log
+//     record and an enrol-conflict entry in the node's history (nodestate.EnrolConflict, which
+//     `appliance status` shows until the key is approved or the token replaced or revoked), naming
+//     both keys and source addresses and what the operator does;
+//  8. it has not reported since the power-on (no hostagent report after that event) → 409, and it
+//     was powered on within Window → 403;
+//  9. with EnrollNode.FromLease, the request comes from the address the appliance's DHCP server
+//     leased to the node's MAC (SetLeases) → 403 (no lease, or another address: IPv4-mapped IPv6 is
+//     compared as IPv4, any other IPv6 source is refused, the leases being IPv4);
+//  10. the node's hostagent configuration is rendered → 404;
+//  11. with RequireApproval, a binding the operator has not approved (ApproveEnrollment) → 202 and
+//     an agentapi.EnrollPending, no token: the binding is recorded (Pending), the machine asks again;
+//  12. otherwise 200 with the node's rendered hostagent configuration (Dir/<node>/hostagent.yaml), and
+//     with PKIDir set, the token: a new (or newly approved) binding rotates the node's token
+//     (pki.RotateNodeToken: the token any earlier install or enrolment gave it is refused from then
+//     on, and the node's history records token-rotated) and the answer carries the new one; a retry
+//     with the same key is answered the token its binding issued, or refused 409 when that token was
+//     revoked or replaced since.
 //
 // Every refusal from step 4 on is recorded in that node's events (nodestate.Store.NoteContact; a refusal
 // by the same rule of the same node at most once a minute, whatever key, UUID or address the requests
-// carry: nodestate.ContactEnrolRefused), as is every acceptance (nodestate.ContactEnrolled); steps 1
-// to 3 are logged only (no node is proven). Refusals are logged once a minute per source address and
-// rule. Store failures answer 500 (the appliance's fault, never the client's input). The node token
-// and keys are never logged.
+// carry: nodestate.ContactEnrolRefused), as is every acceptance (nodestate.ContactEnrolled) and a
+// pending answer (nodestate.ContactEnrolPending, once a minute); steps 1 to 3 are logged only (no
+// node is proven). Refusals are logged once a minute per source address and rule. Store failures
+// answer 500 (the appliance's fault, never the client's input). The node token and keys are never
+// logged (key fingerprints are).
 type Enrollment struct {
 	// Dir is the rendered dir (STATE/rendered): Dir/<node>/hostagent.yaml is the answer.
 	Dir string
-	// RecordDir holds the bindings, <node>.json (STATE/enrolment).
+	// RecordDir holds the bindings, <node>.json, and the operator's approvals, approved/<node>.json
+	// (STATE/enrolment: statedir.Enrolment).
 	RecordDir string
 	// Nodes is the node store: the power phase's records (window) and the events.
 	Nodes *nodestate.Store
@@ -127,12 +155,17 @@ type Enrollment struct {
 	// carries the node's new token in place of the rendered one. Empty: no token is rotated and the
 	// rendered configuration is answered as it is (a front without a state directory).
 	PKIDir string
+	// RequireApproval keeps every new binding pending, its answers 202 without a token, until the
+	// operator approves its key (boot.enrolment.approval: operator; ApproveEnrollment, which
+	// `appliance node approve` runs); the machine's next request then gets the token.
+	RequireApproval bool
 
 	mu     sync.Mutex
 	nodes  []EnrollNode
-	seen   map[string]time.Time   // nonce → when it may be forgotten
-	noted  nodestate.NoteThrottle // node + refusal kind: each noted in the node's events once a minute
-	logged nodestate.NoteThrottle // source address + refusal kind: each logged once a minute
+	leases func(mac string) (netip.Addr, bool) // SetLeases; nil: no lease is known
+	seen   map[string]time.Time                // nonce → when it may be forgotten
+	noted  nodestate.NoteThrottle              // node + refusal kind: each noted in the node's events once a minute
+	logged nodestate.NoteThrottle              // source address + refusal kind: each logged once a minute
 
 	limitsOnce sync.Once
 	perSource  *keyedLimiter // EnrollSourceRate, EnrollSourceBurst
@@ -164,6 +197,15 @@ func NewEnrollment(dir, recordDir string, nodes []EnrollNode, store *nodestate.S
 	e := &Enrollment{Dir: dir, RecordDir: recordDir, Nodes: store, Log: log}
 	e.SetNodes(nodes)
 	return e
+}
+
+// SetLeases gives the lookup of the address the appliance's DHCP server leased to a MAC (the
+// running pkg/netboot.Server's Lease), which EnrollNode.FromLease nodes must enrol from. Without it
+// such a node has no lease and cannot enrol.
+func (e *Enrollment) SetLeases(lease func(mac string) (netip.Addr, bool)) {
+	e.mu.Lock()
+	e.leases = lease
+	e.mu.Unlock()
 }
 
 // SetNodes replaces the inventory.
@@ -228,7 +270,16 @@ func (e *Enrollment) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := e.Enroll(req, r.RemoteAddr)
 	var refusal *enrollError
-	if errors.As(err, &refusal) {
+	var pending *pendingError
+	if errors.As(err, &pending) {
+		b, _ := json.Marshal(pending.p)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Retry-After", strconv.Itoa(int(agentapi.EnrollPendingRetry/time.Second)))
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write(b)
+		return
+	} else if errors.As(err, &refusal) {
 		if refusal.code == http.StatusTooManyRequests {
 			tooManyRequests(w, refusal.retryAfter, refusal.msg)
 			return
@@ -339,6 +390,19 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	if poweredOn.IsZero() {
 		return deny("not-powered", http.StatusForbidden, "enrolment refused: the appliance has not powered node %s on (run `appliance bootstrap`: its power phase powers the node on and opens a %s enrolment window)", n.Name, window)
 	}
+	bound := found && rec.PoweredOn.Equal(poweredOn)
+	if bound && subtle.ConstantTimeCompare([]byte(rec.PublicKey), []byte(req.PublicKey)) != 1 {
+		// A second machine claims the node in this power-on: refused, and the alarm.
+		e.raiseConflict(n, rec, fp, remote, now, reported)
+		holds := "and holds the token that enrolment issued"
+		if rec.Pending {
+			holds = "and waits for the operator's approval"
+		}
+		return deny("other-key", http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s, %s: "+
+			"a second machine claims its identity, or the machine lost its key (it rebooted); the appliance raised an alarm (`appliance status`). "+
+			"Only a new power-on by the appliance opens a new enrolment, whose token replaces this one: %s; and `appliance node revoke %s` now if a machine you do not trust may hold the current token",
+			n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339), holds, n.reenrol(), n.Name)
+	}
 	if reported {
 		return deny("reported", http.StatusConflict, "enrolment refused: node %s is already enrolled and its hostagent has reported since its power-on at %s: "+
 			"an installed node keeps the token its enrolment gave it, and a machine enrols again only after the appliance powers it on for that. "+
@@ -348,17 +412,30 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	if now.Sub(poweredOn) > window {
 		return deny("window", http.StatusForbidden, "enrolment refused: node %s was powered on at %s, more than %s ago: to enrol it, %s", n.Name, poweredOn.Format(time.RFC3339), window, n.reenrol())
 	}
-	if found && rec.PoweredOn.Equal(poweredOn) {
-		if subtle.ConstantTimeCompare([]byte(rec.PublicKey), []byte(req.PublicKey)) != 1 {
-			return deny("other-key", http.StatusConflict, "enrolment refused: node %s is already enrolled with another key (%s) since its power-on at %s, and holds the token that enrolment issued: "+
-				"a second machine claims its identity, or the machine lost its key (it rebooted). Only a new power-on by the appliance opens a new enrolment, whose token replaces this one: "+
-				"%s; and `appliance node revoke %s` now if a machine you do not trust may hold the current token",
-				n.Name, rec.KeyFingerprint, poweredOn.Format(time.RFC3339), n.reenrol(), n.Name)
+	src := sourceAddr(remote)
+	if n.FromLease {
+		lease, ok := netip.Addr{}, false
+		if e.leases != nil {
+			lease, ok = e.leases(n.MAC)
 		}
-	} else {
+		switch {
+		case !ok:
+			return deny("no-lease", http.StatusForbidden, "enrolment refused: node %s must enrol from the address the appliance's DHCP server leased to its MAC %s (boot.dhcp: server, boot.enrolment.sourceAddress: lease), "+
+				"and it holds no lease for that MAC: the machine takes its address from the appliance's DHCP before it enrols (check on its console that it did, on the NIC with that MAC); "+
+				"where its address does not come from the appliance, set boot.enrolment.sourceAddress: any (and boot.enrolment.approval: operator)", n.Name, n.MAC)
+		case src != lease:
+			v6 := ""
+			if src.Is6() {
+				v6 = " (over IPv6: the appliance leases IPv4 addresses only, and its URL on the boot path is IPv4)"
+			}
+			return deny("not-lease", http.StatusForbidden, "enrolment refused: the request came from %s%s, not from %s, the address the appliance's DHCP server leased to node %s's MAC %s: "+
+				"an enrolment comes from the leased address only (boot.enrolment.sourceAddress: lease). If this machine is node %s, its live system uses another address: check its network on its console; "+
+				"if it is not, another machine claims node %s's identity", sourceText(src, remote), v6, lease, n.Name, n.MAC, n.Name, n.Name)
+		}
+	}
+	if !bound {
 		rec = EnrollRecord{Node: n.Name, PublicKey: req.PublicKey, KeyFingerprint: fp, PoweredOn: poweredOn, Enrolled: now,
-			MACs: macs, SystemUUID: strings.ToLower(req.SystemUUID)}
-		found = false
+			MACs: macs, SystemUUID: strings.ToLower(req.SystemUUID), Source: sourceText(src, remote), Pending: e.RequireApproval}
 	}
 	cfg, err := os.ReadFile(filepath.Join(e.Dir, n.Name, statedir.AgentConfigFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -366,9 +443,25 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 	} else if err != nil {
 		return agentapi.EnrollResponse{}, fmt.Errorf("read the hostagent configuration of %s: %w", n.Name, err)
 	}
+	rec.Answered = now
+	rec.Nonces = append(rec.Nonces, req.Nonce)
+	if len(rec.Nonces) > maxRecordNonces {
+		rec.Nonces = rec.Nonces[len(rec.Nonces)-maxRecordNonces:]
+	}
+	if rec.Pending {
+		ap, ok, err := readApproval(e.RecordDir, n.Name)
+		if err != nil {
+			return agentapi.EnrollResponse{}, err
+		}
+		if !ok || ap.KeyFingerprint != rec.KeyFingerprint || !ap.PoweredOn.Equal(rec.PoweredOn) {
+			return agentapi.EnrollResponse{}, e.pending(n, rec, bound, remote, poweredOn.Add(window))
+		}
+		rec.Pending, rec.Approved = false, ap.Approved
+		bound = false // the token goes out now, as for a new binding
+	}
 	rotated := false
 	if e.PKIDir != "" {
-		token, ok, err := e.token(n.Name, rec, found)
+		token, ok, err := e.token(n.Name, rec, bound)
 		if err != nil {
 			return agentapi.EnrollResponse{}, err
 		}
@@ -383,16 +476,14 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 			return agentapi.EnrollResponse{}, fmt.Errorf("the rendered hostagent configuration of %s: %w", n.Name, err)
 		}
 	}
-	rec.Answered = now
-	rec.Nonces = append(rec.Nonces, req.Nonce)
-	if len(rec.Nonces) > maxRecordNonces {
-		rec.Nonces = rec.Nonces[len(rec.Nonces)-maxRecordNonces:]
-	}
 	if err := e.writeRecord(rec); err != nil {
 		return agentapi.EnrollResponse{}, err
 	}
 	what := "enrolled"
-	if found {
+	switch {
+	case !rec.Approved.IsZero() && rotated:
+		what = "enrolled (approved by the operator at " + rec.Approved.Format(time.RFC3339) + ")"
+	case bound:
 		what = "enrolment answered again (same key)"
 	}
 	if rotated {
@@ -405,6 +496,98 @@ func (e *Enrollment) Enroll(req agentapi.EnrollRequest, remote string) (agentapi
 		e.log().Error("record the enrolment", "node", n.Name, "error", err)
 	}
 	return agentapi.EnrollResponse{Node: n.Name, HostagentConfig: string(cfg), KeyFingerprint: fp, InstallArgs: n.InstallArgs}, nil
+}
+
+// ErrEnrollPending is matched (errors.Is) by Enroll's answer to an enrolment that waits for the
+// operator's approval (HTTPStatus 202; ServeHTTP answers an agentapi.EnrollPending).
+var ErrEnrollPending = errors.New("enrolment pending the operator's approval")
+
+// pendingError is that answer.
+type pendingError struct{ p agentapi.EnrollPending }
+
+func (p *pendingError) Error() string { return p.p.Message }
+func (p *pendingError) Unwrap() error { return ErrEnrollPending }
+
+// pending records the binding rec of node n (e.mu held; bound: it was recorded before) as waiting
+// for the operator's approval and returns the pending answer; closes is when the node's enrolment
+// window closes. The first answer of a binding is logged (warn) with the key and address the
+// operator must compare; the node's events note it at most once a minute (the converge phase sees
+// a machine that keeps asking).
+func (e *Enrollment) pending(n EnrollNode, rec EnrollRecord, bound bool, remote string, closes time.Time) error {
+	if err := e.writeRecord(rec); err != nil {
+		return err
+	}
+	approve := "appliance node approve " + n.Name + " --fingerprint " + rec.KeyFingerprint
+	what := fmt.Sprintf("enrolment with key %s from %s waits for the operator's approval (%s) until %s", rec.KeyFingerprint, rec.Source, approve, closes.Format(time.RFC3339))
+	if !bound {
+		e.log().Warn("enrolment pending: the operator approves it after comparing the key and address with the machine's console", "node", n.Name,
+			"remote", remote, "key", rec.KeyFingerprint, "approve", approve, "windowCloses", closes.Format(time.RFC3339))
+	}
+	if e.noted.Allow(n.Name+"\x00pending", rec.Answered) {
+		if err := e.Nodes.NoteContact(n.Name, nodestate.ContactEnrolPending, what); err != nil {
+			e.log().Error("record the pending enrolment", "node", n.Name, "error", err)
+		}
+	}
+	return &pendingError{agentapi.EnrollPending{Node: n.Name, KeyFingerprint: rec.KeyFingerprint, Source: rec.Source,
+		Message: fmt.Sprintf("the enrolment of node %s with key %s from %s waits for the operator's approval: on the appliance, the operator compares this key and address with `appliance status` and runs `%s`; "+
+			"this machine asks again until then, or until its enrolment window closes at %s", n.Name, rec.KeyFingerprint, rec.Source, approve, closes.Format(time.RFC3339))}}
+}
+
+// raiseConflict raises the alarm for a request with key fp from remote claiming node n, whose
+// enrolment for this power-on is bound to rec's key (e.mu held): once per node and power-on (the
+// node's history: nodestate.EnrolConflict, also across restarts), an error-level log record and the
+// history entry, both naming the two keys and addresses and what the operator does.
+func (e *Enrollment) raiseConflict(n EnrollNode, rec EnrollRecord, fp, remote string, now time.Time, reported bool) {
+	claim := sourceText(sourceAddr(remote), remote)
+	from := rec.Source
+	if from == "" {
+		from = "an unrecorded address"
+	}
+	var state, ifGenuine, ifNot string
+	switch {
+	case rec.Pending:
+		state = "waiting for the operator's approval (no token issued)"
+		ifGenuine = fmt.Sprintf("run `appliance node approve %s --fingerprint %s` (%s gets its token and this alarm is settled)", n.Name, rec.KeyFingerprint, n.Name)
+		ifNot = fmt.Sprintf("do not approve it: the machine at %s waits for node %s's token; to enrol %s anew, %s; and find that machine", from, n.Name, n.Name, n.reenrol())
+	default:
+		state = "holding the token that enrolment issued"
+		if reported {
+			state += ", and the node's hostagent has reported since"
+		}
+		ifGenuine = fmt.Sprintf("run `appliance node approve %s --fingerprint %s` to confirm it (this alarm is settled)", n.Name, rec.KeyFingerprint)
+		ifNot = fmt.Sprintf("the machine at %s holds node %s's token: run `appliance node revoke %s --yes` now, then %s (a machine that rebooted during its install and enrolled again with a new key looks the same, and needs the same new enrolment)", from, n.Name, n.Name, n.reenrol())
+	}
+	detail := fmt.Sprintf("a second machine claims node %s: an enrolment with key %s from %s at %s was refused, because the node's enrolment for its power-on at %s is bound to key %s from %s (at %s), %s. "+
+		"Compare the key on %s's console (`hostagent enroll` prints the key it enrols with) with %s. If it is that key, the node is genuine: %s, and find the machine at %s. If it is not, %s.",
+		n.Name, fp, claim, now.Format(time.RFC3339), rec.PoweredOn.Format(time.RFC3339), rec.KeyFingerprint, from, rec.Enrolled.Format(time.RFC3339), state,
+		n.Name, rec.KeyFingerprint, ifGenuine, claim, ifNot)
+	recorded, err := e.Nodes.RecordLifecycleOnce(n.Name, nodestate.EnrolConflict, rec.PoweredOn, detail)
+	if err != nil {
+		e.log().Error("record the enrolment alarm in the node's history", "node", n.Name, "error", err)
+	}
+	if recorded || err != nil {
+		e.log().Error("ALARM: a second machine claims the node by enrolment (once per node and power-on; `appliance status` shows it)",
+			"node", n.Name, "poweredOn", rec.PoweredOn.Format(time.RFC3339), "boundKey", rec.KeyFingerprint, "boundSource", from,
+			"claimKey", fp, "claimSource", claim, "todo", detail)
+	}
+}
+
+// sourceAddr is the IP address of remote ("host:port"; IPv4-mapped IPv6 as IPv4); invalid when it
+// does not parse.
+func sourceAddr(remote string) netip.Addr {
+	if ap, err := netip.ParseAddrPort(remote); err == nil {
+		return ap.Addr().Unmap()
+	}
+	a, _ := netip.ParseAddr(remote)
+	return a.Unmap()
+}
+
+// sourceText is src for people, or remote's host when src is invalid.
+func sourceText(src netip.Addr, remote string) string {
+	if src.IsValid() {
+		return src.String()
+	}
+	return sourceHost(remote)
 }
 
 // token returns the node token the answer carries (e.mu held): for a new binding (found false) a
@@ -434,20 +617,21 @@ func withToken(cfg []byte, token string) ([]byte, error) {
 	return c.Marshal()
 }
 
-// HTTPStatus is the status ServeHTTP answers err from Enroll with: the refusal's 4xx, else 500.
+// HTTPStatus is the status ServeHTTP answers err from Enroll with: 202 for a pending enrolment
+// (ErrEnrollPending), the refusal's 4xx, else 500.
 func HTTPStatus(err error) int {
 	var refusal *enrollError
 	if errors.As(err, &refusal) {
 		return refusal.code
 	}
+	if errors.Is(err, ErrEnrollPending) {
+		return http.StatusAccepted
+	}
 	return http.StatusInternalServerError
 }
 
-// keyFingerprint is "sha256:<hex>" of an Ed25519 public key's bytes.
-func keyFingerprint(pub ed25519.PublicKey) string {
-	sum := sha256.Sum256(pub)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
+// keyFingerprint is agentapi.KeyFingerprint: "sha256:<hex>" of an Ed25519 public key's bytes.
+func keyFingerprint(pub ed25519.PublicKey) string { return agentapi.KeyFingerprint(pub) }
 
 // powerOn returns the time of node's last "powering" event (the power phase's Set before it powers a
 // BMC node on; zero when there is none) and whether the node reported (an event with a step) after it.
@@ -504,6 +688,98 @@ func (e *Enrollment) writeRecord(rec EnrollRecord) error {
 		return fmt.Errorf("write the enrolment record of %s: %w", rec.Node, err)
 	}
 	return nil
+}
+
+// approvalDir is where the operator's approvals are kept: RecordDir/approved (a directory of its
+// own, so that no node name makes an approval's file name another node's record).
+func approvalDir(recordDir string) string { return filepath.Join(recordDir, "approved") }
+
+// EnrollApproval is the operator's approval of a node's enrolment key for one power-on, kept in
+// RecordDir/approved/<node>.json (0600, written atomically by ApproveEnrollment): the server hands
+// out the node's token to the binding whose key and power-on it names.
+type EnrollApproval struct {
+	Node           string    `json:"node"`
+	KeyFingerprint string    `json:"keyFingerprint"`
+	PoweredOn      time.Time `json:"poweredOn"`
+	Approved       time.Time `json:"approved"`
+}
+
+// Errors of ApproveEnrollment that callers test.
+var (
+	// ErrNoEnrollment: the node has no enrolment binding to approve.
+	ErrNoEnrollment = errors.New("no enrolment to approve")
+	// ErrFingerprintMismatch: the fingerprint given is not the bound key's.
+	ErrFingerprintMismatch = errors.New("the key fingerprint is not the enrolment's")
+)
+
+// minFingerprintPrefix is how many hex digits of a key fingerprint ApproveEnrollment needs at least.
+const minFingerprintPrefix = 16
+
+// ReadEnrollRecord reads node's binding from recordDir (STATE/enrolment) without an Enrollment:
+// what `appliance status` and `appliance node approve` show. found is false when it has none.
+func ReadEnrollRecord(recordDir, node string) (EnrollRecord, bool, error) {
+	return (&Enrollment{RecordDir: recordDir}).readRecord(node)
+}
+
+// ApproveEnrollment approves node's enrolment binding in recordDir (STATE/enrolment), as `appliance
+// node approve` does once the operator has compared its key fingerprint and source address with the
+// machine's console: it writes approved/<node>.json (0600, atomically) naming the binding's key and
+// power-on, and returns the binding. A pending binding (boot.enrolment.approval: operator) gets the
+// node's token at the machine's next request; an approval of a binding that has its token already
+// confirms the key (it settles an enrolment alarm). fingerprint, when not empty, must be the bound
+// key's ("sha256:<hex>", or at least minFingerprintPrefix of its first hex digits), else
+// ErrFingerprintMismatch; no binding is ErrNoEnrollment. It runs beside a serving appliance: the
+// server reads the approval at the next request, and this never writes the binding itself.
+func ApproveEnrollment(recordDir, node, fingerprint string, now time.Time) (EnrollRecord, error) {
+	if node == "" || node != filepath.Base(node) || strings.HasPrefix(node, ".") {
+		return EnrollRecord{}, fmt.Errorf("%w: %q is not a node name", ErrNoEnrollment, node)
+	}
+	rec, found, err := ReadEnrollRecord(recordDir, node)
+	if err != nil {
+		return rec, err
+	}
+	if !found {
+		return rec, fmt.Errorf("%w: node %s has not enrolled (no %s)", ErrNoEnrollment, node, filepath.Join(recordDir, node+".json"))
+	}
+	if fingerprint != "" {
+		want := strings.TrimPrefix(strings.ToLower(strings.TrimSpace(fingerprint)), "sha256:")
+		have := strings.TrimPrefix(rec.KeyFingerprint, "sha256:")
+		if len(want) < minFingerprintPrefix || !strings.HasPrefix(have, want) {
+			return rec, fmt.Errorf("%w: node %s's enrolment is bound to key %s (from %s), not to %s (give the fingerprint as the machine's console shows it, sha256:<hex>, or at least its first %d hex digits)",
+				ErrFingerprintMismatch, node, rec.KeyFingerprint, rec.Source, fingerprint, minFingerprintPrefix)
+		}
+	}
+	b, err := json.MarshalIndent(EnrollApproval{Node: node, KeyFingerprint: rec.KeyFingerprint, PoweredOn: rec.PoweredOn, Approved: now.UTC()}, "", "  ")
+	if err != nil {
+		return rec, err
+	}
+	if err := os.MkdirAll(approvalDir(recordDir), 0o700); err != nil {
+		return rec, fmt.Errorf("enrolment approvals: %w", err)
+	}
+	if _, err := atomicfile.Write(filepath.Join(approvalDir(recordDir), node+".json"), append(b, '\n'), 0o600); err != nil {
+		return rec, fmt.Errorf("write the approval of %s's enrolment: %w", node, err)
+	}
+	return rec, nil
+}
+
+// ReadEnrollApproval reads node's approval from recordDir; found is false when there is none.
+func ReadEnrollApproval(recordDir, node string) (EnrollApproval, bool, error) {
+	return readApproval(recordDir, node)
+}
+
+func readApproval(recordDir, node string) (EnrollApproval, bool, error) {
+	path := filepath.Join(approvalDir(recordDir), node+".json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return EnrollApproval{}, false, nil
+	} else if err != nil {
+		return EnrollApproval{}, false, fmt.Errorf("read the approval of %s's enrolment: %w", node, err)
+	}
+	var ap EnrollApproval
+	if err := json.Unmarshal(b, &ap); err != nil {
+		return EnrollApproval{}, false, fmt.Errorf("%s is corrupt (delete it and run `appliance node approve %s` again): %w", path, node, err)
+	}
+	return ap, true, nil
 }
 
 // seenNonce reports whether nonce is in the replay cache (e.mu held).

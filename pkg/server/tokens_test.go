@@ -32,9 +32,14 @@ type tokenLab struct {
 	url     string
 	hc      *http.Client
 	initial map[string]string // the tokens the pki phase made
+	cert    tls.Certificate
+	// configure is applied to the enrolment endpoint of every front (newTokenLab's arguments).
+	configure []func(*Enrollment)
 }
 
-func newTokenLab(t *testing.T) *tokenLab {
+// newTokenLab makes the lab; each of configure is applied to the front's enrolment endpoint (as
+// applianced.Serve sets it from the configuration) before it serves.
+func newTokenLab(t *testing.T, configure ...func(*Enrollment)) *tokenLab {
 	t.Helper()
 	state := t.TempDir()
 	tokens, _, err := pki.EnsureNodeTokens(statedir.PKI(state), []string{"w1", "cp1"})
@@ -67,15 +72,23 @@ func newTokenLab(t *testing.T) *tokenLab {
 			}
 		}
 	}
-	l := &tokenLab{t: t, state: state, store: nodestate.Open(statedir.Nodes(state)), hc: tlsClient(""), initial: tokens}
-	l.url = "https://" + serveTLSFront(t, frontAsServe(t, state, cert, l.store))
+	l := &tokenLab{t: t, state: state, store: nodestate.Open(statedir.Nodes(state)), hc: tlsClient(""), initial: tokens, cert: cert, configure: configure}
+	l.url = "https://" + serveTLSFront(t, frontAsServe(t, state, cert, l.store, configure...))
 	t.Cleanup(l.hc.CloseIdleConnections)
 	return l
 }
 
+// restart serves a new front over the same state directory, as a restarted `appliance serve` (nothing
+// kept in memory: replay cache, throttles, alarms raised), and sends the lab's requests to it.
+func (l *tokenLab) restart() {
+	l.t.Helper()
+	l.url = "https://" + serveTLSFront(l.t, frontAsServe(l.t, l.state, l.cert, l.store, l.configure...))
+}
+
 // frontAsServe assembles the front over state as pkg/applianced.Serve does: one NodeTokensIn for the
-// agent API and the Ignition store, the enrolment rotating tokens in STATE/pki.
-func frontAsServe(t *testing.T, state string, cert tls.Certificate, store *nodestate.Store) *Server {
+// agent API and the Ignition store, the enrolment rotating tokens in STATE/pki; then each of
+// configure is applied to the enrolment endpoint.
+func frontAsServe(t *testing.T, state string, cert tls.Certificate, store *nodestate.Store, configure ...func(*Enrollment)) *Server {
 	t.Helper()
 	nodes := []string{"w1", "cp1"}
 	tokens := NodeTokensIn(statedir.PKI(state), nodes)
@@ -83,11 +96,14 @@ func frontAsServe(t *testing.T, state string, cert tls.Certificate, store *nodes
 	agent.UseTokens(tokens)
 	ign := NewIgnitionStore(statedir.Rendered(state), nil)
 	ign.UseTokens(tokens)
-	enroll := NewEnrollment(statedir.Rendered(state), filepath.Join(state, "enrolment"), []EnrollNode{
+	enroll := NewEnrollment(statedir.Rendered(state), statedir.Enrolment(state), []EnrollNode{
 		{Name: "w1", BMC: true, MAC: w1MAC, SystemUUID: w1UUID},
 		{Name: "cp1", BMC: false},
 	}, store, nil)
 	enroll.PKIDir = statedir.PKI(state)
+	for _, c := range configure {
+		c(enroll)
+	}
 	s, err := New(Options{Listen: "127.0.0.1:0", Certificate: cert, Ignition: ign, Agent: agent, Enroll: enroll})
 	if err != nil {
 		t.Fatal(err)
@@ -105,13 +121,16 @@ func (l *tokenLab) powerOn() {
 	}
 }
 
-// enrol enrols w1 over HTTPS with key and returns the token of the answer.
+// enrol enrols w1 over HTTPS with key and returns the token of the answer (the body when it is not 200).
 func (l *tokenLab) enrol(key ed25519.PrivateKey) (int, string) {
 	l.t.Helper()
-	r := agentapi.EnrollRequest{MACs: []string{w1MAC}, SystemUUID: w1UUID, Timestamp: time.Now().UTC(), Nonce: nonce(), CAPin: testPin}
-	r.Sign(key)
-	b, _ := json.Marshal(r)
-	code, _, body := l.do(context.Background(), http.MethodPost, agentapi.EnrollPathV1, "", string(b))
+	return l.enrolFrom(l.hc, key)
+}
+
+// enrolFrom is enrol through hc (a client whose connections come from a given address: tlsClient).
+func (l *tokenLab) enrolFrom(hc *http.Client, key ed25519.PrivateKey) (int, string) {
+	l.t.Helper()
+	code, _, body := l.postEnrol(hc, key)
 	if code != http.StatusOK {
 		return code, body
 	}
@@ -124,6 +143,27 @@ func (l *tokenLab) enrol(key ed25519.PrivateKey) (int, string) {
 		l.t.Fatal(err)
 	}
 	return code, cfg.Token
+}
+
+// postEnrol sends w1's enrolment request signed with key through hc and returns the status, the
+// Retry-After header and the body.
+func (l *tokenLab) postEnrol(hc *http.Client, key ed25519.PrivateKey) (int, string, string) {
+	l.t.Helper()
+	r := agentapi.EnrollRequest{MACs: []string{w1MAC}, SystemUUID: w1UUID, Timestamp: time.Now().UTC(), Nonce: nonce(), CAPin: testPin}
+	r.Sign(key)
+	b, _ := json.Marshal(r)
+	req, err := http.NewRequest(http.MethodPost, l.url+agentapi.EnrollPathV1, strings.NewReader(string(b)))
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		l.t.Fatalf("POST %s: %v", agentapi.EnrollPathV1, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
 }
 
 // do sends one request with token as its bearer token ("" none) and returns status, ETag and body.

@@ -13,6 +13,8 @@
 //	  registry/              distribution's filesystem-driver root (Registry)
 //	  rendered/<node>/       what the render phase writes per node (Rendered, RenderedNode)
 //	  nodes/<node>/          pkg/nodestate's records (Nodes)
+//	  enrolment/<node>.json  0600, a BMC-booted node's enrolment binding; approved/<node>.json the
+//	                         operator's approval of its key (Enrolment)
 //	  serve/                 pid and serve.log of a detached `appliance serve` (Serve)
 //	  appliance/             the bootstrap host's own rendered firewall.json and keepalived.json (Appliance)
 //	  agent-upgrade.json     the node being upgraded by pull (AgentUpgrade)
@@ -57,6 +59,10 @@ func RenderedNode(state, node string) string { return filepath.Join(Rendered(sta
 
 // Nodes is STATE/nodes: the per-node records of pkg/nodestate (status.json, events.jsonl).
 func Nodes(state string) string { return filepath.Join(state, "nodes") }
+
+// Enrolment is STATE/enrolment: the enrolment bindings of BMC-booted nodes, <node>.json, and the
+// operator's approvals of their keys, approved/<node>.json (pkg/server.Enrollment, 0600 each).
+func Enrolment(state string) string { return filepath.Join(state, "enrolment") }
 
 // Serve is STATE/serve: pid and serve.log of a detached `appliance serve`.
 func Serve(state string) string { return filepath.Join(state, "serve") }
