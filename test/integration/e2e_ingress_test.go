@@ -234,9 +234,9 @@ func (k *k8sLab) waitVIPsSettled(node string, d time.Duration) error {
 	var since time.Time
 	var last string
 	return waitFor(d, func() error {
-		if _, err := k.run(node, "sh", "-c", "kill -0 $(cat /etc/keepalived/keepalived.pid)"); err != nil {
+		if out, err := k.trySSH(node, "kill -0 $(cat /etc/keepalived/keepalived.pid)"); err != nil {
 			since = time.Time{}
-			return fmt.Errorf("keepalived not running again on %s: %v", node, err)
+			return fmt.Errorf("keepalived not running again on %s: %v %s", node, err, strings.TrimSpace(out))
 		}
 		api, ingress := k.vipHolders(), k.ingressHolders()
 		if len(api) != 1 || len(ingress) != 1 {

@@ -226,6 +226,14 @@ func (k *k8sLab) ssh(t *testing.T, node, command string) string {
 	return k.script(t, "nodes.sh", "ssh", node, command)
 }
 
+// trySSH is ssh for a command that may fail: its combined output and error, the test goes on.
+func (k *k8sLab) trySSH(node, command string) (string, error) {
+	cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "ssh", node, command)
+	cmd.Env = k.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // TestKubernetesE2E: racked → Ready HA cluster through the appliance, then the proofs of issue 4.
 func TestKubernetesE2E(t *testing.T) {
 	labns.RequireRoot(t)
