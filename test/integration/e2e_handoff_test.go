@@ -209,6 +209,7 @@ func (k *k8sLab) handoff(t *testing.T, ctx context.Context) {
 		// The VIP answers a client's request every 500 ms from the worker the whole time the
 		// bootstrap host is off, a control plane's reboot included (vipPoller: no poll may fail).
 		poll := k.pollVIP(t, worker, 500*time.Millisecond)
+		rebooted := "" // the control plane the reboot subtest restarts
 		defer poll.stop()
 
 		t.Run("with the bootstrap host off, a deleted image is pulled from the in-cluster mirrors", func(t *testing.T) {
@@ -306,6 +307,7 @@ spec:
 			if victim == "" {
 				t.Fatalf("no control plane without the VIP (holders %v)", holders)
 			}
+			rebooted = victim
 			from := cps[0]
 			if from == victim {
 				from = cps[1]
@@ -353,6 +355,18 @@ spec:
 				cmd.Env = append(slices.Clone(k.env), "LAB_SSH_FROM="+worker)
 				out, err := cmd.CombinedOutput()
 				fmt.Fprintf(&logs, "--- %s: haproxy's connections not ended normally, last 15 min (%v):\n%s\n", cp, err, out)
+			}
+			if rebooted != "" {
+				// How the rebooted control plane's kube-apiserver ended: its --shutdown-delay-duration
+				// should keep it serving until the balancers mark it DOWN (CI saw one poll cut 0.6 s into
+				// a reboot, its listener closed 2.2 s in: sooner than the delay). Its previous boot's
+				// journal (units stopping, the apiserver's scope) and its previous container's log.
+				cmd := exec.Command(filepath.Join(repoRoot, "test", "lab", "nodes.sh"), "ssh", rebooted,
+					"journalctl -b -1 -o short-precise --no-pager | tail -n 400 | grep -iE 'apiserver|cri-containerd|containerd|kubelet|etcd|Stopping|Stopped|Killing|SIG' | tail -n 80; "+
+						"for f in $(ls -t /var/log/pods/kube-system_kube-apiserver-*/kube-apiserver/*.log | tail -n +2); do echo \"== $f\"; tail -n 30 \"$f\"; done")
+				cmd.Env = append(slices.Clone(k.env), "LAB_SSH_FROM="+worker)
+				out, err := cmd.CombinedOutput()
+				fmt.Fprintf(&logs, "--- %s (rebooted): its previous boot's end and its previous kube-apiserver's log (%v):\n%s\n", rebooted, err, out)
 			}
 			t.Errorf("the API VIP did not answer %d of %d polls:\n%s\n%s", len(failures), polls, strings.Join(failures, "\n"), logs.String())
 		}
