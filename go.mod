@@ -3,6 +3,7 @@ module github.com/airgap-appliance/appliance
 go 1.26.0
 
 require (
+	filippo.io/age v1.3.2
 	github.com/ProtonMail/go-crypto v1.4.1
 	github.com/bmc-toolbox/bmclib/v2 v2.3.5
 	github.com/cenkalti/backoff/v5 v5.0.3
@@ -57,6 +58,7 @@ require (
 
 require (
 	dario.cat/mergo v1.0.1 // indirect
+	filippo.io/hpke v0.4.0 // indirect
 	github.com/Jeffail/gabs/v2 v2.7.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/Microsoft/hcsshim v0.14.1 // indirect

@@ -92,6 +92,7 @@ func TestImportGraph(t *testing.T) {
 		{"github.com/bmc-toolbox/bmclib/v2", "pkg/power"},
 		{"github.com/google/nftables", "firewall"},
 		{"github.com/kdomanski/iso9660", "pkg/nodeiso"},
+		{"filippo.io/age", "pkg/escrow"},
 	}
 	for _, d := range doors {
 		for _, p := range pkgs {
