@@ -80,6 +80,10 @@ type BootstrapConfiguration struct {
 	Handoff Handoff `yaml:"handoff,omitempty"`
 	// Ingress is the cluster's ingress VIP on the control planes (ingress.go). Optional.
 	Ingress Ingress `yaml:"ingress,omitempty"`
+	// Escrow keeps the appliance's state encrypted in the cluster, for a new appliance to take over
+	// when the bootstrap host is gone (escrow.go). Optional: without it the state lives only in
+	// stateDir (a warning with handoff.enabled).
+	Escrow Escrow `yaml:"escrow,omitempty"`
 
 	// lines maps a field path ("nodes[0].power.kind") to the 1-based line it was read from; nil for
 	// a configuration not produced by Decode. Validate uses it to put lines on its errors.

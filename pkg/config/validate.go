@@ -62,6 +62,7 @@ func Validate(c *BootstrapConfiguration, opts ValidateOptions) (warnings []*Fiel
 	v.boot()
 	v.dns()
 	v.ingress()
+	v.escrow()
 	v.ports()
 	return v.warns, v.errs
 }
