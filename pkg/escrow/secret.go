@@ -121,31 +121,11 @@ type Result struct {
 // points at another cluster, or someone stored it there), and an escrow over MaxSecretBytes
 // (ErrTooLarge). A concurrent writer makes it fail with kubeapi.ErrConflict; a rerun resolves it.
 func Refresh(ctx context.Context, c *kubeapi.Client, stateDir string, recipients []Recipient, info Info) (Result, error) {
-	if _, err := checkRecipients(recipients); err != nil {
-		return Result{}, err
+	cur, res, err := check(ctx, c, stateDir, recipients, info)
+	if err != nil || !res.Changed {
+		return res, err
 	}
-	m, err := Inspect(stateDir, info)
-	if err != nil {
-		return Result{}, err
-	}
-	if m.ClusterCAPin == "" {
-		return Result{}, fmt.Errorf("escrow: %s holds no cluster CA: the escrow is kept in the cluster, so it needs one (kubernetes.enabled)", stateDir)
-	}
-	cur, err := Fetch(ctx, c)
-	if err != nil && !errors.Is(err, ErrNoEscrow) {
-		return Result{}, err
-	}
-	rdigest := RecipientsDigest(recipients)
-	if cur != nil {
-		if cur.ClusterCAPin != "" && cur.ClusterCAPin != m.ClusterCAPin {
-			return Result{}, fmt.Errorf("%w: the Secret %s/%s holds the escrow of cluster CA %s, this appliance's cluster CA is %s: the admin kubeconfig reaches another cluster, or the Secret was copied here; delete it if it is stale",
-				ErrOtherCluster, SecretNamespace, SecretName, cur.ClusterCAPin, m.ClusterCAPin)
-		}
-		if cur.ContentDigest == m.ContentDigest && cur.RecipientsDigest == rdigest && passphraseOpens(cur.Blob, recipients) {
-			m.Created, m.ApplianceVersion = cur.Created, cur.ApplianceVersion
-			return Result{Manifest: m, Detail: fmt.Sprintf("escrow unchanged (%d files, sealed %s)", len(m.Files), cur.Created.UTC().Format(time.RFC3339))}, nil
-		}
-	}
+	rdigest, why := RecipientsDigest(recipients), res.Detail
 	blob, m, err := Seal(stateDir, recipients, info)
 	if err != nil {
 		return Result{}, err
@@ -177,8 +157,55 @@ func Refresh(ctx context.Context, c *kubeapi.Client, stateDir string, recipients
 	if _, err := c.Do(ctx, method, path, body); err != nil {
 		return Result{}, fmt.Errorf("escrow: write the Secret %s/%s: %w", SecretNamespace, SecretName, err)
 	}
-	return Result{Changed: true, Manifest: m, Size: len(blob), Detail: fmt.Sprintf("sealed %d files (%s) to %s, %s %s/%s",
-		len(m.Files), kib(len(blob)), describe(recipients), verb, SecretNamespace, SecretName)}, nil
+	return Result{Changed: true, Manifest: m, Size: len(blob), Detail: fmt.Sprintf("sealed %d files (%s) to %s, %s %s/%s (%s)",
+		len(m.Files), kib(len(blob)), describe(recipients), verb, SecretNamespace, SecretName, why)}, nil
+}
+
+// Check is Refresh's decision without the writing, for a dry run: Result.Changed says whether
+// Refresh would seal and write, Detail what it would do.
+func Check(ctx context.Context, c *kubeapi.Client, stateDir string, recipients []Recipient, info Info) (Result, error) {
+	_, res, err := check(ctx, c, stateDir, recipients, info)
+	if err == nil && res.Changed {
+		res.Detail = fmt.Sprintf("would seal %d files to %s into %s/%s (%s)", len(res.Manifest.Files), describe(recipients), SecretNamespace, SecretName, res.Detail)
+	}
+	return res, err
+}
+
+// check reads the state and the Secret and decides: the current Secret (nil when there is none)
+// and a Result whose Changed says a refresh must write, its Detail why (or, unchanged, the line
+// Refresh reports).
+func check(ctx context.Context, c *kubeapi.Client, stateDir string, recipients []Recipient, info Info) (*Stored, Result, error) {
+	if _, err := checkRecipients(recipients); err != nil {
+		return nil, Result{}, err
+	}
+	m, err := Inspect(stateDir, info)
+	if err != nil {
+		return nil, Result{}, err
+	}
+	if m.ClusterCAPin == "" {
+		return nil, Result{}, fmt.Errorf("escrow: %s holds no cluster CA: the escrow is kept in the cluster, so it needs one (kubernetes.enabled)", stateDir)
+	}
+	cur, err := Fetch(ctx, c)
+	switch {
+	case errors.Is(err, ErrNoEscrow):
+		return nil, Result{Changed: true, Manifest: m, Detail: "the cluster holds none yet"}, nil
+	case err != nil:
+		return nil, Result{}, err
+	}
+	if cur.ClusterCAPin != "" && cur.ClusterCAPin != m.ClusterCAPin {
+		return nil, Result{}, fmt.Errorf("%w: the Secret %s/%s holds the escrow of cluster CA %s, this appliance's cluster CA is %s: the admin kubeconfig reaches another cluster, or the Secret was copied here; delete it if it is stale",
+			ErrOtherCluster, SecretNamespace, SecretName, cur.ClusterCAPin, m.ClusterCAPin)
+	}
+	switch {
+	case cur.ContentDigest != m.ContentDigest:
+		return cur, Result{Changed: true, Manifest: m, Detail: "the state changed"}, nil
+	case cur.RecipientsDigest != RecipientsDigest(recipients):
+		return cur, Result{Changed: true, Manifest: m, Detail: "the recipients changed"}, nil
+	case !passphraseOpens(cur.Blob, recipients):
+		return cur, Result{Changed: true, Manifest: m, Detail: "the passphrase changed"}, nil
+	}
+	m.Created, m.ApplianceVersion = cur.Created, cur.ApplianceVersion
+	return cur, Result{Manifest: m, Detail: fmt.Sprintf("escrow unchanged (%d files, sealed %s)", len(m.Files), cur.Created.UTC().Format(time.RFC3339))}, nil
 }
 
 // passphraseOpens reports whether every passphrase recipient among rs opens blob's header (one

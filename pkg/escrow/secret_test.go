@@ -62,7 +62,7 @@ func TestSecretAgainstAPIServer(t *testing.T) {
 		return st
 	}
 
-	first := refresh([]Recipient{xr}, true, "sealed 20 files (")
+	first := refresh([]Recipient{xr}, true, "to 1 recipient, created kube-system/appliance-state-escrow (the cluster holds none yet)")
 	if !strings.Contains(first.ClusterCAPin, pin) || first.RecipientsDigest != RecipientsDigest([]Recipient{xr}) ||
 		!first.Created.Equal(testInfo.Created.Add(time.Minute)) || first.ApplianceVersion != "v0.0.0-test" {
 		t.Errorf("annotations %+v", first)
@@ -90,12 +90,23 @@ func TestSecretAgainstAPIServer(t *testing.T) {
 		t.Errorf("an unchanged rerun wrote the Secret: resourceVersion %s → %s", first.ResourceVersion, again.ResourceVersion)
 	}
 
-	// A rotated token replaces it.
+	if res, err := Check(ctx, c, state, []Recipient{xr}, info); err != nil || res.Changed || !strings.Contains(res.Detail, "escrow unchanged") {
+		t.Errorf("Check of an unchanged state: %+v %v", res, err)
+	}
+
+	// A rotated token replaces it (a dry run only says so).
 	tok, err := pki.RotateNodeToken(statedir.PKI(state), "w1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rotated := refresh([]Recipient{xr}, true, "replaced kube-system/appliance-state-escrow")
+	if res, err := Check(ctx, c, state, []Recipient{xr}, info); err != nil || !res.Changed ||
+		res.Detail != "would seal 20 files to 1 recipient into kube-system/appliance-state-escrow (the state changed)" {
+		t.Errorf("Check of a changed state: %+v %v", res, err)
+	}
+	if st, _ := Fetch(ctx, c); st.ResourceVersion != first.ResourceVersion {
+		t.Error("Check wrote the Secret")
+	}
+	rotated := refresh([]Recipient{xr}, true, "replaced kube-system/appliance-state-escrow (the state changed)")
 	if rotated.ResourceVersion == first.ResourceVersion {
 		t.Error("the Secret was not replaced")
 	}
@@ -108,7 +119,7 @@ func TestSecretAgainstAPIServer(t *testing.T) {
 	}
 
 	// New recipients: resealed, the new key opens it.
-	two := refresh([]Recipient{xr, xr2}, true, "to 2 recipients, replaced")
+	two := refresh([]Recipient{xr, xr2}, true, "to 2 recipients, replaced kube-system/appliance-state-escrow (the recipients changed)")
 	if _, err := Open(two.Blob, []Identity{xid2}, Expect{ClusterCAPin: pin}); err != nil {
 		t.Errorf("the added key: %v", err)
 	}
@@ -119,7 +130,7 @@ func TestSecretAgainstAPIServer(t *testing.T) {
 	pass1 := refresh([]Recipient{pr}, true, "to the passphrase")
 	refresh([]Recipient{pr}, false, "escrow unchanged")
 	pr2, pid2 := passphrase(t, "another horse battery staple")
-	pass2 := refresh([]Recipient{pr2}, true, "to the passphrase")
+	pass2 := refresh([]Recipient{pr2}, true, "to the passphrase, replaced kube-system/appliance-state-escrow (the passphrase changed)")
 	if _, err := Open(pass2.Blob, []Identity{pid}, Expect{ClusterCAPin: pin}); !errors.Is(err, ErrWrongIdentity) {
 		t.Errorf("the old passphrase on the new escrow: %v", err)
 	}
