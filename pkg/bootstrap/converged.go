@@ -11,7 +11,7 @@ import (
 	"github.com/airgap-appliance/appliance/pkg/statedir"
 )
 
-// needsConverge is the decision of a phase that needs converged nodes (upgrade, handoff) when it
+// needsConverge is the decision of a phase that needs converged nodes (upgrade, handoff, escrow) when it
 // runs: the reason it must skip itself (Result.Skipped), or "" to go on.
 //
 // It skips only when converge was skipped in this run (--skip-phases converge, as the ISO's first

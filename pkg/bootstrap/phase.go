@@ -12,11 +12,12 @@
 //	converge  phase_converge.go  hostagents ready, then Kubernetes Nodes Ready and static pods running
 //	upgrade   phase_upgrade.go   nodes on another hostagent build re-provisioned with this one, one at a time
 //	handoff   phase_handoff.go   the registry mirror and package repo moved into the cluster (when asked)
+//	escrow    phase_escrow.go    the state a future appliance needs, sealed into a cluster Secret (when configured)
 //
 // The runner (runner.go) loads the configuration, then takes the state directory's lock and opens its
 // journal before any other phase runs. A skipped phase that produces something later phases use
 // (Loader) reads it back from the state directory instead. A phase that needs converged nodes
-// (upgrade, handoff) skips itself, with the reason (Result.Skipped), when converge was skipped in this
+// (upgrade, handoff, escrow) skips itself, with the reason (Result.Skipped), when converge was skipped in this
 // run and the nodes have not converged (needsConverge, converged.go); a converge that ran and failed
 // stops the run before them. With Options.DryRun every phase runs its checks and reports what it
 // would change, and nothing is changed.

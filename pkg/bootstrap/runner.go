@@ -58,7 +58,7 @@ type Options struct {
 func Phases() []Phase {
 	// render comes before serve and firewall: `appliance serve` reads the bootstrap host's keepalived
 	// instance render wrote, and the firewall phase applies the plan's spec.
-	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}, upgradePhase{}, handoffPhase{}}
+	return []Phase{loadPhase{}, resolvePhase{}, pkiPhase{}, bundlePhase{}, renderPhase{}, firewallPhase{}, servePhase{}, powerPhase{}, convergePhase{}, upgradePhase{}, handoffPhase{}, escrowPhase{}}
 }
 
 // PhaseNames lists the phases' names in order.
