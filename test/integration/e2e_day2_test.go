@@ -405,8 +405,13 @@ func (k *k8sLab) addWorker(t *testing.T, ctx context.Context, w1Join, w1Ready fl
 		t.Errorf("the bootstrap token was not renewed")
 	}
 	newID, _, _ := strings.Cut(renewed.BootstrapToken, ".")
-	if ev, _ := r.phase("power"); !strings.Contains(ev.Detail, "created join token "+newID+" in the cluster") {
-		t.Errorf("power phase did not create the renewed join token %s: %q", newID, ev.Detail)
+	// Two parts make the renewed token: the power phase through the API, and cp1's hostagent, which
+	// renews the join secrets (upload-certs, token create) once it fetches the config served with
+	// them. Whichever comes first creates it and the other finds it ("created join token ID in the
+	// cluster" or "join token ID in the cluster"): the e2e of a827f58 saw cp1 first (its resync fell
+	// between serve and power). Both are right; the Secret's presence is checked below.
+	if ev, _ := r.phase("power"); !strings.Contains(ev.Detail, "join token "+newID+" in the cluster") {
+		t.Errorf("power phase did not create or find the renewed join token %s: %q", newID, ev.Detail)
 	}
 
 	if err := waitFor(3*time.Minute, func() error { return k.nodesReady() }); err != nil {

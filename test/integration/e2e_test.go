@@ -598,8 +598,18 @@ func (k *k8sLab) airGap(t *testing.T) {
 	served := map[string]string{} // ref → digest the appliance serves
 	for _, node := range k8sNodes {
 		out := k.ssh(t, node, "ctr -n k8s.io images ls")
+		// The table starts at its header: containerd 2.x's ctr may print a warning first (ssh merges
+		// its stderr), which the first run on containerd 2.3 read as an image named "REF".
+		lines := strings.Split(out, "\n")
+		header := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "REF ") })
+		if header < 0 {
+			t.Fatalf("%s: ctr images ls printed no table:\n%s", node, out)
+		}
+		if header > 0 {
+			t.Logf("%s: ctr images ls printed before its table: %s", node, strings.Join(lines[:header], " | "))
+		}
 		refs := 0
-		for _, line := range strings.Split(out, "\n")[1:] {
+		for _, line := range lines[header+1:] {
 			f := strings.Fields(line)
 			if len(f) < 3 || strings.Contains(f[0], "@sha256:") || strings.HasPrefix(f[0], "sha256:") {
 				continue // digest references and image IDs repeat the named ones
